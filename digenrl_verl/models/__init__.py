@@ -1,0 +1,1 @@
+"""Model adapters over diffusers classes, tiny builders, and the architecture registry."""

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtualenv and install digenrl_verl into it with the CPU constraints.
+# Usage: source scripts/ensure_venv.sh   (sets VENV_PY)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${DIGENRL_VENV:-$ROOT/.venv}"
+STAMP="$VENV/.digenrl-installed"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  python3 -m venv "$VENV"
+fi
+# Reinstall when setup.py or the constraints change.
+want="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  # torch first: the CPU wheel of the pinned version; an unpinned torch pulls a multi-GB CUDA build.
+  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" "torch==2.13.0"
+  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[test]"
+  echo "$want" > "$STAMP"
+fi
+VENV_PY="$VENV/bin/python"
+export VENV_PY

@@ -1,0 +1,54 @@
+"""digenrl-verl: disaggregated RL post-training of diffusion models, as a verl plugin."""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    # torch is not listed on purpose: install torch==2.13.0 first (see constraints.txt), verl does not pin it.
+    "verl==0.9.1",
+    "ray>=2.40",
+    "diffusers>=0.42,<0.43",
+    "transformers>=4.51",
+    "omegaconf>=2.3",
+    "hydra-core>=1.3",
+    "safetensors",
+    "peft>=0.15",
+    "tqdm",
+    "matplotlib",
+    "pillow",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "rich",
+    "tensorboard",
+    # what verl's trainer modules import (verl[verl-core] pins another torch, so list them here)
+    "cachetools",
+    "uvicorn",
+    "fastapi",
+    "TransferQueue==0.1.11",
+    "pyzmq",
+    "msgspec",
+]
+
+EXTRAS = {
+    "test": ["pytest>=8", "pytest-asyncio", "hypothesis"],
+    "ocr": ["rapidocr-onnxruntime"],
+    # GPU only: a matching vllm / vllm-omni pair. Never imported on CPU.
+    "vllm": ["vllm==0.30.0", "vllm-omni==0.30.0"],
+}
+
+setup(
+    name="digenrl-verl",
+    version="0.1.0",
+    description="DigenRL for verl: disaggregated Flow-GRPO / DanceGRPO training of diffusion models",
+    packages=find_packages(include=["digenrl_verl", "digenrl_verl.*"]),
+    package_data={"digenrl_verl": ["config/*.yaml", "schedule/golden/*.txt", "data/*.txt"]},
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    entry_points={
+        "console_scripts": [
+            "digenrl-train=digenrl_verl.main:main",
+            "digenrl-sim=digenrl_verl.sim.cli:main",
+        ],
+    },
+)

@@ -1,0 +1,41 @@
+"""Starting Ray safely: a local cluster on loopback, no dashboard unless asked."""
+
+from __future__ import annotations
+
+import os
+
+WORKER_ENV = {
+    "TORCH_COMPILE_DISABLE": "1",
+    "TORCHINDUCTOR_DISABLE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torch_threads: int = 1,
+                   resources: dict[str, float] | None = None) -> None:
+    """Start a local Ray instance that listens on 127.0.0.1 only.
+
+    Args:
+        num_cpus: logical CPUs Ray may hand out. Worker bundles take 1 each, so tests over-subscribe.
+        dashboard: start the dashboard (off by default: it opens another port).
+        torch_threads: intra-op threads per worker process (OMP_NUM_THREADS), so workers do not fight
+            over the cores of a small machine.
+        resources: custom resources this node advertises (heterogeneous placement tests).
+    """
+    import ray
+
+    env = dict(WORKER_ENV, OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        resources=resources,
+        include_dashboard=dashboard,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": env},
+        log_to_driver=True,
+        logging_level="WARNING",
+    )

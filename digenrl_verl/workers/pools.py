@@ -1,0 +1,108 @@
+"""Resource pools declared the verl way, including on machines without GPUs.
+
+verl's `ResourcePoolManager.create_resource_pool()` hard-codes `use_gpu=True` and counts GPUs, so it
+refuses a CPU-only machine. `PoolManager` keeps verl's declaration style — a `resource_pool_spec`
+(pool name → processes per node) and a role → pool mapping — and builds `RayResourcePool`s itself, with
+`use_gpu=False` and `max_colocate_count=1` on CPU (the default of 10 CPUs per bundle hangs placement).
+
+A pool may also name an accelerator type (Ray `accelerator_type`, GPU only) or a custom Ray resource
+(any machine): each bundle then asks for a sliver of that resource, so heterogeneous clusters place the
+generator and trainer pools on the nodes that advertise it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+ROLES = ("generator", "trainer", "reward")
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One resource pool.
+
+    Args:
+        name: pool name (e.g. "generator_pool").
+        process_on_nodes: worker processes per node, e.g. [2] for two workers on one node.
+        use_gpu: one GPU per worker process when True.
+        accelerator_type: Ray accelerator type for GPU pools (e.g. "H100"), or None.
+        custom_resource: a Ray custom resource every bundle must hold (heterogeneous placement), or None.
+    """
+
+    name: str
+    process_on_nodes: tuple[int, ...]
+    use_gpu: bool = False
+    accelerator_type: str | None = None
+    custom_resource: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.process_on_nodes or any(int(n) <= 0 for n in self.process_on_nodes):
+            raise ValueError(
+                f"trainer.digenrl.pools.{self.name}: process_on_nodes={list(self.process_on_nodes)} must list at "
+                "least one node with a positive number of workers (an empty pool cannot run tasks)"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.process_on_nodes)
+
+
+@dataclass
+class PoolManager:
+    """Role → pool mapping over named pools; builds the Ray resource pools on demand."""
+
+    specs: Mapping[str, PoolSpec]
+    mapping: Mapping[str, str]
+    _pools: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for role, pool in self.mapping.items():
+            if role not in ROLES:
+                raise ValueError(f"unknown role {role!r} in the role → pool mapping; valid roles: {list(ROLES)}")
+            if pool not in self.specs:
+                raise ValueError(
+                    f"role {role!r} maps to pool {pool!r}, which resource_pool_spec does not declare; "
+                    f"declared pools: {sorted(self.specs)}"
+                )
+
+    def pool_for(self, role: str):
+        """The `RayResourcePool` of a role (created once, then shared)."""
+        name = self.mapping[role]
+        if name not in self._pools:
+            self._pools[name] = make_ray_pool(self.specs[name])
+        return self._pools[name]
+
+    def spec_for(self, role: str) -> PoolSpec:
+        return self.specs[self.mapping[role]]
+
+
+def make_ray_pool(spec: PoolSpec):
+    """A verl `RayResourcePool` for `spec`, with custom resources added to its bundles when asked."""
+    from verl.single_controller.ray.base import RayResourcePool
+
+    class _Pool(RayResourcePool):
+        def get_placement_groups(self, strategy="STRICT_PACK", name=None, device_name="cuda"):
+            if self.pgs is not None or spec.custom_resource is None:
+                return super().get_placement_groups(strategy=strategy, name=name, device_name=device_name)
+            import ray
+            from ray.util.placement_group import placement_group
+
+            bundle = {"CPU": self.max_colocate_count, spec.custom_resource: 1e-3}
+            if self.use_gpu:
+                bundle["GPU"] = 1
+            pgs = [
+                placement_group([dict(bundle) for _ in range(n)], strategy=strategy, name=f"{self.name_prefix}{i}")
+                for i, n in enumerate(self._store)
+            ]
+            ray.get([pg.ready() for pg in pgs])
+            self.pgs = pgs
+            return pgs
+
+    return _Pool(
+        process_on_nodes=list(spec.process_on_nodes),
+        use_gpu=spec.use_gpu,
+        name_prefix=spec.name,
+        max_colocate_count=1,
+        accelerator_type=spec.accelerator_type if spec.use_gpu else None,
+    )

@@ -4,9 +4,11 @@ One torch.distributed default group holds every worker of both pools (gloo on CP
 trainer ranks come first (global ranks 0 … T−1), then the generator ranks (T … T+G−1). Two subgroups are
 created collectively on every rank at start-up:
 - `trainer_group`: the trainer ranks, for the all-reduce of accumulated gradients at the optimizer step;
-- the default group, for the broadcast of the trainable weights from trainer rank 0 to every generator
-  after each optimizer step (the generators then hold policy version v+1).
-Weights travel as one flat buffer per dtype, so a sync is one collective per dtype, not one per tensor.
+- one pair group {trainer rank 0, generator g} per generator, for the broadcast of the trainable weights
+  after each optimizer step (the generators then hold policy version v+1). Pair groups, rather than one
+  broadcast over everything, keep the sync working when a generator has died: its pair is skipped,
+  while a collective over a group with a dead member would hang.
+Weights travel as one flat buffer per dtype, so a sync is one collective per dtype and generator.
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ class Collectives:
                 rank=self.global_rank,
                 timeout=datetime.timedelta(seconds=spec.timeout_s),
             )
-        # new_group is collective: every rank must call it, members or not.
+        # new_group is collective: every rank must call it, members or not, in the same order.
         self.trainer_group = dist.new_group(ranks=list(range(spec.num_trainers)))
+        self.pair_groups = [dist.new_group(ranks=[0, spec.num_trainers + g]) for g in range(spec.num_generators)]
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum the gradients of `params` over the trainer ranks (each rank accumulated its own shard)."""
@@ -77,22 +80,32 @@ class Collectives:
             else:
                 p.grad.copy_(g)
 
-    def broadcast_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Trainer rank 0 → every rank: overwrite `tensors` in place with rank 0's values."""
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for name in sorted(tensors):
-            t = tensors[name]
-            by_dtype.setdefault(t.dtype, []).append(t)
-        for group in by_dtype.values():
-            flat = torch._utils._flatten_dense_tensors([t.detach() for t in group])
-            dist.broadcast(flat, src=0)
-            with torch.no_grad():
-                for t, new in zip(group, torch._utils._unflatten_dense_tensors(flat, group)):
-                    t.copy_(new)
+    def send_weights(self, tensors: Mapping[str, torch.Tensor], generators: list[int]) -> None:
+        """On trainer rank 0: send `tensors` to each generator rank listed (pool-local generator ranks)."""
+        assert self.global_rank == 0, "only trainer rank 0 sends weights"
+        for g in generators:
+            _broadcast_flat(tensors, self.pair_groups[g], src=0)
+
+    def receive_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """On a generator: overwrite `tensors` in place with trainer rank 0's values."""
+        g = self.global_rank - self.spec.num_trainers
+        _broadcast_flat(tensors, self.pair_groups[g], src=0)
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _broadcast_flat(tensors: Mapping[str, torch.Tensor], group, src: int) -> None:
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for name in sorted(tensors):
+        by_dtype.setdefault(tensors[name].dtype, []).append(tensors[name])
+    for same in by_dtype.values():
+        flat = torch._utils._flatten_dense_tensors([t.detach() for t in same])
+        dist.broadcast(flat, src=src, group=group)
+        with torch.no_grad():
+            for t, new in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
+                t.copy_(new)
 
 
 def state_checksum(tensors: Mapping[str, torch.Tensor]) -> str:

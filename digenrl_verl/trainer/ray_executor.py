@@ -1,0 +1,260 @@
+"""The scheduling engine's `Executor` on Ray: each task kind becomes non-blocking worker calls.
+
+The driver (`schedule.driver`) decides; this class only interprets its tasks:
+
+| task      | calls (all `.remote`, never waited on here)                                      |
+|-----------|-----------------------------------------------------------------------------------|
+| GEN       | `generate(shard, version)` on each generator in the assignment (2 returns)        |
+| TAG_GEN   | the same method on trainer workers (their current, not yet stepped weights)       |
+| SCORE     | `score(sample_ids, *image_refs)` on the generator(s) named by the task            |
+| UPDATE    | `update(sample_ids, advantages, denominator, tsp, *trajectory_refs)` per trainer  |
+| OPT_STEP  | `opt_step(version)` on every trainer (gradients all-reduced inside)               |
+| SYNC      | `send_weights(version, gens)` on trainers + `receive_weights(version)` on gens    |
+
+Data never passes through the driver process: the generators' outputs stay in Ray's object store, keyed
+here by (step, sample id), and later tasks receive the object refs. Only rewards (floats) come back, so
+the driver can compute group advantages.
+
+A task completes when all of its object refs are ready (`ray.wait`). A call that raises marks the task
+failed; an actor that died is reported in `info["dead_workers"]`, and the driver re-issues its work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from digenrl_verl.diffusion.advantages import AdvantageConfig, normalize_rewards
+from digenrl_verl.schedule.types import Completion, Task, TaskKind
+
+
+@dataclass
+class _InFlight:
+    task: Task
+    start: float
+    refs: list                      # every ref that must be ready for the task to be done
+    result_refs: list               # refs whose values are the task's results (subset of refs)
+    workers_of_ref: dict = field(default_factory=dict)  # ref -> worker id (failure attribution)
+
+
+class RayExecutor:
+    """Executor protocol over verl worker groups.
+
+    Args:
+        workers: worker id ("gen:0", "trn:1", "col:0") → Ray actor handle.
+        step_batch: global step → that step's DataProto (prompts × n rows; see trainer.data).
+        advantage_cfg: how rewards become advantages (group-normalised per uid).
+        loss_rows_per_sample: K, trained steps per sample (the loss denominator counts rows).
+        on_result: optional callback(task, result values) for metrics (rewards, losses, ...).
+    """
+
+    def __init__(self, workers: Mapping[str, Any], step_batch: Callable[[int], Any], advantage_cfg: AdvantageConfig,
+                 loss_rows_per_sample: int, on_result: Callable[[Task, list], None] | None = None) -> None:
+        self.workers = dict(workers)
+        self.step_batch = step_batch
+        self.advantage_cfg = advantage_cfg
+        self.rows_per_sample = loss_rows_per_sample
+        self.on_result = on_result
+        self._t0 = time.monotonic()
+        self._inflight: dict[int, _InFlight] = {}
+        self._trajectories: dict[tuple[int, int], Any] = {}   # (step, sample) -> trajectory ref
+        self._images: dict[tuple[int, int], Any] = {}         # (step, sample) -> images ref
+        self._scores: dict[int, dict[int, float]] = defaultdict(dict)
+
+    # -- protocol -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def submit(self, task: Task) -> None:
+        launch = {
+            TaskKind.GEN: self._generate, TaskKind.TAG_GEN: self._generate, TaskKind.SCORE: self._score,
+            TaskKind.UPDATE: self._update, TaskKind.OPT_STEP: self._opt_step, TaskKind.SYNC: self._sync,
+        }[task.kind]
+        self._inflight[task.task_id] = launch(task)
+
+    def wait_any(self, timeout: float | None) -> list[Completion]:
+        import ray
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            done = [f for f in self._inflight.values() if self._ready(f)]
+            if done:
+                return [self._complete(f) for f in done]
+            pending = [r for f in self._inflight.values() for r in f.refs]
+            if not pending:
+                return []
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready and deadline is not None and time.monotonic() >= deadline:
+                return []
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    @staticmethod
+    def _ready(f: _InFlight) -> bool:
+        import ray
+
+        if not f.refs:
+            return True
+        ready, _ = ray.wait(f.refs, num_returns=len(f.refs), timeout=0)
+        return len(ready) == len(f.refs)
+
+    def _complete(self, f: _InFlight) -> Completion:
+        import ray
+        from ray.exceptions import RayActorError
+
+        del self._inflight[f.task.task_id]
+        end = self.now()
+        try:
+            values = ray.get(f.result_refs)
+        except RayActorError as e:
+            dead = tuple(sorted({w for r, w in f.workers_of_ref.items() if _raises(r, RayActorError)}))
+            self._forget_outputs(f.task)
+            return Completion(f.task, f.start, end, ok=False,
+                              info={"dead_workers": dead, "reason": f"worker died: {type(e).__name__}: {e}"})
+        except Exception as e:  # a worker raised: the task failed, its workers are alive
+            self._forget_outputs(f.task)
+            return Completion(f.task, f.start, end, ok=False, info={"reason": f"{type(e).__name__}: {e}"})
+        info = self._absorb(f.task, values)
+        if self.on_result is not None:
+            self.on_result(f.task, values)
+        return Completion(f.task, f.start, end, ok=True, info=info)
+
+    def _absorb(self, task: Task, values: list) -> dict:
+        if task.kind == TaskKind.SCORE:
+            rewards = []
+            for v in values:
+                for sid, r in zip(v["sample_ids"], v["scores"]):
+                    self._scores[task.step][int(sid)] = float(r)
+                    rewards.append(float(r))
+            return {"reward_mean": float(np.mean(rewards)) if rewards else float("nan")}
+        if task.kind == TaskKind.OPT_STEP:
+            self.release_step(task.step)
+        return {}
+
+    def _forget_outputs(self, task: Task) -> None:
+        if task.kind in (TaskKind.GEN, TaskKind.TAG_GEN):
+            for s in task.samples:
+                self._trajectories.pop((task.step, s), None)
+                self._images.pop((task.step, s), None)
+
+    def release_step(self, step: int) -> None:
+        """Drop a finished step's object refs (Ray frees the data) and scores."""
+        for key in [k for k in self._trajectories if k[0] == step]:
+            self._trajectories.pop(key, None)
+            self._images.pop(key, None)
+        self._scores.pop(step, None)
+
+    def scores(self, step: int) -> dict[int, float]:
+        return dict(self._scores.get(step, {}))
+
+    # -- launching --------------------------------------------------------------------------------
+    def _generate(self, task: Task) -> _InFlight:
+        batch = self.step_batch(task.step)
+        f = _InFlight(task, self.now(), [], [])
+        for worker, samples in task.assignment:
+            if not samples:
+                continue
+            shard = batch.select_idxs(np.asarray(samples, dtype=np.int64))
+            traj_ref, img_ref = self.workers[worker].generate.options(num_returns=2).remote(
+                shard, list(samples), task.version)
+            for s in samples:
+                self._trajectories[(task.step, s)] = traj_ref
+                self._images[(task.step, s)] = img_ref
+            f.refs += [traj_ref, img_ref]
+            f.result_refs.append(img_ref)
+            f.workers_of_ref[img_ref] = worker
+        return f
+
+    def _refs_for(self, store: dict, step: int, samples) -> list:
+        missing = [s for s in samples if (step, s) not in store]
+        if missing:
+            raise RuntimeError(f"step {step}: samples {missing} were never generated (internal schedule error)")
+        seen, refs = set(), []
+        for s in samples:
+            r = store[(step, s)]
+            if id(r) not in seen:
+                seen.add(id(r))
+                refs.append(r)
+        return refs
+
+    def _score(self, task: Task) -> _InFlight:
+        f = _InFlight(task, self.now(), [], [])
+        for worker, samples in task.assignment:
+            if not samples:
+                continue
+            ref = self.workers[worker].score.remote(list(samples), *self._refs_for(self._images, task.step, samples))
+            f.refs.append(ref)
+            f.result_refs.append(ref)
+            f.workers_of_ref[ref] = worker
+        return f
+
+    def advantages(self, step: int, samples) -> torch.Tensor:
+        """Group-normalised advantages of `samples` (their whole groups must be scored)."""
+        batch = self.step_batch(step)
+        uids = batch.non_tensor_batch["uid"]
+        scores = self._scores[step]
+        if self.advantage_cfg.global_std:
+            pool = list(range(len(batch)))
+        else:
+            groups = {uids[s] for s in samples}
+            pool = [i for i in range(len(batch)) if uids[i] in groups]
+        missing = [i for i in pool if i not in scores]
+        if missing:
+            raise RuntimeError(f"step {step}: UPDATE of samples {list(samples)} before samples {missing} of "
+                               "their group(s) were scored (internal schedule error)")
+        res = normalize_rewards(torch.tensor([scores[i] for i in pool], dtype=torch.float32),
+                                [uids[i] for i in pool], self.advantage_cfg)
+        pos = {s: j for j, s in enumerate(pool)}
+        return res.advantages[[pos[s] for s in samples]]
+
+    def _update(self, task: Task) -> _InFlight:
+        f = _InFlight(task, self.now(), [], [])
+        denominator = len(self.step_batch(task.step)) * self.rows_per_sample
+        for worker, samples in task.assignment:
+            adv = self.advantages(task.step, samples) if samples else torch.zeros(0)
+            ref = self.workers[worker].update.remote(
+                list(samples), adv, denominator, "tsp" in task.flags,
+                *(self._refs_for(self._trajectories, task.step, samples) if samples else []))
+            f.refs.append(ref)
+            f.result_refs.append(ref)
+            f.workers_of_ref[ref] = worker
+        return f
+
+    def _opt_step(self, task: Task) -> _InFlight:
+        f = _InFlight(task, self.now(), [], [])
+        for worker in task.workers:
+            ref = self.workers[worker].opt_step.remote(task.version)
+            f.refs.append(ref)
+            f.result_refs.append(ref)
+            f.workers_of_ref[ref] = worker
+        return f
+
+    def _sync(self, task: Task) -> _InFlight:
+        f = _InFlight(task, self.now(), [], [])
+        generators = [int(w.partition(":")[2]) for w in task.workers if w.startswith("gen:")]
+        for worker in task.workers:
+            if worker.startswith("gen:"):
+                ref = self.workers[worker].receive_weights.remote(task.version)
+            else:
+                ref = self.workers[worker].send_weights.remote(task.version, generators)
+            f.refs.append(ref)
+            f.result_refs.append(ref)
+            f.workers_of_ref[ref] = worker
+        return f
+
+
+def _raises(ref, exc_type) -> bool:
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except exc_type:
+        return True
+    except Exception:
+        return False
+    return False

@@ -1,0 +1,138 @@
+"""GRPO advantages for diffusion: group-normalised scalar rewards (one per sample, broadcast over its steps).
+
+    A_i = (r_i − mean_{group(i)} r) / (std + ε)      then clamped to ±adv_clip_max
+
+`std` is the std of the whole batch when `global_std` (Flow-GRPO and verl-omni default) or of the sample's
+group otherwise; `norm_adv_by_std=False` skips the division (Dr.GRPO). verl-omni uses torch.std (unbiased,
+`unbiased_std=True`, the default here); Flow-GRPO uses np.std (biased). A group of one sample has advantage 0
+(verl-omni's convention for a group std is 1 then, and its mean is its own reward).
+
+With global_std the batch is the one passed in: call this once on the whole gathered step batch, not per
+micro-batch, or the normalisation differs from colocated training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Mapping, Sequence
+
+import torch
+
+KEY_ADV_CLIP = "actor_rollout_ref.actor.diffusion_loss.adv_clip_max"
+KEY_EPSILON = "algorithm.epsilon"
+KEY_MULTI_MODE = "reward.aggregation"
+
+MULTI_REWARD_MODES = ("weighted_sum", "normalize_then_weight")
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Args:
+        global_std: normalise by the whole batch's std (True) or each group's (False).
+        epsilon: added to the std (1e-4 in Flow-GRPO / verl-omni; DanceGRPO uses 1e-8).
+        norm_adv_by_std: divide by the std at all (False = Dr.GRPO).
+        adv_clip_max: clamp to ±this; None disables the clamp.
+        unbiased_std: Bessel-corrected std (torch.std default, verl-omni) or population std (np.std, Flow-GRPO).
+    """
+
+    global_std: bool = True
+    epsilon: float = 1e-4
+    norm_adv_by_std: bool = True
+    adv_clip_max: float | None = 5.0
+    unbiased_std: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.epsilon >= 0:
+            raise ValueError(f"{KEY_EPSILON}={self.epsilon!r} must be ≥ 0")
+        if self.adv_clip_max is not None and not self.adv_clip_max > 0:
+            raise ValueError(f"{KEY_ADV_CLIP}={self.adv_clip_max!r} must be > 0 (or None to disable the clamp)")
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """Attributes:
+        advantages: fp32 [B], one per sample (broadcast over its K trained steps by the loss).
+        num_groups: number of distinct uids.
+        zero_std_groups: groups whose rewards are all equal (their advantages are 0: no learning signal).
+    """
+
+    advantages: torch.Tensor
+    num_groups: int
+    zero_std_groups: int
+
+    @property
+    def zero_std_ratio(self) -> float:
+        return self.zero_std_groups / max(self.num_groups, 1)
+
+    def metrics(self, prefix: str = "adv/") -> dict[str, float]:
+        a = self.advantages
+        return {f"{prefix}mean": float(a.mean()), f"{prefix}std": float(a.std()) if a.numel() > 1 else 0.0,
+                f"{prefix}max": float(a.max()), f"{prefix}min": float(a.min()),
+                f"{prefix}zero_std_groups": float(self.zero_std_groups), f"{prefix}zero_std_ratio": self.zero_std_ratio}
+
+
+def _group_index(uids: Sequence[Hashable]) -> tuple[torch.Tensor, int]:
+    ids: dict[Hashable, int] = {}
+    index = torch.tensor([ids.setdefault(u, len(ids)) for u in uids], dtype=torch.long)
+    return index, len(ids)
+
+
+def _std(x: torch.Tensor, unbiased: bool) -> torch.Tensor:
+    if x.numel() < 2:
+        return torch.zeros((), dtype=x.dtype)
+    return x.std(correction=1 if unbiased else 0)
+
+
+def normalize_rewards(rewards: torch.Tensor, uids: Sequence[Hashable], cfg: AdvantageConfig) -> AdvantageResult:
+    """Group-normalise `rewards` [B] by `uids` (B hashables; equal uid = same prompt group); see module doc."""
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
+    if len(uids) != r.numel():
+        raise ValueError(f"got {len(uids)} uids for {r.numel()} rewards")
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError(f"rewards must be finite, got {rewards.tolist()}")
+    index, num_groups = _group_index(uids)
+    adv = torch.empty_like(r)
+    zero_std = 0
+    batch_std = _std(r, cfg.unbiased_std)
+    for g in range(num_groups):
+        rows = (index == g).nonzero(as_tuple=True)[0]
+        rg = r[rows]
+        zero_std += int(bool((rg == rg[0]).all()))
+        centred = rg - rg.mean()
+        if cfg.norm_adv_by_std:
+            std = batch_std if cfg.global_std else _std(rg, cfg.unbiased_std)
+            centred = centred / (std + cfg.epsilon)
+        adv[rows] = centred
+    if cfg.adv_clip_max is not None:
+        adv = adv.clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
+    return AdvantageResult(adv.to(torch.float32), num_groups, zero_std)
+
+
+def combine_rewards(rewards: Mapping[str, torch.Tensor], weights: Mapping[str, float], uids: Sequence[Hashable],
+                    cfg: AdvantageConfig, mode: str = "weighted_sum") -> AdvantageResult:
+    """Advantages from several rewards.
+
+    * ``weighted_sum`` (Flow-GRPO, verl-omni): r = Σ w_i·r_i, then normalise r.
+    * ``normalize_then_weight`` (GenRL): A = Σ w_i·normalise(r_i), each normalised without clamp, then the
+      clamp is applied to the weighted sum. `zero_std_groups` counts groups where every reward is constant.
+    """
+    if mode not in MULTI_REWARD_MODES:
+        raise ValueError(f"unknown {KEY_MULTI_MODE}={mode!r}; valid choices: {list(MULTI_REWARD_MODES)}")
+    unknown = sorted(set(weights) - set(rewards))
+    if unknown or not weights:
+        raise ValueError(f"reward weights name {unknown or 'no reward'}; rewards available: {sorted(rewards)}")
+    if mode == "weighted_sum":
+        total = sum(float(w) * torch.as_tensor(rewards[n], dtype=torch.float64) for n, w in weights.items())
+        return normalize_rewards(total, uids, cfg)
+    no_clip = AdvantageConfig(cfg.global_std, cfg.epsilon, cfg.norm_adv_by_std, None, cfg.unbiased_std)
+    parts = {n: normalize_rewards(rewards[n], uids, no_clip) for n in weights}
+    adv = sum(float(w) * parts[n].advantages.to(torch.float64) for n, w in weights.items())
+    if cfg.adv_clip_max is not None:
+        adv = adv.clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
+    index, num_groups = _group_index(uids)
+    zero = 0
+    for g in range(num_groups):
+        rows = index == g
+        zero += int(all(bool((torch.as_tensor(rewards[n])[rows] == torch.as_tensor(rewards[n])[rows][0]).all())
+                        for n in weights))
+    return AdvantageResult(adv.to(torch.float32), num_groups, zero)

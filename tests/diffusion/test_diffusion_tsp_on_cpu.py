@@ -1,0 +1,122 @@
+import pytest
+import torch
+
+from digenrl_verl.diffusion.loss import LossConfig
+from digenrl_verl.diffusion.noise import SampleKey
+from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
+from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
+
+PROMPTS = ["a red cube", "a blue sphere", "a green cone"]
+CFGS = {
+    "flow_grpo": RolloutConfig(num_inference_steps=5, sde_type="sde", noise_level=0.7),
+    "window_cps": RolloutConfig(num_inference_steps=6, sde_type="cps", noise_level=0.8, timestep_selection="window",
+                                sde_window_size=3, sde_window_range=(0, 5)),
+    "dance": RolloutConfig(num_inference_steps=6, sde_type="dance", noise_level=0.3, timestep_selection="dance_grpo",
+                           timestep_fraction=0.6),
+}
+
+
+def _sample(adapter, cfg, group=2):
+    prompts = [p for p in PROMPTS for _ in range(group)]
+    keys = [SampleKey(1, f"u{i // group}", i % group) for i in range(len(prompts))]
+    cond = adapter.encode_prompts(prompts)
+    return cond, rollout(adapter, cond, keys, cfg)
+
+
+def _grads(adapter):
+    return [p.grad.detach().clone() for p in adapter.trainable_parameters()]
+
+
+def _zero(adapter):
+    for p in adapter.trainable_parameters():
+        p.grad = None
+
+
+def _max_rel_err(a, b):
+    return max(float((x - y).abs().max() / y.abs().max().clamp_min(1e-30)) for x, y in zip(a, b))
+
+
+def _perturb(adapter, scale=2e-3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in adapter.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+@pytest.mark.parametrize("name", list(CFGS))
+@pytest.mark.parametrize("mode", ["per_timestep", "batched"])
+def test_on_policy_ratio_is_one(tiny_adapter, name, mode):
+    cond, traj = _sample(tiny_adapter, CFGS[name])
+    recomputed = compute_log_probs(tiny_adapter, cond, traj, tsp_cfg=TSPConfig(mode=mode))
+    assert (torch.exp(recomputed - traj.log_probs) - 1).abs().max() <= 1e-6
+    adv = torch.linspace(-1, 1, traj.batch_size)
+    stats = accumulate_gradients(tiny_adapter, cond, traj, adv, LossConfig(), TSPConfig(mode=mode),
+                                 traj.batch_size * traj.num_steps)
+    assert abs(stats.ratio_min - 1) <= 1e-6 and abs(stats.ratio_max - 1) <= 1e-6
+    assert stats.clipped == 0 and stats.rows == traj.batch_size * traj.num_steps
+
+
+@pytest.mark.parametrize("name", list(CFGS))
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_batched_gradient_equals_per_timestep_for_any_chunk(make_tiny_adapter, name, kl_coef):
+    adapter = make_tiny_adapter(seed=1)
+    cond, traj = _sample(adapter, CFGS[name])
+    _perturb(adapter)  # off-policy a little: ratios ≠ 1, some rows clipped, reference ≠ policy
+    adv = torch.tensor([1.0, -0.5, 2.0, -2.0, 0.3, -0.3])
+    loss_cfg = LossConfig(clip_ratio=1e-4, kl_coef=kl_coef)
+    denom = traj.batch_size * traj.num_steps
+    accumulate_gradients(adapter, cond, traj, adv, loss_cfg, TSPConfig("per_timestep"), denom)
+    ref = _grads(adapter)
+    assert max(float(g.abs().max()) for g in ref) > 0
+    stats = []
+    for chunk in (1, 3, None):
+        _zero(adapter)
+        stats.append(accumulate_gradients(adapter, cond, traj, adv, loss_cfg, TSPConfig("batched", chunk), denom))
+        assert _max_rel_err(_grads(adapter), ref) <= 1e-5, chunk
+    assert 0 < stats[0].clipped < stats[0].rows  # both branches of the clip are exercised
+    assert stats[0].metrics()["actor/loss"] == pytest.approx(stats[2].metrics()["actor/loss"], rel=1e-5)
+    _zero(adapter)
+
+
+def test_partition_invariance_of_the_normalisation(make_tiny_adapter):
+    adapter = make_tiny_adapter(seed=2)
+    cond, traj = _sample(adapter, CFGS["window_cps"], group=3)  # 9 samples
+    _perturb(adapter)
+    adv = torch.linspace(-1.5, 1.5, 9)
+    loss_cfg, tsp = LossConfig(clip_ratio=1e-2), TSPConfig("batched", 4)
+    denom = traj.batch_size * traj.num_steps
+    accumulate_gradients(adapter, cond, traj, adv, loss_cfg, tsp, denom)
+    whole = _grads(adapter)
+    # Uneven micro-batches, processed in another order (as two ranks would), accumulate the same gradient.
+    _zero(adapter)
+    for idx in ([5, 6, 7, 8], [0, 1, 2, 3, 4]):
+        i = torch.tensor(idx)
+        accumulate_gradients(adapter, cond.index_select(i), traj.index_select(i), adv[i], loss_cfg, tsp, denom)
+    assert _max_rel_err(_grads(adapter), whole) <= 1e-5
+    # A per-micro-batch mean (the naive normalisation) would not: the partition matters for it.
+    _zero(adapter)
+    for idx in ([5, 6, 7, 8], [0, 1, 2, 3, 4]):
+        i = torch.tensor(idx)
+        accumulate_gradients(adapter, cond.index_select(i), traj.index_select(i), adv[i], loss_cfg, tsp,
+                             2 * len(idx) * traj.num_steps)
+    assert _max_rel_err(_grads(adapter), whole) > 1e-3
+    _zero(adapter)
+
+
+def test_recomputed_old_log_probs_and_errors(tiny_adapter):
+    cond, traj = _sample(tiny_adapter, CFGS["flow_grpo"])
+    old = compute_log_probs(tiny_adapter, cond, traj)
+    adv = torch.ones(traj.batch_size)
+    accumulate_gradients(tiny_adapter, cond, traj, adv, LossConfig(), TSPConfig(), 30, old_log_probs=old)
+    ref_lp = compute_log_probs(tiny_adapter, cond, traj, reference=True)
+    torch.testing.assert_close(ref_lp, old)  # reference = the initial weights here
+    with pytest.raises(ValueError, match=r"\[B, K\]"):
+        accumulate_gradients(tiny_adapter, cond, traj, adv, LossConfig(), TSPConfig(), 30, old_log_probs=old[:, :2])
+    with pytest.raises(ValueError, match="trainer.tsp.mode.*per_timestep"):
+        TSPConfig(mode="stacked")
+    with pytest.raises(ValueError, match="chunk_size"):
+        TSPConfig(chunk_size=0)
+    ode_traj = rollout(tiny_adapter, cond, [SampleKey(0, "u", i) for i in range(6)],
+                       RolloutConfig(num_inference_steps=4, sde_type="ode", noise_level=0.0))
+    with pytest.raises(ValueError, match="cannot be trained"):
+        accumulate_gradients(tiny_adapter, cond, ode_traj, adv, LossConfig(), TSPConfig(), 1)

@@ -157,3 +157,219 @@ class DigenRLConfig:
             raise ValueError(f"unknown key trainer.digenrl.{extra[0]} (unknown: {extra}); valid keys: "
                              f"{sorted(known | set(SCHEDULE_KEYS) | {'pools'})}")
         return DigenRLConfig(schedule=schedule, pools=pools, **d)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The whole run, validated before any worker starts.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSpec:
+    """Everything a run is built from (the resolved, validated config).
+
+    Attributes:
+        digenrl: runtime knobs; `schedule`: the validated ScheduleConfig.
+        policy / train / reward: the worker specs. `advantage`: group normalisation.
+        prompts_per_step, n: step batch shape; num_steps: global steps to run from `start_step`.
+        architecture: the model's `_class_name`.
+    """
+
+    cfg: DictConfig
+    digenrl: DigenRLConfig
+    schedule: Any
+    policy: Any
+    train: Any
+    reward: Any
+    advantage: Any
+    prompts_per_step: int
+    n: int
+    num_steps: int
+    architecture: str
+    start_step: int = 0
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.digenrl.output_dir)
+
+    def describe(self) -> str:
+        """The resolved plan and pools (what `dry_run` prints)."""
+        s = self.schedule
+        pools = ", ".join(f"{role}: {p.size} worker(s){' on ' + str(p.accelerator_type or p.custom_resource) if (p.accelerator_type or p.custom_resource) else ''}"
+                          for role, p in ((r, self.digenrl.pools[r]) for r in self.digenrl.roles))
+        lines = [
+            f"model: {self.policy.model_path} ({self.architecture}), "
+            f"{'LoRA r=' + str(self.policy.lora.rank) if self.policy.lora.enabled else 'full fine-tune'}",
+            f"mode: {s.mode}; pools: {pools}",
+            f"step: {self.prompts_per_step} prompts x n={self.n} = {self.prompts_per_step * self.n} samples; "
+            f"{self.num_steps} global step(s) from step {self.start_step}",
+            f"rollout: {self.policy.rollout.num_inference_steps} steps, sde_type={self.policy.rollout.sde_type}, "
+            f"noise_level={self.policy.rollout.noise_level}, selection={self.policy.rollout.timestep_selection}, "
+            f"K={self.policy.rollout.num_train_steps} trained steps/sample",
+            f"schedule: gap={s.gap} pipeline={s.pipeline} tsp={s.tsp} tag={s.tag}"
+            f"{' k=' + str(s.static_k) if s.tag == 'static' else ''} staleness={s.staleness} "
+            f"max_stale_fraction={s.max_stale_fraction} max_gen_futures={s.max_gen_futures}",
+            f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}; lr={self.train.optim.lr}; "
+            f"old log-probs: {'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}",
+            f"reward: {dict(self.reward.functions)}"
+            f"{' + ' + str(self.reward.custom_path) if self.reward.custom_path else ''}",
+            f"output: {self.output_dir}",
+        ]
+        return "\n".join(lines)
+
+
+def _check_unsupported(cfg: DictConfig) -> None:
+    for dotted, (bad, why) in UNSUPPORTED.items():
+        v = OmegaConf.select(cfg, dotted, default=None)
+        if v is None:
+            continue
+        on = (v != bad[1:] and str(v) != bad[1:]) if isinstance(bad, str) and bad.startswith("!") else v == bad
+        if on:
+            raise ValueError(f"{dotted}={v!r} is not supported by digenrl_verl: {why}")
+
+
+def _selection_mode(cfg: DictConfig, algorithm: str) -> str:
+    mode = _key(cfg, "actor_rollout_ref.rollout.algo.timestep_selection")
+    if mode is not None:
+        return mode
+    if _key(cfg, "actor_rollout_ref.rollout.algo.sde_window_size") is not None:
+        return "window"
+    return algorithm
+
+
+def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
+    """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix."""
+    from digenrl_verl.diffusion.advantages import AdvantageConfig
+    from digenrl_verl.diffusion.loss import LossConfig
+    from digenrl_verl.diffusion.rollout import RolloutConfig
+    from digenrl_verl.models.config import LoraConfig, PipelineConfig
+    from digenrl_verl.models.registry import get_adapter_class, read_model_index
+    from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RewardSpec, TrainSpec
+
+    _check_unsupported(cfg)
+    digenrl = DigenRLConfig.from_cfg(cfg)
+
+    algorithm = _key(cfg, "actor_rollout_ref.model.algorithm", "flow_grpo")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown actor_rollout_ref.model.algorithm={algorithm!r}; valid choices: {list(ALGORITHMS)}")
+    backend = _key(cfg, "actor_rollout_ref.rollout.name", "diffusers")
+    if backend not in ROLLOUT_BACKENDS:
+        raise ValueError(f"unknown actor_rollout_ref.rollout.name={backend!r}; valid choices: {list(ROLLOUT_BACKENDS)}")
+    if backend == "vllm_omni":
+        from digenrl_verl.integrations.vllm_omni import require_vllm_omni
+
+        require_vllm_omni()
+
+    # model directory and architecture
+    path = _key(cfg, "actor_rollout_ref.model.path")
+    if path is None or path == "???":
+        raise ValueError("actor_rollout_ref.model.path is not set: give a local diffusers model directory "
+                         "(build a tiny one with `python -m digenrl_verl.models.tiny FluxPipeline <dir>`)")
+    index = read_model_index(path)  # ValueError naming the key when it is not a diffusers model directory
+    architecture = index["_class_name"]
+    want = _key(cfg, "actor_rollout_ref.model.architecture")
+    if want is not None and want != architecture:
+        raise ValueError(f"actor_rollout_ref.model.architecture={want!r} but {path}/model_index.json names "
+                         f"{architecture!r}; drop the key or point model.path at a {want} directory")
+    get_adapter_class(architecture)  # lists the valid architectures on a miss
+
+    # batch shape and pools
+    n = _key(cfg, "actor_rollout_ref.rollout.n")
+    prompts = _key(cfg, "data.train_batch_size")
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"actor_rollout_ref.rollout.n={n!r}: group-relative advantages need at least 2 samples "
+                         "per prompt; set rollout.n >= 2")
+    if not isinstance(prompts, int) or prompts < 1:
+        raise ValueError(f"data.train_batch_size={prompts!r} must be a positive number of prompts")
+    mini = _key(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    if mini is not None and mini != prompts:
+        raise ValueError(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must equal data.train_batch_size="
+                         f"{prompts} (one optimizer step per global step: the pipeline overlaps a step's "
+                         "generation with its own update); set it to null or to the train batch size")
+    trainer_role = "colocated" if digenrl.mode == "colocated" else "trainer"
+    micro = _key(cfg, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+    share = -(-n // digenrl.pools[trainer_role].size)
+    if micro is not None and micro < share:
+        raise ValueError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} is smaller than one prompt "
+                         f"group's share per {trainer_role} rank (ceil(rollout.n={n} / "
+                         f"{digenrl.pools[trainer_role].size} ranks) = {share}): a micro-batch is one group; raise it "
+                         f"to >= {share} or null")
+    total_workers = sum(digenrl.pools[r].size for r in digenrl.roles)
+    if not any(digenrl.pools[r].use_gpu for r in digenrl.roles):
+        limit = 4 * (os.cpu_count() or 1)
+        if total_workers > limit:
+            raise ValueError(f"trainer.digenrl.pools: {total_workers} CPU worker processes on a machine with "
+                             f"{os.cpu_count()} cores (limit {limit}); shrink pools.*.workers_per_node")
+    gen_ranks = digenrl.pools["generator" if digenrl.mode == "disaggregated" else "colocated"].size
+    if gen_ranks > prompts * n:
+        raise ValueError(f"trainer.digenrl.pools: {gen_ranks} generator ranks for {prompts * n} samples per step; "
+                         "some ranks would never get a sample: shrink the pool or raise data.train_batch_size")
+
+    # algorithm pieces
+    if digenrl.mode == "disaggregated" and _key(cfg, "algorithm.global_std"):
+        raise ValueError("algorithm.global_std=true needs every group's reward of a step before any update, which "
+                         "disables pipelining in trainer.digenrl.mode=disaggregated; set algorithm.global_std=false "
+                         "(per-group std), or use mode=colocated")
+    algo = lambda k, d=None: _key(cfg, f"actor_rollout_ref.rollout.algo.{k}", d)  # noqa: E731
+    pipe = dict(_key(cfg, "actor_rollout_ref.rollout.pipeline", {}) or {})
+    num_steps = pipe.get("num_inference_steps") or 10
+    window = algo("sde_window_range")
+    rollout_cfg = RolloutConfig(
+        num_inference_steps=int(num_steps), sde_type=algo("sde_type", "sde"), noise_level=float(algo("noise_level", 0.7)),
+        timestep_selection=_selection_mode(cfg, algorithm),
+        timestep_fraction=float(_key(cfg, "algorithm.timestep_fraction", 0.99)),
+        sde_window_size=int(algo("sde_window_size") or 0),
+        sde_window_range=tuple(window) if window is not None else None,
+        seed=int(_key(cfg, "actor_rollout_ref.rollout.seed", 0) or 0),
+        init_same_noise=bool(algo("init_same_noise", False)),
+    )
+    if rollout_cfg.num_train_steps < 1:
+        raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={rollout_cfg.sde_type!r} trains no step; use sde, "
+                         "cps or dance_sde for training")
+    model = dict(_key(cfg, "actor_rollout_ref.model", {}) or {})
+    lora = LoraConfig.from_dict(model)
+    pipeline = PipelineConfig.from_dict(pipe)
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "float32": "float32",
+             "fp16": "float16", "float16": "float16"}
+    model_dtype = _key(cfg, "actor_rollout_ref.actor.fsdp_config.model_dtype", "fp32")
+    if model_dtype not in dtype:
+        raise ValueError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(dtype)}")
+    policy = PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=rollout_cfg,
+                        dtype=dtype[model_dtype], start_version=start_step)
+
+    actor = lambda k, d=None: _key(cfg, f"actor_rollout_ref.actor.{k}", d)  # noqa: E731
+    loss = LossConfig(clip_ratio=float(actor("diffusion_loss.clip_ratio", 1e-4)),
+                      kl_coef=float(actor("kl_loss_coef", 0.0)) if actor("use_kl_loss", False) else 0.0,
+                      kl_type=actor("kl_loss_type", "flow_grpo"))
+    optim = OptimSpec(lr=float(actor("optim.lr", 1e-4)), weight_decay=float(actor("optim.weight_decay", 1e-4)),
+                      betas=tuple(actor("optim.betas", [0.9, 0.999])), eps=float(actor("optim.eps", 1e-8)),
+                      grad_clip=actor("grad_clip", 1.0))
+    recompute = _key(cfg, "actor_rollout_ref.rollout.recompute_old_log_probs")
+    if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics
+        recompute = backend != "diffusers" or policy.dtype != "float32"
+    train = TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp_chunk_size or None,
+                      recompute_old_log_probs=bool(recompute))
+
+    reward_fns = dict(_key(cfg, "reward.reward_functions", {}) or {})
+    custom = dict(_key(cfg, "reward.custom_reward_function", {}) or {})
+    reward = RewardSpec(functions=reward_fns, custom_path=custom.get("path"),
+                        custom_name=custom.get("name") or "compute_score")
+    from digenrl_verl.rewards import validate_reward_spec
+
+    validate_reward_spec(reward)
+
+    advantage = AdvantageConfig(global_std=bool(_key(cfg, "algorithm.global_std", False)),
+                                norm_adv_by_std=bool(_key(cfg, "algorithm.norm_adv_by_std_in_grpo", True)),
+                                adv_clip_max=actor("diffusion_loss.adv_clip_max", 5.0))
+
+    total = _key(cfg, "trainer.total_training_steps")
+    if not isinstance(total, int) or total < 1:
+        raise ValueError(f"trainer.total_training_steps={total!r} must be a positive number of global steps")
+    num = total - start_step
+    if num < 1:
+        raise ValueError(f"trainer.total_training_steps={total} is already reached by the checkpoint (step "
+                         f"{start_step}); raise it to continue training")
+    schedule = digenrl.schedule_config(num_steps=num, start_step=start_step, prompts_per_step=prompts, n=n)
+    return RunSpec(cfg=cfg, digenrl=digenrl, schedule=schedule, policy=policy, train=train, reward=reward,
+                   advantage=advantage, prompts_per_step=prompts, n=n, num_steps=num, architecture=architecture,
+                   start_step=start_step)

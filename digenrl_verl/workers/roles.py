@@ -1,0 +1,267 @@
+"""The verl workers of a DigenRL run. Small roles composed from three capabilities:
+
+- `SamplingMixin`  holds the policy and samples trajectories (`generate`): generators, and trainers for TAG;
+- `ScoringMixin`   holds the reward and scores decoded samples (`score`): generators (the reward sits with the
+                   generator), and colocated workers;
+- `TrainingMixin`  holds the optimizer and accumulates TSP / per-timestep gradients (`update`, `opt_step`).
+
+`GeneratorWorker = Sampling + Scoring (+ receive_weights)`, `TrainerWorker = Sampling + Training
+(+ send_weights)`, `ColocatedWorker = TrainerWorker + Scoring` (verl-omni's layout). The runtime calls these
+methods on individual actors (`actor.method.remote`) as the schedule dictates; worker-group-wide methods
+(`init_policy`, `join`, `checksum`) use verl's `@register` dispatch.
+
+DataProto keys produced by `generate` (B samples, K trained steps, latent shape L):
+
+| key | dtype / shape | meaning |
+|---|---|---|
+| `latents` | fp32 [B, K, *L] | x at σ of each trained step |
+| `next_latents` | fp32 [B, K, *L] | x' the SDE step drew |
+| `sigmas`, `next_sigmas` | fp32 [B, K] | σ and σ' of each trained step |
+| `rollout_log_probs` | fp32 [B, K] | log-prob of x' under the sampling policy |
+| `step_index` | int64 [B, K] | index of the step in the sampling schedule |
+| `policy_version` | int64 [B] | the weights version that generated the sample |
+| `sample_id` | int64 [B] | row of the step batch (prompt i // n, sample i % n) |
+| non-tensor `raw_prompt`, `uid`, `sample_index`, `data_source` | object [B] | carried from the step batch |
+| meta `sde_type`, `noise_level`, `global_step` | | how it was sampled |
+
+and a second DataProto for scoring: `responses` uint8 [B, 3, H, W] (video [B, T, 3, H, W]), `sample_id`,
+non-tensor `raw_prompt`, `data_source`. Prompt embeddings are not shipped: the trainer re-encodes `raw_prompt`
+with its own (frozen, identical) text encoders, which costs less than moving embeddings between pools.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from verl import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+
+from digenrl_verl.diffusion.noise import SampleKey
+from digenrl_verl.diffusion.rollout import Trajectory, rollout
+from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
+from digenrl_verl.workers.specs import PolicySpec, RewardSpec, TrainSpec
+from digenrl_verl.workers.weight_sync import CollectiveSpec, Collectives, state_checksum
+
+TRAJECTORY_KEYS = ("latents", "next_latents", "sigmas", "next_sigmas", "step_index")
+
+
+def _rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _concat_rows(parts: Sequence[DataProto], sample_ids: Sequence[int]) -> DataProto:
+    """The rows of `parts` whose `sample_id` is listed, in the order of `sample_ids`."""
+    merged = DataProto.concat(list(parts)) if len(parts) > 1 else parts[0]
+    pos = {int(s): i for i, s in enumerate(merged.batch["sample_id"].tolist())}
+    missing = [s for s in sample_ids if int(s) not in pos]
+    if missing:
+        raise KeyError(f"samples {missing} are not in the data this worker received")
+    return merged.select_idxs(np.asarray([pos[int(s)] for s in sample_ids], dtype=np.int64))
+
+
+class SamplingMixin:
+    """Holds the policy (a `DiffusionAdapter`) and samples trajectories with it."""
+
+    adapter: Any
+    version: int
+
+    def _build_policy(self, spec: PolicySpec, torch_threads: int) -> None:
+        from digenrl_verl.models.registry import load_adapter
+
+        torch.set_num_threads(torch_threads)
+        self.policy_spec = spec
+        self.adapter = load_adapter(spec.model_path, lora=spec.lora, pipeline=spec.pipeline,
+                                    dtype=getattr(torch, spec.dtype))
+        self.version = spec.start_version
+        self.busy_s = 0.0
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        return {n: p for n, p in self.adapter.transformer.named_parameters() if p.requires_grad}
+
+    def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto]:
+        """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`."""
+        if version != self.version:
+            raise RuntimeError(f"{type(self).__name__} rank {self.rank} holds policy version {self.version} but the "
+                               f"schedule asked for version {version}: a trajectory must carry one version")
+        t0 = time.perf_counter()
+        nt = shard.non_tensor_batch
+        step = int(shard.meta_info["global_step"])
+        keys = [SampleKey(step, str(u), int(i)) for u, i in zip(nt["uid"], nt["sample_index"])]
+        cond = self.adapter.encode_prompts(list(nt["raw_prompt"]))
+        traj = rollout(self.adapter, cond, keys, self.policy_spec.rollout)
+        images = self.adapter.decode(traj.final_latents)
+        b = traj.batch_size
+        ids = torch.as_tensor(sample_ids, dtype=torch.int64)
+        tensors = {k: getattr(traj, k) for k in TRAJECTORY_KEYS}
+        tensors.update(rollout_log_probs=traj.log_probs, sample_id=ids,
+                       policy_version=torch.full((b,), self.version, dtype=torch.int64))
+        meta = {"sde_type": traj.sde_type, "noise_level": traj.noise_level, "global_step": step}
+        out = DataProto.from_dict(tensors=tensors, non_tensors=dict(nt), meta_info=meta)
+        img = DataProto.from_dict(
+            tensors={"responses": images, "sample_id": ids.clone()},
+            non_tensors={"raw_prompt": nt["raw_prompt"], "data_source": nt["data_source"], "uid": nt["uid"]},
+            meta_info={"global_step": step})
+        self.busy_s += time.perf_counter() - t0
+        return out, img
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def checksum(self) -> dict[str, Any]:
+        """Version and sha256 of the trainable weights (weight-sync checks), plus peak RSS."""
+        return {"version": self.version, "checksum": state_checksum(self.trainable()), "rss_mb": _rss_mb(),
+                "busy_s": self.busy_s}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.trainable().items()}
+
+
+class ScoringMixin:
+    """Holds the reward functions and scores decoded samples."""
+
+    def _build_scorer(self, spec: RewardSpec) -> None:
+        from digenrl_verl.rewards import build_scorer
+
+        self.scorer = build_scorer(spec)
+
+    def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        data = _concat_rows(image_parts, sample_ids)
+        nt = data.non_tensor_batch
+        scores = self.scorer(data.batch["responses"], list(nt["raw_prompt"]), list(nt["data_source"]))
+        self.busy_s += time.perf_counter() - t0
+        return {"sample_ids": list(sample_ids), "scores": [float(x) for x in scores]}
+
+
+class TrainingMixin:
+    """Holds the optimizer; accumulates gradients per micro-batch, steps once per global step."""
+
+    adapter: Any
+    version: int
+    collectives: Collectives
+
+    def _build_training(self, spec: TrainSpec) -> None:
+        self.train_spec = spec
+        o = spec.optim
+        params = list(self.trainable().values())
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                           weight_decay=o.weight_decay)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_steps = 0
+
+    def update(self, sample_ids: list[int], advantages: torch.Tensor, loss_denominator: float, tsp: bool,
+               *traj_parts: DataProto) -> dict[str, float]:
+        """Forward/backward over this rank's share of one micro-batch; gradients accumulate."""
+        t0 = time.perf_counter()
+        data = _concat_rows(traj_parts, sample_ids)
+        meta = traj_parts[0].meta_info
+        tensors = {k: data.batch[k] for k in TRAJECTORY_KEYS}
+        tensors.update(log_probs=data.batch["rollout_log_probs"], final_latents=data.batch["latents"][:, 0])
+        traj = Trajectory.from_tensors(tensors, meta["sde_type"], meta["noise_level"])
+        cond = self.adapter.encode_prompts(list(data.non_tensor_batch["raw_prompt"]))
+        tsp_cfg = TSPConfig("batched", self.train_spec.tsp_chunk_size) if tsp else TSPConfig("per_timestep")
+        old = traj.log_probs
+        if self.train_spec.recompute_old_log_probs:
+            fresh = data.batch["policy_version"] == self.version
+            if bool(fresh.any()):
+                old = old.clone()
+                old[fresh] = compute_log_probs(self.adapter, cond, traj, tsp_cfg=tsp_cfg)[fresh]
+        stats = accumulate_gradients(self.adapter, cond, traj, advantages.to(torch.float32),
+                                     self.train_spec.loss, tsp_cfg, loss_denominator, old_log_probs=old)
+        self.busy_s += time.perf_counter() - t0
+        out = dict(vars(stats))
+        out["stale_rows"] = float((data.batch["policy_version"] < self.version).sum()) * traj.num_steps
+        return out
+
+    def opt_step(self, version: int) -> dict[str, float]:
+        """All-reduce the accumulated gradients, clip, step; the weights become `version`."""
+        if version != self.version + 1:
+            raise RuntimeError(f"trainer rank {self.rank} at version {self.version} asked to produce version {version}")
+        t0 = time.perf_counter()
+        params = list(self.trainable().values())
+        self.collectives.all_reduce_grads(params)
+        grads = [p.grad for p in params if p.grad is not None]
+        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        clip = self.train_spec.optim.grad_clip
+        if grads and finite:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf))
+        else:
+            norm = float("nan") if grads else 0.0
+        if grads and finite and math.isfinite(norm):
+            self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version = version
+        self.busy_s += time.perf_counter() - t0
+        return {"grad_norm": norm, "skipped": float(not (grads and finite and math.isfinite(norm))),
+                "version": float(version)}
+
+
+class _Base(Worker):
+    role = "base"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join(self, spec: CollectiveSpec) -> int:
+        """Join the process group spanning both pools (collective: every worker must call it)."""
+        self.collectives = Collectives(spec, "generator" if self.role == "generator" else "trainer", self.rank)
+        return self.collectives.global_rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class GeneratorWorker(_Base, SamplingMixin, ScoringMixin):
+    """Generator pool rank: samples, scores, receives weights after every optimizer step."""
+
+    role = "generator"
+
+    def __init__(self, policy: PolicySpec, reward: RewardSpec, torch_threads: int = 1) -> None:
+        super().__init__()
+        self._build_policy(policy, torch_threads)
+        self._build_scorer(reward)
+
+    def receive_weights(self, version: int) -> int:
+        t0 = time.perf_counter()
+        self.collectives.receive_weights(self.trainable())
+        self.version = version
+        self.busy_s += time.perf_counter() - t0
+        return version
+
+
+class TrainerWorker(_Base, SamplingMixin, TrainingMixin):
+    """Trainer pool rank: TSP updates, optimizer step, weight sender; generates TAG micro-batches."""
+
+    role = "trainer"
+
+    def __init__(self, policy: PolicySpec, train: TrainSpec, torch_threads: int = 1) -> None:
+        super().__init__()
+        self._build_policy(policy, torch_threads)
+        self._build_training(train)
+
+    def send_weights(self, version: int, generators: list[int]) -> int:
+        if version != self.version:
+            raise RuntimeError(f"trainer rank {self.rank} holds version {self.version}, asked to send {version}")
+        t0 = time.perf_counter()
+        if self.rank == 0 and generators:
+            self.collectives.send_weights(self.trainable(), generators)
+        self.busy_s += time.perf_counter() - t0
+        return version
+
+
+class ColocatedWorker(TrainerWorker, ScoringMixin):
+    """verl-omni's layout: every rank generates, scores, then trains (the baseline)."""
+
+    role = "colocated"
+
+    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardSpec, torch_threads: int = 1) -> None:
+        super().__init__(policy, train, torch_threads)
+        self._build_scorer(reward)

@@ -96,6 +96,14 @@ class SelectionConfig:
         return self.sde_window_size if self.sde_window_size > 0 else n - 1
 
 
+def auto_selection(algorithm: str, sde_window_size: int | None) -> str:
+    """The mode for `timestep_selection: null`: `window` when a window size is set, else the algorithm's rule
+    (`dance_grpo` for model.algorithm=dance_grpo, `flow_grpo` otherwise)."""
+    if sde_window_size is not None:
+        return "window"
+    return "dance_grpo" if algorithm == "dance_grpo" else "flow_grpo"
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """Per-sample plan of a rollout.

@@ -27,8 +27,8 @@ from digenrl_verl.diffusion.rollout import Trajectory
 from digenrl_verl.diffusion.sde import get_sde_kind, sde_step
 from digenrl_verl.models.base import Conditioning, DiffusionAdapter
 
-KEY_TSP_MODE = "trainer.tsp.mode"
-KEY_TSP_CHUNK = "trainer.tsp.chunk_size"
+KEY_TSP_MODE = "trainer.digenrl.tsp"
+KEY_TSP_CHUNK = "trainer.digenrl.tsp_chunk_size"
 
 TSP_MODES = ("per_timestep", "batched")
 
@@ -37,7 +37,7 @@ TSP_MODES = ("per_timestep", "batched")
 class TSPConfig:
     """Args:
         mode: `per_timestep` (K forwards of B rows) or `batched` (B·K rows in chunks).
-        chunk_size: rows per forward/backward in `batched` mode; None = all B·K rows in one forward.
+        chunk_size: rows per forward/backward in `batched` mode; None or 0 = all B·K rows in one forward.
     """
 
     mode: str = "batched"
@@ -46,8 +46,8 @@ class TSPConfig:
     def __post_init__(self) -> None:
         if self.mode not in TSP_MODES:
             raise ValueError(f"unknown {KEY_TSP_MODE}={self.mode!r}; valid choices: {list(TSP_MODES)}")
-        if self.chunk_size is not None and (not isinstance(self.chunk_size, int) or self.chunk_size < 1):
-            raise ValueError(f"{KEY_TSP_CHUNK}={self.chunk_size!r} must be an int ≥ 1 or None (all rows)")
+        if self.chunk_size is not None and (not isinstance(self.chunk_size, int) or self.chunk_size < 0):
+            raise ValueError(f"{KEY_TSP_CHUNK}={self.chunk_size!r} must be an int ≥ 1, or 0 / None for all rows")
 
 
 def row_groups(batch_size: int, num_steps: int, cfg: TSPConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -57,8 +57,8 @@ def row_groups(batch_size: int, num_steps: int, cfg: TSPConfig) -> Iterator[tupl
             yield torch.arange(batch_size), torch.full((batch_size,), k, dtype=torch.long)
         return
     total = batch_size * num_steps
-    chunk = total if cfg.chunk_size is None else cfg.chunk_size
-    for start in range(0, total, max(chunk, 1)):
+    chunk = cfg.chunk_size or max(total, 1)
+    for start in range(0, total, chunk):
         flat = torch.arange(start, min(start + chunk, total))
         yield flat // num_steps, flat % num_steps
 

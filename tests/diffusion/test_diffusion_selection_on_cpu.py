@@ -123,3 +123,11 @@ def test_seed_is_stable_across_processes():
         outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip())
     assert outs == {str(sample_seed(42, SampleKey(7, "prompt-x", 3), "sde"))}
+
+
+def test_auto_selection_follows_the_config_defaults():
+    from digenrl_verl.diffusion.selection import auto_selection
+
+    assert auto_selection("flow_grpo", 2) == "window"
+    assert auto_selection("dance_grpo", None) == "dance_grpo"
+    assert auto_selection("flow_grpo", None) == "flow_grpo"

@@ -69,7 +69,7 @@ def test_batched_gradient_equals_per_timestep_for_any_chunk(make_tiny_adapter, n
     ref = _grads(adapter)
     assert max(float(g.abs().max()) for g in ref) > 0
     stats = []
-    for chunk in (1, 3, None):
+    for chunk in (1, 3, None, 0):
         _zero(adapter)
         stats.append(accumulate_gradients(adapter, cond, traj, adv, loss_cfg, TSPConfig("batched", chunk), denom))
         assert _max_rel_err(_grads(adapter), ref) <= 1e-5, chunk
@@ -112,10 +112,10 @@ def test_recomputed_old_log_probs_and_errors(tiny_adapter):
     torch.testing.assert_close(ref_lp, old)  # reference = the initial weights here
     with pytest.raises(ValueError, match=r"\[B, K\]"):
         accumulate_gradients(tiny_adapter, cond, traj, adv, LossConfig(), TSPConfig(), 30, old_log_probs=old[:, :2])
-    with pytest.raises(ValueError, match="trainer.tsp.mode.*per_timestep"):
+    with pytest.raises(ValueError, match=r"trainer\.digenrl\.tsp=.*per_timestep"):
         TSPConfig(mode="stacked")
-    with pytest.raises(ValueError, match="chunk_size"):
-        TSPConfig(chunk_size=0)
+    with pytest.raises(ValueError, match="tsp_chunk_size"):
+        TSPConfig(chunk_size=-1)
     ode_traj = rollout(tiny_adapter, cond, [SampleKey(0, "u", i) for i in range(6)],
                        RolloutConfig(num_inference_steps=4, sde_type="ode", noise_level=0.0))
     with pytest.raises(ValueError, match="cannot be trained"):

@@ -1,0 +1,113 @@
+"""FLUX.1 (`FluxPipeline`): embedded guidance, packed 2x2 latents, dynamic shift, timestep fed as σ.
+
+Conditioning keys (B = prompts, L = max_sequence_length T5 tokens):
+    prompt_embeds [B, L, joint_attention_dim], pooled_prompt_embeds [B, pooled_projection_dim];
+    with true CFG (true_cfg_scale > 1) also negative_prompt_embeds / negative_pooled_prompt_embeds.
+    shared: txt_ids [L, 3] (zeros, as the pipeline builds them).
+Latents: packed [(H/16)·(W/16), 4·C] (2x2 patches of the C-channel VAE latent).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from digenrl_verl.models.base import Conditioning
+from digenrl_verl.models.config import PIPELINE_KEY
+from digenrl_verl.models.pipeline_adapter import PipelineAdapter, calculate_shift
+from digenrl_verl.models.registry import register_adapter
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, h, w] → [B, (h/2)(w/2), 4C], the FLUX / Qwen-Image token layout."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Inverse of `pack_latents` for a latent of h x w."""
+    b, _, ch = tokens.shape
+    x = tokens.view(b, h // 2, w // 2, ch // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, ch // 4, h, w)
+
+
+def latent_image_ids(h: int, w: int) -> torch.Tensor:
+    """RoPE ids [(h/2)(w/2), 3] of the packed tokens: (0, row, col)."""
+    ids = torch.zeros(h // 2, w // 2, 3)
+    ids[..., 1] = torch.arange(h // 2)[:, None]
+    ids[..., 2] = torch.arange(w // 2)[None, :]
+    return ids.reshape(-1, 3)
+
+
+@register_adapter("FluxPipeline")
+class FluxAdapter(PipelineAdapter):
+    timestep_scale = 1.0
+    uses_true_cfg_scale = True
+
+    def _validate_config(self, cfg: Any) -> None:
+        super()._validate_config(cfg)
+        if cfg.max_sequence_length > 512:
+            raise ValueError(f"{PIPELINE_KEY}.max_sequence_length={cfg.max_sequence_length} exceeds FLUX's 512")
+
+    @property
+    def do_true_cfg(self) -> bool:
+        return self.config.true_cfg_scale > 1
+
+    def _latent_hw(self) -> tuple[int, int]:
+        f = self.pipeline.vae_scale_factor
+        return 2 * (self.config.height // (f * 2)), 2 * (self.config.width // (f * 2))
+
+    def latent_shape(self) -> tuple[int, ...]:
+        h, w = self._latent_hw()
+        return ((h // 2) * (w // 2), self.denoiser.config.in_channels)
+
+    def _set_timesteps_kwargs(self, num_steps: int) -> dict[str, Any]:
+        mu = calculate_shift(self.latent_shape()[0], self.pipeline.scheduler.config)
+        return {"sigmas": self._linspace_sigmas(num_steps), "mu": mu}
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
+        prompts = self._check_prompts(prompts)
+        embeds, pooled, txt_ids = self.pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, device=self.device, max_sequence_length=self.config.max_sequence_length
+        )
+        tensors = {"prompt_embeds": self._f32(embeds), "pooled_prompt_embeds": self._f32(pooled)}
+        if self.do_true_cfg:
+            neg, neg_pooled, _ = self.pipeline.encode_prompt(
+                prompt=[self.config.negative_prompt] * len(prompts), prompt_2=None, device=self.device,
+                max_sequence_length=self.config.max_sequence_length,
+            )
+            tensors["negative_prompt_embeds"] = self._f32(neg)
+            tensors["negative_pooled_prompt_embeds"] = self._f32(neg_pooled)
+        return Conditioning(tensors, {"txt_ids": txt_ids.detach().float().cpu()})
+
+    def _forward(self, x: torch.Tensor, t: torch.Tensor, guidance: torch.Tensor | None, embeds: torch.Tensor,
+                 pooled: torch.Tensor, txt_ids: torch.Tensor) -> torch.Tensor:
+        h, w = self._latent_hw()
+        img_ids = latent_image_ids(h, w).to(self.device, self.dtype)
+        return self.transformer(
+            hidden_states=x, timestep=t, guidance=guidance, pooled_projections=pooled,
+            encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=img_ids, return_dict=False,
+        )[0].float()
+
+    def _velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        t = self._t(sigma)
+        guidance = None
+        if self.denoiser.config.guidance_embeds:
+            guidance = torch.full_like(sigma, float(self.config.guidance_scale))
+        txt_ids = cond.shared["txt_ids"].to(self.device, self.dtype)
+        v = self._forward(x, t, guidance, self._c(cond, "prompt_embeds"), self._c(cond, "pooled_prompt_embeds"),
+                          txt_ids)
+        if not self.do_true_cfg:
+            return v
+        v_neg = self._forward(x, t, guidance, self._c(cond, "negative_prompt_embeds"),
+                              self._c(cond, "negative_pooled_prompt_embeds"), txt_ids)
+        return self._cfg(v_neg, v, self.config.true_cfg_scale)
+
+    def _decode(self, x: torch.Tensor, vae: nn.Module) -> torch.Tensor:
+        h, w = self._latent_hw()
+        latents = unpack_latents(x, h, w) / vae.config.scaling_factor + vae.config.shift_factor
+        return vae.decode(latents.to(vae.dtype), return_dict=False)[0]

@@ -1,0 +1,88 @@
+"""HunyuanVideo (`HunyuanVideoPipeline`): embedded guidance (scale·1000), timestep σ·1000, static shift.
+
+Conditioning keys (B = prompts, L = max_sequence_length Llama tokens after the template crop):
+    prompt_embeds [B, L, text_embed_dim], prompt_attention_mask [B, L] (int64), pooled_prompt_embeds
+    [B, pooled_projection_dim] (CLIP); with true CFG (true_cfg_scale > 1) the negative_* twins.
+Latents: [C, (F−1)/4 + 1, H/8, W/8].
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from digenrl_verl.models.base import Conditioning
+from digenrl_verl.models.config import PIPELINE_KEY
+from digenrl_verl.models.pipeline_adapter import PipelineAdapter
+from digenrl_verl.models.registry import register_adapter
+
+
+@register_adapter("HunyuanVideoPipeline")
+class HunyuanVideoAdapter(PipelineAdapter):
+    is_video = True
+    timestep_scale = 1000.0
+    uses_true_cfg_scale = True
+
+    @property
+    def do_true_cfg(self) -> bool:
+        return self.config.true_cfg_scale > 1
+
+    def _default_size(self) -> tuple[int, int]:
+        return self._call_default("height"), self._call_default("width")
+
+    def _size_multiple(self) -> int:
+        return self.pipeline.vae_scale_factor_spatial * self.denoiser.config.patch_size
+
+    def _validate_config(self, cfg: Any) -> None:
+        super()._validate_config(cfg)
+        ft = self.pipeline.vae_scale_factor_temporal
+        if (cfg.num_frames - 1) % ft:
+            raise ValueError(f"{PIPELINE_KEY}.num_frames={cfg.num_frames} must be 1 + k·{ft} for HunyuanVideo")
+
+    def latent_shape(self) -> tuple[int, ...]:
+        fs, ft = self.pipeline.vae_scale_factor_spatial, self.pipeline.vae_scale_factor_temporal
+        c = self.denoiser.config.in_channels
+        return (c, (self.config.num_frames - 1) // ft + 1, self.config.height // fs, self.config.width // fs)
+
+    def _set_timesteps_kwargs(self, num_steps: int) -> dict[str, Any]:
+        return {"sigmas": np.linspace(1.0, 0.0, num_steps + 1)[:-1]}
+
+    def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, pooled, mask = self.pipeline.encode_prompt(
+            prompt=prompts, device=self.device, max_sequence_length=self.config.max_sequence_length
+        )
+        return {"prompt_embeds": self._f32(embeds), "pooled_prompt_embeds": self._f32(pooled),
+                "prompt_attention_mask": mask.detach().long()}
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
+        prompts = self._check_prompts(prompts)
+        tensors = self._encode(prompts)
+        if self.do_true_cfg:
+            neg = self._encode([self.config.negative_prompt] * len(prompts))
+            tensors.update({f"negative_{k}": v for k, v in neg.items()})
+        return Conditioning(tensors)
+
+    def _forward(self, x: torch.Tensor, t: torch.Tensor, guidance: torch.Tensor, cond: Conditioning,
+                 prefix: str) -> torch.Tensor:
+        return self.transformer(
+            hidden_states=x, timestep=t, guidance=guidance,
+            encoder_hidden_states=self._c(cond, f"{prefix}prompt_embeds"),
+            encoder_attention_mask=self._c(cond, f"{prefix}prompt_attention_mask").to(self.dtype),
+            pooled_projections=self._c(cond, f"{prefix}pooled_prompt_embeds"), return_dict=False,
+        )[0].float()
+
+    def _velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        t = self._t(sigma)
+        guidance = torch.full_like(sigma, float(self.config.guidance_scale)).to(self.dtype) * 1000.0
+        v = self._forward(x, t, guidance, cond, "")
+        if not self.do_true_cfg:
+            return v
+        return self._cfg(self._forward(x, t, guidance, cond, "negative_"), v, self.config.true_cfg_scale)
+
+    def _decode(self, x: torch.Tensor, vae: nn.Module) -> torch.Tensor:
+        video = vae.decode((x / vae.config.scaling_factor).to(vae.dtype), return_dict=False)[0]
+        return video.permute(0, 2, 1, 3, 4)

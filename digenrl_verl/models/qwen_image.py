@@ -1,0 +1,102 @@
+"""Qwen-Image (`QwenImagePipeline`): true CFG (two forwards, norm-rescaled), packed latents, dynamic shift.
+
+The pipeline feeds the transformer `timestep = σ` (its timestep embedding multiplies by 1000 itself).
+
+Conditioning keys (B = prompts, L = max_sequence_length):
+    prompt_embeds [B, L, D] and prompt_embeds_mask [B, L] (int64, 1 = token); with true CFG
+    (true_cfg_scale > 1) also negative_prompt_embeds / negative_prompt_embeds_mask.
+    The pipeline pads to the longest prompt of the batch; this adapter pads every prompt to L with a
+    zero mask instead, so a row's conditioning does not depend on which prompts share its batch and
+    conditionings from different calls concatenate (`Conditioning.cat`).
+Latents: packed [(H/16)·(W/16), 4·C].
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from digenrl_verl.models.base import Conditioning
+from digenrl_verl.models.config import PIPELINE_KEY
+from digenrl_verl.models.flux import unpack_latents
+from digenrl_verl.models.pipeline_adapter import PipelineAdapter, calculate_shift
+from digenrl_verl.models.registry import register_adapter
+
+
+@register_adapter("QwenImagePipeline")
+class QwenImageAdapter(PipelineAdapter):
+    timestep_scale = 1.0
+    uses_guidance_scale = False
+    uses_true_cfg_scale = True
+
+    def _validate_config(self, cfg: Any) -> None:
+        super()._validate_config(cfg)
+        if cfg.max_sequence_length > 1024:
+            raise ValueError(f"{PIPELINE_KEY}.max_sequence_length={cfg.max_sequence_length} exceeds Qwen-Image's 1024")
+
+    @property
+    def do_true_cfg(self) -> bool:
+        return self.config.true_cfg_scale > 1
+
+    def _latent_hw(self) -> tuple[int, int]:
+        f = self.pipeline.vae_scale_factor
+        return 2 * (self.config.height // (f * 2)), 2 * (self.config.width // (f * 2))
+
+    def latent_shape(self) -> tuple[int, ...]:
+        h, w = self._latent_hw()
+        return ((h // 2) * (w // 2), self.denoiser.config.in_channels)
+
+    def _set_timesteps_kwargs(self, num_steps: int) -> dict[str, Any]:
+        mu = calculate_shift(self.latent_shape()[0], self.pipeline.scheduler.config)
+        return {"sigmas": self._linspace_sigmas(num_steps), "mu": mu}
+
+    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        length = self.config.max_sequence_length
+        embeds, mask = self.pipeline.encode_prompt(prompt=prompts, device=self.device, max_sequence_length=length)
+        if mask is None:  # the pipeline drops an all-ones mask
+            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        pad = length - embeds.shape[1]
+        embeds = torch.nn.functional.pad(embeds, (0, 0, 0, pad))
+        mask = torch.nn.functional.pad(mask.long(), (0, pad))
+        return self._f32(embeds), mask.long()
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
+        prompts = self._check_prompts(prompts)
+        embeds, mask = self._encode(prompts)
+        tensors = {"prompt_embeds": embeds, "prompt_embeds_mask": mask}
+        if self.do_true_cfg:
+            neg, neg_mask = self._encode([self.config.negative_prompt] * len(prompts))
+            tensors["negative_prompt_embeds"] = neg
+            tensors["negative_prompt_embeds_mask"] = neg_mask
+        return Conditioning(tensors)
+
+    def _forward(self, x: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h, w = self._latent_hw()
+        img_shapes = [[(1, h // 2, w // 2)]] * x.shape[0]
+        return self.transformer(
+            hidden_states=x, timestep=t, guidance=None, encoder_hidden_states=embeds,
+            encoder_hidden_states_mask=mask, img_shapes=img_shapes, return_dict=False,
+        )[0].float()
+
+    def _velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        t = self._t(sigma)
+        v = self._forward(x, t, self._c(cond, "prompt_embeds"), self._c(cond, "prompt_embeds_mask"))
+        if not self.do_true_cfg:
+            return v
+        v_neg = self._forward(x, t, self._c(cond, "negative_prompt_embeds"),
+                              self._c(cond, "negative_prompt_embeds_mask"))
+        combined = self._cfg(v_neg, v, self.config.true_cfg_scale)
+        # Rescale every token's guided velocity to the norm of the conditional one (the pipeline's rule).
+        return combined * (v.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
+
+    def _decode(self, x: torch.Tensor, vae: nn.Module) -> torch.Tensor:
+        h, w = self._latent_hw()
+        latents = unpack_latents(x, h, w).unsqueeze(2)  # [B, C, 1, h, w]
+        z = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean, device=x.device).view(1, z, 1, 1, 1)
+        std = torch.tensor(vae.config.latents_std, device=x.device).view(1, z, 1, 1, 1)
+        latents = latents / (1.0 / std) + mean  # written as the pipeline does, for bit-identical decodes
+        return vae.decode(latents.to(vae.dtype), return_dict=False)[0][:, :, 0]

@@ -1,0 +1,27 @@
+"""Rewards for decoded samples: a registry of batch rewards, custom functions from a file, weighted sums.
+
+    reward = build_reward(RewardConfig(reward_functions={"brightness": 1.0}))
+    scores = reward.score(images_uint8, prompts, extra)      # fp32 [B]
+
+Registered: jpeg_compressibility, jpeg_incompressibility, brightness, color_match, ocr (needs the `ocr` extra).
+"""
+
+from digenrl_verl.rewards import image as _image  # noqa: F401  (registers the rule-based rewards)
+from digenrl_verl.rewards import ocr as _ocr  # noqa: F401  (registers `ocr`; rapidocr is imported lazily)
+from digenrl_verl.rewards.base import PerImageReward, Reward, as_frames, get_reward, register_reward, reward_names
+from digenrl_verl.rewards.compose import RewardConfig, WeightedReward, build_reward
+from digenrl_verl.rewards.custom import CustomReward, load_function
+
+__all__ = [
+    "CustomReward",
+    "PerImageReward",
+    "Reward",
+    "RewardConfig",
+    "WeightedReward",
+    "as_frames",
+    "build_reward",
+    "get_reward",
+    "load_function",
+    "register_reward",
+    "reward_names",
+]

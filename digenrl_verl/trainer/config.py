@@ -211,8 +211,8 @@ class RunSpec:
             f"max_stale_fraction={s.max_stale_fraction} max_gen_futures={s.max_gen_futures}",
             f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}; lr={self.train.optim.lr}; "
             f"old log-probs: {'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}",
-            f"reward: {dict(self.reward.functions)}"
-            f"{' + ' + str(self.reward.custom_path) if self.reward.custom_path else ''}",
+            f"reward: {self.reward.weights()}"
+            f"{' (custom: ' + str(self.reward.custom_reward_function_path) + ')' if self.reward.custom_reward_function_path else ''}",
             f"output: {self.output_dir}",
         ]
         return "\n".join(lines)
@@ -228,23 +228,16 @@ def _check_unsupported(cfg: DictConfig) -> None:
             raise ValueError(f"{dotted}={v!r} is not supported by digenrl_verl: {why}")
 
 
-def _selection_mode(cfg: DictConfig, algorithm: str) -> str:
-    mode = _key(cfg, "actor_rollout_ref.rollout.algo.timestep_selection")
-    if mode is not None:
-        return mode
-    if _key(cfg, "actor_rollout_ref.rollout.algo.sde_window_size") is not None:
-        return "window"
-    return algorithm
-
-
 def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix."""
     from digenrl_verl.diffusion.advantages import AdvantageConfig
     from digenrl_verl.diffusion.loss import LossConfig
     from digenrl_verl.diffusion.rollout import RolloutConfig
+    from digenrl_verl.diffusion.selection import auto_selection
     from digenrl_verl.models.config import LoraConfig, PipelineConfig
     from digenrl_verl.models.registry import get_adapter_class, read_model_index
-    from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RewardSpec, TrainSpec
+    from digenrl_verl.rewards.compose import RewardConfig
+    from digenrl_verl.workers.specs import OptimSpec, PolicySpec, TrainSpec
 
     _check_unsupported(cfg)
     digenrl = DigenRLConfig.from_cfg(cfg)
@@ -316,7 +309,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     window = algo("sde_window_range")
     rollout_cfg = RolloutConfig(
         num_inference_steps=int(num_steps), sde_type=algo("sde_type", "sde"), noise_level=float(algo("noise_level", 0.7)),
-        timestep_selection=_selection_mode(cfg, algorithm),
+        timestep_selection=algo("timestep_selection") or auto_selection(algorithm, algo("sde_window_size")),
         timestep_fraction=float(_key(cfg, "algorithm.timestep_fraction", 0.99)),
         sde_window_size=int(algo("sde_window_size") or 0),
         sde_window_range=tuple(window) if window is not None else None,
@@ -347,16 +340,21 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     recompute = _key(cfg, "actor_rollout_ref.rollout.recompute_old_log_probs")
     if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics
         recompute = backend != "diffusers" or policy.dtype != "float32"
-    train = TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp_chunk_size or None,
+    train = TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp_chunk_size,
                       recompute_old_log_probs=bool(recompute))
 
     reward_fns = dict(_key(cfg, "reward.reward_functions", {}) or {})
     custom = dict(_key(cfg, "reward.custom_reward_function", {}) or {})
-    reward = RewardSpec(functions=reward_fns, custom_path=custom.get("path"),
-                        custom_name=custom.get("name") or "compute_score")
-    from digenrl_verl.rewards import validate_reward_spec
+    reward = RewardConfig(reward_functions=reward_fns, aggregation=_key(cfg, "reward.aggregation", "weighted_sum"),
+                          custom_reward_function_path=custom.get("path"),
+                          custom_reward_function_name=custom.get("name") or "compute_score")
+    from digenrl_verl.rewards.base import get_reward
 
-    validate_reward_spec(reward)
+    for name in reward.weights():
+        if name != "custom":
+            get_reward(name)  # ValueError listing the valid reward names
+    if reward.custom_reward_function_path and not Path(reward.custom_reward_function_path).is_file():
+        raise ValueError(f"reward.custom_reward_function.path={reward.custom_reward_function_path!r} is not a file")
 
     advantage = AdvantageConfig(global_std=bool(_key(cfg, "algorithm.global_std", False)),
                                 norm_adv_by_std=bool(_key(cfg, "algorithm.norm_adv_by_std_in_grpo", True)),

@@ -10,6 +10,7 @@ Every run writes into its output directory:
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -81,7 +82,7 @@ def summary_table(summary: Mapping[str, Any], workers: Sequence[Mapping[str, Any
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(record=True, width=110, force_terminal=False)
+    console = Console(record=True, width=110, force_terminal=False, file=io.StringIO())
     run = Table(title="run summary", show_header=False)
     for k, v in summary.items():
         run.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))

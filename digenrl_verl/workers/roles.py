@@ -45,7 +45,8 @@ from verl.single_controller.base.decorator import Dispatch, register
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import Trajectory, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
-from digenrl_verl.workers.specs import PolicySpec, RewardSpec, TrainSpec
+from digenrl_verl.rewards.compose import RewardConfig
+from digenrl_verl.workers.specs import PolicySpec, TrainSpec
 from digenrl_verl.workers.weight_sync import CollectiveSpec, Collectives, state_checksum
 
 TRAJECTORY_KEYS = ("latents", "next_latents", "sigmas", "next_sigmas", "step_index")
@@ -126,16 +127,17 @@ class SamplingMixin:
 class ScoringMixin:
     """Holds the reward functions and scores decoded samples."""
 
-    def _build_scorer(self, spec: RewardSpec) -> None:
-        from digenrl_verl.rewards import build_scorer
+    def _build_scorer(self, spec: RewardConfig) -> None:
+        from digenrl_verl.rewards.compose import build_reward
 
-        self.scorer = build_scorer(spec)
+        self.scorer = build_reward(spec)
 
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
         t0 = time.perf_counter()
         data = _concat_rows(image_parts, sample_ids)
         nt = data.non_tensor_batch
-        scores = self.scorer(data.batch["responses"], list(nt["raw_prompt"]), list(nt["data_source"]))
+        extra = [{"data_source": ds, "uid": u} for ds, u in zip(nt["data_source"], nt["uid"])]
+        scores = self.scorer(data.batch["responses"], list(nt["raw_prompt"]), extra)
         self.busy_s += time.perf_counter() - t0
         return {"sample_ids": list(sample_ids), "scores": [float(x) for x in scores]}
 
@@ -224,7 +226,7 @@ class GeneratorWorker(_Base, SamplingMixin, ScoringMixin):
 
     role = "generator"
 
-    def __init__(self, policy: PolicySpec, reward: RewardSpec, torch_threads: int = 1) -> None:
+    def __init__(self, policy: PolicySpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__()
         self._build_policy(policy, torch_threads)
         self._build_scorer(reward)
@@ -262,6 +264,6 @@ class ColocatedWorker(TrainerWorker, ScoringMixin):
 
     role = "colocated"
 
-    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardSpec, torch_threads: int = 1) -> None:
+    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__(policy, train, torch_threads)
         self._build_scorer(reward)

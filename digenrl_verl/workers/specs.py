@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
 
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.rollout import RolloutConfig
@@ -65,13 +64,3 @@ class TrainSpec:
     optim: OptimSpec = field(default_factory=OptimSpec)
     tsp_chunk_size: int | None = None
     recompute_old_log_probs: bool = False
-
-
-@dataclass(frozen=True)
-class RewardSpec:
-    """`reward.*`: weighted reward functions and an optional custom function file."""
-
-    functions: Mapping[str, float] = field(default_factory=lambda: {"brightness": 1.0})
-    custom_path: str | None = None
-    custom_name: str = "compute_score"
-    extra: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,154 @@
+"""Micro-batch plans: how one global step's samples are cut into pipeline units, and who runs them.
+
+Two planners, both pure functions of (prompts, n, ranks):
+
+* **GAP** (generation-axis pipeline, the paper's Fig. 5b): a micro-batch is *one prompt group*; its n
+  samples are spread over a *lane* of generator ranks, so a complete group (all a GRPO advantage needs)
+  is ready after ``ceil(n / lane_width)`` samples of generation instead of ``n``. Pipeline units per
+  step = prompts.
+* **Batch-axis** (the baseline, Fig. 5a): each rank owns whole groups; a micro-batch is one group per
+  rank, run together. Pipeline units per step = ``ceil(prompts / ranks)``.
+
+Fig. 5's example, 2 GPUs and 4 prompts x 2 samples::
+
+    >>> len(GapPlanner().microbatches(step=0, prompts=4, n=2, ranks=2))
+    4
+    >>> len(BatchAxisPlanner().microbatches(step=0, prompts=4, n=2, ranks=2))
+    2
+
+Uneven sizes:
+
+* ``n`` not a multiple of the lane width: the group is cut into contiguous chunks whose sizes differ by
+  at most one sample (the first ``n % width`` ranks get one more); the task lasts as long as its
+  largest chunk, which ``Task.work`` reports.
+* ``n < ranks`` (GAP): the pool is cut into ``ceil(ranks / n)`` lanes of at most ``n`` ranks (widths
+  differ by at most one), each running its own group, so no rank of a lane is ever left without a
+  sample and several groups are generated at once.
+* ``prompts`` not a multiple of ``ranks`` (batch-axis): the last micro-batch has fewer groups; ranks
+  without a group are left out of that task.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Sequence
+
+from digenrl_verl.schedule.types import Assignment
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One pipeline unit of a global step.
+
+    Attributes:
+        step: global step.
+        index: micro-batch index within the step, ``0 .. B-1``.
+        prompts: prompt indices (whole groups only, so group statistics need nothing else).
+        samples: sample indices, ``prompt * n + j`` for each prompt and ``j < n``, ascending.
+    """
+
+    step: int
+    index: int
+    prompts: tuple[int, ...]
+    samples: tuple[int, ...]
+
+
+def split_even(items: Sequence[int], workers: Sequence[str]) -> Assignment:
+    """Contiguous chunks of ``items`` over ``workers``, sizes differing by at most one.
+
+    Workers that would get nothing are left out (only happens when there are more workers than items).
+
+        >>> split_even([0, 1, 2, 3, 4], ["a", "b"])
+        (('a', (0, 1, 2)), ('b', (3, 4)))
+    """
+    if not workers:
+        raise ValueError("split_even needs at least one worker")
+    base, extra = divmod(len(items), len(workers))
+    out: list[tuple[str, tuple[int, ...]]] = []
+    pos = 0
+    for rank, worker in enumerate(workers):
+        size = base + (1 if rank < extra else 0)
+        if size:
+            out.append((worker, tuple(items[pos:pos + size])))
+        pos += size
+    return tuple(out)
+
+
+def split_lanes(workers: Sequence[str], count: int) -> list[tuple[str, ...]]:
+    """Cut ``workers`` into ``count`` contiguous lanes whose widths differ by at most one."""
+    count = max(1, min(count, len(workers)))
+    base, extra = divmod(len(workers), count)
+    lanes, pos = [], 0
+    for i in range(count):
+        width = base + (1 if i < extra else 0)
+        lanes.append(tuple(workers[pos:pos + width]))
+        pos += width
+    return lanes
+
+
+def _group_samples(prompts: Sequence[int], n: int) -> tuple[int, ...]:
+    return tuple(p * n + j for p in prompts for j in range(n))
+
+
+class Planner(abc.ABC):
+    """Cuts a step into micro-batches and the generator pool into lanes; assigns samples to ranks."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def microbatches(self, step: int, prompts: int, n: int, ranks: int) -> list[MicroBatch]:
+        """The micro-batches of one step, in generation order; together they hold every sample once."""
+
+    @abc.abstractmethod
+    def lanes(self, workers: Sequence[str], n: int) -> list[tuple[str, ...]]:
+        """Groups of generator ranks that each run one micro-batch at a time."""
+
+    @abc.abstractmethod
+    def assign(self, mb: MicroBatch, lane: Sequence[str], n: int) -> Assignment:
+        """Which samples of ``mb`` each rank of ``lane`` handles (generation and scoring)."""
+
+
+class GapPlanner(Planner):
+    """Generation-axis pipeline: one prompt group per micro-batch, spread over a lane."""
+
+    name = "gap"
+
+    def microbatches(self, step: int, prompts: int, n: int, ranks: int) -> list[MicroBatch]:
+        return [MicroBatch(step, p, (p,), _group_samples((p,), n)) for p in range(prompts)]
+
+    def lanes(self, workers: Sequence[str], n: int) -> list[tuple[str, ...]]:
+        return split_lanes(workers, -(-len(workers) // n)) if workers else []
+
+    def assign(self, mb: MicroBatch, lane: Sequence[str], n: int) -> Assignment:
+        return split_even(mb.samples, lane)
+
+
+class BatchAxisPlanner(Planner):
+    """Batch-axis split: one group per rank per micro-batch; all ranks form one lane."""
+
+    name = "batch_axis"
+
+    def microbatches(self, step: int, prompts: int, n: int, ranks: int) -> list[MicroBatch]:
+        out = []
+        for index, first in enumerate(range(0, prompts, ranks)):
+            group = tuple(range(first, min(first + ranks, prompts)))
+            out.append(MicroBatch(step, index, group, _group_samples(group, n)))
+        return out
+
+    def lanes(self, workers: Sequence[str], n: int) -> list[tuple[str, ...]]:
+        return [tuple(workers)] if workers else []
+
+    def assign(self, mb: MicroBatch, lane: Sequence[str], n: int) -> Assignment:
+        groups = [tuple(range(p * n, (p + 1) * n)) for p in mb.prompts]
+        if len(groups) <= len(lane):
+            return tuple((lane[i], groups[i]) for i in range(len(groups)))
+        # fewer live ranks than groups (after a failure): deal whole groups round-robin
+        per_rank: dict[str, list[int]] = {w: [] for w in lane}
+        for i, grp in enumerate(groups):
+            per_rank[lane[i % len(lane)]].extend(grp)
+        return tuple((w, tuple(s)) for w, s in per_rank.items() if s)
+
+
+def make_planner(gap: bool) -> Planner:
+    return GapPlanner() if gap else BatchAxisPlanner()

@@ -34,15 +34,23 @@ DEFAULT_TARGET_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
-def apply_lora(transformer: nn.Module, lora: LoraConfig, architecture: str) -> nn.Module:
+def apply_lora(
+    transformer: nn.Module, lora: LoraConfig, architecture: str, unused_modules: tuple[str, ...] = ()
+) -> nn.Module:
     """Wrap `transformer` in a peft LoRA model (only adapter weights trainable), or, for rank 0, make every
     transformer weight trainable and return it unchanged.
+
+    `unused_modules` (full module names) do not influence the denoiser's output (e.g. the text-stream output
+    layers of Qwen-Image's last block); they are never made trainable, so that every trainable parameter
+    receives a gradient (flat-buffer gradient all-reduce relies on it).
 
     The adapter is initialised under `torch.manual_seed(lora.seed)` with the global RNG restored afterwards,
     so all workers start from the same weights. Call this before moving the model to an accelerator.
     """
     if not lora.enabled:
         transformer.requires_grad_(True)
+        for name in unused_modules:
+            transformer.get_submodule(name).requires_grad_(False)
         return transformer
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
@@ -53,7 +61,7 @@ def apply_lora(transformer: nn.Module, lora: LoraConfig, architecture: str) -> n
         lora_alpha=lora.alpha,
         init_lora_weights=True if lora.init_weights == "default" else "gaussian",
         target_modules=targets if isinstance(targets, str) else list(targets),
-        exclude_modules=list(lora.exclude_modules) if lora.exclude_modules else None,
+        exclude_modules=[*(lora.exclude_modules or ()), *unused_modules] or None,
         lora_dropout=0.0,
     )
     with torch.random.fork_rng(devices=[]):

@@ -80,7 +80,7 @@ class PipelineAdapter(DiffusionAdapter):
                 component.requires_grad_(False)
                 component.eval()
         self.denoiser: nn.Module = pipeline.transformer
-        self.transformer = apply_lora(self.denoiser, self.lora, self.architecture)
+        self.transformer = apply_lora(self.denoiser, self.lora, self.architecture, self._unused_modules())
         self._reference: nn.Module | None = None
         if not self.lora.enabled and keep_reference:
             self._reference = copy.deepcopy(self.denoiser).requires_grad_(False).to(self.device)
@@ -90,6 +90,10 @@ class PipelineAdapter(DiffusionAdapter):
         pipeline.set_progress_bar_config(disable=True)
         self.dtype: torch.dtype = self.denoiser.dtype
         self.config = self._resolve_config(config or PipelineConfig())
+
+    def _unused_modules(self) -> tuple[str, ...]:
+        """Full names of denoiser modules whose outputs never reach the velocity (kept frozen)."""
+        return ()
 
     # -- configuration ------------------------------------------------------------------------------
     def _call_default(self, name: str) -> Any:

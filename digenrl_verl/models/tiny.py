@@ -22,9 +22,15 @@ from typing import Any, Callable
 
 import torch
 
-from digenrl_verl.models import _tiny_tokenizers as toks
 
 SIZES = ("unit", "bench")
+
+
+def _toks() -> Any:
+    """The in-memory tokenizer builders (imported lazily: transformers is slow to import)."""
+    from digenrl_verl.models import _tiny_tokenizers
+
+    return _tiny_tokenizers
 
 # Scheduler configs as the public checkpoints ship them (FLUX.1-dev, SD3.5, Qwen-Image, Wan2.1-T2V,
 # hunyuanvideo-community/HunyuanVideo), so the tiny directories exercise the same sigma code paths.
@@ -105,9 +111,9 @@ def _sd3(size: str) -> dict[str, Any]:
         pipeline_cls=StableDiffusion3Pipeline,
         transformer=transformer,
         vae=_kl_vae(4, sd3_factors=True),
-        text_encoder=_clip(16, 32), tokenizer=toks.clip_tokenizer(),
-        text_encoder_2=_clip(16, 32), tokenizer_2=toks.clip_tokenizer(),
-        text_encoder_3=_t5(32), tokenizer_3=toks.t5_tokenizer(),
+        text_encoder=_clip(16, 32), tokenizer=_toks().clip_tokenizer(),
+        text_encoder_2=_clip(16, 32), tokenizer_2=_toks().clip_tokenizer(),
+        text_encoder_3=_t5(32), tokenizer_3=_toks().t5_tokenizer(),
         scheduler=FlowMatchEulerDiscreteScheduler(**_SD3_SCHEDULER),
     )
 
@@ -127,8 +133,8 @@ def _flux(size: str) -> dict[str, Any]:
         pipeline_cls=FluxPipeline,
         transformer=transformer,
         vae=_kl_vae(4, sd3_factors=True),
-        text_encoder=_clip(32, None), tokenizer=toks.clip_tokenizer(),
-        text_encoder_2=_t5(32), tokenizer_2=toks.t5_tokenizer(),
+        text_encoder=_clip(32, None), tokenizer=_toks().clip_tokenizer(),
+        text_encoder_2=_t5(32), tokenizer_2=_toks().t5_tokenizer(),
         scheduler=FlowMatchEulerDiscreteScheduler(**_FLUX_SCHEDULER),
     )
 
@@ -139,7 +145,7 @@ def _qwen_image(size: str) -> dict[str, Any]:
     )
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    tokenizer = toks.qwen2_tokenizer()
+    tokenizer = _toks().qwen2_tokenizer()
     text_cfg = dict(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
@@ -180,7 +186,7 @@ def _wan(size: str) -> dict[str, Any]:
         pipeline_cls=WanPipeline,
         transformer=transformer,
         vae=_wan_like_vae(AutoencoderKLWan, 4),
-        text_encoder=_t5(16, umt5=True), tokenizer=toks.t5_tokenizer(),
+        text_encoder=_t5(16, umt5=True), tokenizer=_toks().t5_tokenizer(),
         scheduler=UniPCMultistepScheduler(**_WAN_SCHEDULER),
     )
 
@@ -193,7 +199,7 @@ def _hunyuan_video(size: str) -> dict[str, Any]:
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
     from transformers import LlamaConfig, LlamaModel
 
-    tokenizer = toks.llama_tokenizer(DEFAULT_PROMPT_TEMPLATE["template"])
+    tokenizer = _toks().llama_tokenizer(DEFAULT_PROMPT_TEMPLATE["template"])
     text_encoder = LlamaModel(
         LlamaConfig(
             vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=3,
@@ -216,7 +222,7 @@ def _hunyuan_video(size: str) -> dict[str, Any]:
         transformer=transformer,
         vae=vae,
         text_encoder=text_encoder, tokenizer=tokenizer,
-        text_encoder_2=_clip(8, None), tokenizer_2=toks.clip_tokenizer(),
+        text_encoder_2=_clip(8, None), tokenizer_2=_toks().clip_tokenizer(),
         scheduler=FlowMatchEulerDiscreteScheduler(**_HUNYUAN_SCHEDULER),
     )
 

@@ -1,0 +1,58 @@
+"""Tiny diffusers model directories, built once per test session into a temporary folder."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is ever downloaded: every model comes from digenrl_verl.models.tiny
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from digenrl_verl.models.tiny import TINY_ARCHITECTURES, build_tiny_model_dir
+
+torch.set_num_threads(2)
+
+# Small sampling settings per architecture (64 px: 8x8 latents, 16 image tokens; 5 frames: 2 latent frames).
+PIPELINE_KWARGS: dict[str, dict] = {
+    "StableDiffusion3Pipeline": dict(height=64, width=64, guidance_scale=4.5, max_sequence_length=16),
+    "FluxPipeline": dict(height=64, width=64, guidance_scale=3.5, max_sequence_length=16),
+    "QwenImagePipeline": dict(height=64, width=64, true_cfg_scale=4.0, negative_prompt=" ", max_sequence_length=24),
+    "WanPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=4.5, max_sequence_length=16),
+    "HunyuanVideoPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=6.0, max_sequence_length=16),
+}
+
+
+@pytest.fixture(scope="session")
+def pipeline_kwargs() -> dict[str, dict]:
+    """`load_adapter(path, **pipeline_kwargs[arch])` for a fast tiny run of each architecture."""
+    return PIPELINE_KWARGS
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[str]:
+    return ["a photo of a cat", "a red dog on grass", "xyz"]
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {arch: build_tiny_model_dir(arch, root / arch, seed=0) for arch in TINY_ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter(tiny_dirs: dict[str, Path]):
+    """`tiny_adapter(arch)`: one shared full-fine-tune adapter per architecture, for tests that never change
+    its weights (load a fresh one with `load_adapter` to train)."""
+    from digenrl_verl.models import load_adapter
+
+    cache: dict[str, object] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            cache[arch] = load_adapter(tiny_dirs[arch], **PIPELINE_KWARGS[arch])
+        return cache[arch]
+
+    return get

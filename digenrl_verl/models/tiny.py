@@ -7,8 +7,9 @@ Nothing is downloaded. The same (architecture, seed, size) always writes the sam
 
 Sizes:
   - "unit" (default): the smallest configs, for unit tests.
-  - "bench" (FLUX only): 2 double + 2 single blocks, 2 heads x 32 dims, 64 latent tokens at the default
-    128 px; big enough that attention and MLP costs dominate python overhead (TSP benchmark).
+  - "bench" (FLUX only): 2 double + 2 single blocks, 2 heads x 32 dims; 64 latent tokens at 128 px
+    (load with height=width=128); big enough that attention and MLP costs dominate python overhead (TSP
+    benchmark).
 
 CLI: `python -m digenrl_verl.models.tiny <architecture> <path> [--seed N] [--size unit|bench]`.
 """

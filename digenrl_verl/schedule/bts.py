@@ -136,6 +136,19 @@ def _step(c: BtsCosts, st: _State, choice: int | None) -> tuple[float, _State | 
                 return now, (p, phase, (gen_end - now) if phase != _IDLE else 0.0, ks, ready), last_update
             elif phase == _IDLE and ks == 0:
                 return now, None, last_update
+        if trn_task and ks == 0 and phase != _IDLE:
+            # Fast-forward whole GEN+SCORE cycles that end while the trainer is busy: nothing else can
+            # happen in between (the same events, in the same order, as the slow path below).
+            free = gen_end + sc if phase == _GEN else gen_end
+            if free <= trn_end:
+                cyc = g + sc
+                k = min(p, int((trn_end - free) / cyc)) if cyc > 0 else p
+                while k > 0 and free + k * cyc > trn_end:
+                    k -= 1
+                ready += k + 1
+                p -= k
+                now, phase, waiting = free + k * cyc, _IDLE, False
+                continue
         gen_next = gen_end if phase != _IDLE else _INF
         trn_next = trn_end if trn_task else _INF
         if gen_next <= trn_next:  # generator events first on ties (the driver dispatches lanes first)
@@ -226,14 +239,17 @@ class BtsSolver:
         costs: model costs.
         memo: memoise on the compressed state (turning it off must not change any result).
         prune: prune branches whose ``lower_bound`` cannot beat the bound (off: plain search).
-        max_states: expansion budget per solve; beyond it, new states are valued by the no-TAG
-            rollout (feasible, not optimal) and ``BtsResult.budget_hit`` is set.
+        max_states: expansion budget per solve (deterministic, unlike a time limit, so the Ray run and
+            the simulator decide alike). When it is exceeded the search stops and the decision is taken
+            by a one-step lookahead whose continuations are valued by the better of two rollouts
+            (no TAG, static TAG(x*)); ``BtsResult.budget_hit`` is set. Memoised values of completed
+            sub-searches stay exact and are reused by later solves with the same costs.
     """
 
     costs: BtsCosts
     memo: bool = True
     prune: bool = True
-    max_states: int = 200_000
+    max_states: int = 1_000
     _table: dict[tuple, tuple[float, bool]] = field(default_factory=dict, repr=False)
     _states: int = 0
     _pruned: int = 0
@@ -263,8 +279,7 @@ class BtsSolver:
                 return lb
         self._states += 1
         if self._states > self.max_states:
-            self._budget_hit = True
-            return _rollout(self.costs, st, lambda _s, _k: False)
+            raise _BudgetExceeded
         value = self._best(st, alpha)[0]
         if key is not None:
             self._table[key] = (value, value < alpha)
@@ -313,12 +328,29 @@ class BtsSolver:
             tag_v = self._branch(st, TAG, alpha) if st[0] > 0 else None
             skip_alpha = alpha if tag_v is None else min(alpha, tag_v * (1 + 1e-9) + 1e-9)
             skip_v = self._branch(st, SKIP, skip_alpha)
+        except _BudgetExceeded:
+            self._budget_hit = True
+            tag_v = self._lookahead(st, TAG) if st[0] > 0 else None
+            skip_v = self._lookahead(st, SKIP)
         finally:
             sys.setrecursionlimit(old_limit)
         tag_now = offset == 0 and tag_v is not None and tag_v < skip_v
         best = skip_v if tag_v is None else min(skip_v, tag_v)
         return BtsResult(tag_now, offset + best, None if tag_v is None else offset + tag_v,
                          offset + skip_v, self._states, self._pruned, self._budget_hit)
+
+
+    def _lookahead(self, st: _State, choice: int) -> float:
+        """``choice`` now, then the better of the no-TAG and static-TAG(x*) rollouts."""
+        now, nxt, last = _step(self.costs, st, choice)
+        if nxt is None:
+            return last
+        c = self.costs
+        return now + min(_rollout(c, nxt, no_tag_policy()), _rollout(c, nxt, static_policy(_lp_tags(c, nxt))))
+
+
+class _BudgetExceeded(Exception):
+    """Raised inside the search when ``max_states`` is exceeded."""
 
 
 def _lp_tags(c: BtsCosts, st: _State) -> int:

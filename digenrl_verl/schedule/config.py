@@ -66,8 +66,8 @@ class ScheduleConfig:
         task_timeout_s: a task running longer than this fails the run (None: no timeout).
         probe_tag: with ``tag="bts"``, run one TAG micro-batch at the first bubble to measure the
             trainer-side generation cost (the paper's profiling run).
-        bts_max_states: search budget per BTS solve; when exceeded, BTS falls back to its best
-            decision found so far (counted in the trace as ``bts_budget_hit``).
+        bts_max_states: search budget per BTS solve (states expanded); when exceeded, BTS decides by a
+            one-step lookahead over rollouts instead (the decision is marked ``budget_hit`` in the trace).
     """
 
     mode: str = "disaggregated"
@@ -88,7 +88,7 @@ class ScheduleConfig:
     )
     task_timeout_s: float | None = None
     probe_tag: bool = True
-    bts_max_states: int = 200_000
+    bts_max_states: int = 1_000
 
     def __post_init__(self) -> None:
         self._check_choices()

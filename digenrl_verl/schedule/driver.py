@@ -21,8 +21,8 @@ so the Ray runtime and the simulator make the same decisions when fed the same d
 
 Invariants (tested in ``tests/schedule``):
 
-* every sample of a step is generated (successfully) once and updated once, also after failures:
-  a failed GEN/TAG_GEN, or a SCORE whose worker died, sends its micro-batch back to pending;
+* every sample of a step is generated (successfully) once and updated once, also after failures
+  (a generation whose data the executor reports lost is redone, and only the redone one counts);
 * a trajectory is generated under one version (a task's workers only change weights through SYNC,
   which waits until they are idle) and TCSS limits hold (`StalenessPolicy`);
 * with staleness 0 every micro-batch of step s is generated with version s, i.e. after the SYNC that
@@ -33,8 +33,10 @@ Colocated mode is the same loop with one pool in both roles: lanes and trainer a
 full-batch barrier holds, and the OPT_STEP gives the generators the new version (no SYNC).
 
 Failure handling: a completion with ``ok=False`` whose ``info["dead_workers"]`` names workers removes
-them (the generator pool is re-cut into lanes over the live ranks). With no live generator left, the
-trainer generates everything (TAG) and scores it. A trainer failure, or a failed UPDATE/OPT_STEP, is
+them (the generator pool is re-cut into lanes over the live ranks). A failed GEN/TAG_GEN goes back to
+pending; a failed SCORE is scored again on another lane (the trajectories are kept by the executor),
+unless the executor reports ``info["data_lost"]``, in which case the micro-batch is generated again.
+With no live generator left, the trainer generates everything (TAG) and scores it. A trainer failure, or a failed UPDATE/OPT_STEP, is
 fatal (`ScheduleError`): accumulated gradients cannot be replayed. A task running longer than
 ``task_timeout_s`` is fatal too; the error names the task and its workers and prints the schedule of
 the steps around it with ``<-- ERROR HERE``.
@@ -606,7 +608,7 @@ class Driver:
                 raise self._error(f"trainer worker(s) {sorted(dead & set(self.trn_workers))} died during "
                                   f"{task.label} (id {task.task_id}); accumulated gradients are lost", task)
             self._lanes = self._cut_lanes()
-        if task.kind in (TaskKind.GEN, TaskKind.TAG_GEN) or (task.kind == TaskKind.SCORE and dead):
+        if task.kind in (TaskKind.GEN, TaskKind.TAG_GEN) or (task.kind == TaskKind.SCORE and c.info.get("data_lost")):
             self._requeue_generation(task)
         elif task.kind == TaskKind.SCORE:
             st = self.steps[task.step]

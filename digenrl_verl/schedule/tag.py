@@ -85,8 +85,11 @@ class BtsTag(TagPolicy):
     """Bubble-aware TAG search; keeps solve statistics for the driver's report."""
 
     probe: bool = True
-    max_states: int = 200_000
+    max_states: int = 1_000
     solve_seconds: list[float] = field(default_factory=list)
+    budget_hits: int = 0
+    _solver: BtsSolver | None = field(default=None, repr=False)
+    _solver_key: tuple[str, ...] = field(default=(), repr=False)
     name = "bts"
 
     def decide(self, ctx: BubbleContext) -> TagDecision:
@@ -96,10 +99,14 @@ class BtsTag(TagPolicy):
             return TagDecision(False, "no TAG estimate")
         if ctx.costs is None:
             return TagDecision(False, "no estimate yet")
-        solver = BtsSolver(ctx.costs, max_states=self.max_states)
+        key = tuple(f"{x:.9g}" for x in (ctx.costs.gen, ctx.costs.score, ctx.costs.update, ctx.costs.tag))
+        if self._solver is None or self._solver_key != key:  # same costs: keep the memo of earlier solves
+            self._solver, self._solver_key = BtsSolver(ctx.costs, max_states=self.max_states), key
+        solver = self._solver
         start = time.perf_counter()
         result = solver.solve(ctx.state)
         self.solve_seconds.append(time.perf_counter() - start)
+        self.budget_hits += int(result.budget_hit)
         tag_ms = "-" if result.tag_makespan is None else f"{result.tag_makespan:.3f}"
         reason = (f"bts tag={tag_ms} skip={result.skip_makespan:.3f} states={result.states}"
                   + (" budget_hit" if result.budget_hit else ""))
@@ -109,7 +116,7 @@ class BtsTag(TagPolicy):
 TAG_POLICIES = ("off", "static", "bts")
 
 
-def make_tag_policy(tag: str, static_k: int = 0, probe: bool = True, max_states: int = 200_000) -> TagPolicy:
+def make_tag_policy(tag: str, static_k: int = 0, probe: bool = True, max_states: int = 1_000) -> TagPolicy:
     """Build the policy named by ``trainer.digenrl.tag``."""
     if tag == "off":
         return NoTag()

@@ -1,12 +1,15 @@
 """`SimExecutor`: the `Executor` protocol on a virtual clock.
 
 A task lasts ``profile.unit(kind) * task.work / speed(worker class)`` seconds, times an optional seeded
-jitter factor ``max(0.05, 1 + jitter * N(0, 1))`` drawn per task id (so a run is reproducible). SYNC
-spans both pools and runs at the slowest of its workers' speeds.
+jitter factor ``max(0.05, 1 + jitter * N(0, 1))`` drawn from (seed, kind, step, micro-batch, workers), so
+a run is reproducible and the same task gets the same duration however tasks are numbered. SYNC spans
+both pools and runs at the slowest of its workers' speeds.
 
 Fault injection (``Fault``):
 
 * ``fail``: the matching task ends at its normal time with ``ok=False`` (workers stay alive);
+* ``lose``: like ``fail``, and ``info["data_lost"]`` says its input trajectories are gone (a SCORE
+  then makes the driver generate the micro-batch again);
 * ``kill``: a worker dies at ``at`` seconds, or part-way (``fraction``) through the matching task; every
   task running on it ends then with ``ok=False`` and ``info["dead_workers"]``; later tasks that include
   it fail at once;
@@ -27,7 +30,7 @@ from digenrl_verl.schedule.types import Completion, Task, TaskKind
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.profiles import CostProfile
 
-FAULT_KINDS = ("fail", "kill", "hang")
+FAULT_KINDS = ("fail", "lose", "kill", "hang")
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ class SimExecutor:
         speeds = [self.cluster.speed(self._class_of(w)) for w in task.workers]
         base = self.profile.unit(task.kind, tsp="tsp" in task.flags) * task.work / min(speeds)
         if self.jitter:
-            rng = random.Random(f"{self.seed}:{task.task_id}")
+            rng = random.Random(f"{self.seed}:{task.kind.value}:{task.step}:{task.microbatch}:{','.join(task.workers)}")
             base *= max(0.05, 1.0 + self.jitter * rng.gauss(0.0, 1.0))
         return base
 
@@ -149,8 +152,10 @@ class SimExecutor:
             self._seen[i] += 1
             if self._seen[i] != fault.occurrence:
                 continue
-            if fault.action == "fail":
+            if fault.action in ("fail", "lose"):
                 run.ok, run.info = False, {"reason": "injected failure"}
+                if fault.action == "lose":
+                    run.info["data_lost"] = True
             elif fault.action == "hang":
                 run.end = float("inf")
             else:

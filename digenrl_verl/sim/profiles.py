@@ -113,6 +113,12 @@ register_profile(from_step_times("qwen-image", fwd=1.4, fwdbwd=4.2, steps=20, ti
                                  reward=0.3, opt_step=3.0, sync=6.0, tsp_factor=0.4))
 
 
+# Not a paper workload: generation-heavy costs (update = 2% of generation per sample) so that a 1024-GPU
+# run with 32 generator lanes is balanced enough for BTS to be consulted at most bubbles (scale check).
+register_profile(CostProfile("synthetic-scale", gen=10.0, score=0.1, update_loop=0.4, update_tsp=0.2,
+                             tag_overhead=1.15, opt_step=1.0, sync=2.0))
+
+
 def get_profile(name: str) -> CostProfile:
     try:
         return PROFILES[name]

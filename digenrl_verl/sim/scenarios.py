@@ -207,7 +207,7 @@ def run_ladder(s: Scenario, *, jitter: float = 0.0, seed: int = 0) -> list[RunOu
     outcomes = []
     for label, (cfg, cl) in ladder_configs(s, cluster, profile).items():
         outcome = run_config(cfg, cl, profile, label=label, jitter=jitter, seed=seed)
-        if label == "+TAG static":
+        if cfg.tag == "static":
             outcome.extra["static_k"] = cfg.static_k
         outcomes.append(outcome)
     naive = next(o for o in outcomes if o.label == "naive")

@@ -1,0 +1,164 @@
+"""Check a finished run's completions against the scheduling invariants.
+
+Works on any trace (simulated or Ray), so a real run can be audited the same way as the property tests
+audit the simulator. Returns human-readable violations; an empty list means the run is consistent.
+
+Checked:
+
+1. no worker runs two tasks at once;
+2. per step, successful generation (GEN or TAG_GEN) covers every sample exactly once (a generation
+   whose data a failed SCORE reported lost, ``info["data_lost"]``, does not count), and so do
+   successful UPDATEs; a micro-batch is updated only after it was generated and scored;
+3. every generation task carries the version its workers held when it started (generators: the last
+   SYNC they received; trainers, and colocated ranks: the last OPT_STEP), with ``v <= step`` and
+   ``step - v <= W``; a trajectory therefore has one version (weights change only through SYNC or
+   OPT_STEP, and (1) forbids those while a generation task runs on the same workers);
+4. generation of step s starts after the OPT_STEP of step ``s - 1 - W``;
+5. per step, stale samples (version < step) are at most ``floor(max_stale_fraction * samples)``;
+6. at most ``max_gen_futures`` generation tasks run at once;
+7. UPDATEs of step s start after OPT_STEP(s-1); OPT_STEP(s) starts after every UPDATE of s; SYNC(s)
+   after OPT_STEP(s);
+8. with W = 0 (disaggregated), no task of step s starts before SYNC(s-1) ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterable
+
+from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.types import Completion, TaskKind
+
+GEN_KINDS = (TaskKind.GEN, TaskKind.TAG_GEN)
+EPS = 1e-9
+
+
+def _overlaps(completions: list[Completion]) -> list[str]:
+    per_worker: dict[str, list[Completion]] = defaultdict(list)
+    for c in completions:
+        for w in c.task.workers:
+            per_worker[w].append(c)
+    out = []
+    for w, cs in per_worker.items():
+        cs.sort(key=lambda c: (c.start, c.end))
+        for a, b in zip(cs, cs[1:]):
+            if b.start < a.end - EPS:
+                out.append(f"{w} runs {a.task.label} and {b.task.label} at once")
+    return out
+
+
+def _live_generations(all_: list[Completion]) -> list[Completion]:
+    """Successful generations, minus those whose data a later failed SCORE reported lost."""
+    live: dict[tuple[int, int | None], list[Completion]] = defaultdict(list)
+    for c in sorted(all_, key=lambda c: (c.end, c.task.task_id)):
+        key = (c.task.step, c.task.microbatch)
+        if c.ok and c.task.kind in GEN_KINDS:
+            live[key].append(c)
+        elif not c.ok and c.task.kind == TaskKind.SCORE and c.info.get("data_lost") and live[key]:
+            live[key].pop()
+    return [c for cs in live.values() for c in cs]
+
+
+def _coverage(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
+    out = []
+    everything = list(range(cfg.samples_per_step))
+    counted = _live_generations(all_) + [c for c in ok if c.task.kind == TaskKind.UPDATE]
+    for step in range(cfg.start_step, cfg.end_step):
+        for kinds, what in ((GEN_KINDS, "generated"), ((TaskKind.UPDATE,), "updated")):
+            got = sorted(i for c in counted if c.task.step == step and c.task.kind in kinds for i in c.task.samples)
+            if got != everything:
+                dup = len(got) - len(set(got))
+                out.append(f"step {step}: samples {what} {len(got)} times ({dup} duplicates), want each once")
+    done: dict[tuple[int, int | None, TaskKind], float] = {}
+    for c in ok:
+        if c.task.kind in GEN_KINDS + (TaskKind.SCORE,):
+            kind = TaskKind.SCORE if c.task.kind == TaskKind.SCORE else TaskKind.GEN
+            done[(c.task.step, c.task.microbatch, kind)] = c.end
+    for c in ok:
+        if c.task.kind == TaskKind.UPDATE:
+            for kind in (TaskKind.GEN, TaskKind.SCORE):
+                end = done.get((c.task.step, c.task.microbatch, kind))
+                if end is None or end > c.start + EPS:
+                    out.append(f"{c.task.label} starts before its {kind.value} ended")
+    return out
+
+
+def _versions(cfg: ScheduleConfig, ok: list[Completion]) -> list[str]:
+    out = []
+    changes: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for c in ok:
+        if c.task.kind in (TaskKind.SYNC, TaskKind.OPT_STEP):
+            for w in c.task.workers:
+                if c.task.kind == TaskKind.SYNC or cfg.mode == "colocated" or not w.startswith("gen:"):
+                    changes[w].append((c.end, c.task.version))
+
+    def held(worker: str, at: float) -> int:
+        version = cfg.start_step
+        for end, v in sorted(changes[worker]):
+            if end <= at + EPS:
+                version = v
+        return version
+
+    for c in ok:
+        t = c.task
+        if t.kind not in GEN_KINDS:
+            continue
+        for w in t.workers:
+            if held(w, c.start) != t.version:
+                out.append(f"{t.label} says version {t.version} but {w} held {held(w, c.start)}")
+        if t.version > t.step or t.step - t.version > cfg.staleness:
+            out.append(f"{t.label} uses version {t.version}: outside [step - W, step] with W={cfg.staleness}")
+    return out
+
+
+def _ordering(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
+    out = []
+    end_of = {(c.task.kind, c.task.step): c.end for c in ok if c.task.kind in (TaskKind.OPT_STEP, TaskKind.SYNC)}
+    start_of_opt = {c.task.step: c.start for c in ok if c.task.kind == TaskKind.OPT_STEP}
+    for c in all_:
+        t = c.task
+        if t.kind in GEN_KINDS:
+            gate = t.step - 1 - cfg.staleness
+            if gate >= cfg.start_step and c.start < end_of.get((TaskKind.OPT_STEP, gate), math.inf) - EPS:
+                out.append(f"{t.label} starts before OPT_STEP of step {gate} ended (W={cfg.staleness})")
+        if t.kind == TaskKind.UPDATE and t.step > cfg.start_step:
+            if c.start < end_of.get((TaskKind.OPT_STEP, t.step - 1), math.inf) - EPS:
+                out.append(f"{t.label} starts before OPT_STEP of step {t.step - 1} ended")
+        if t.kind == TaskKind.UPDATE and c.end > start_of_opt.get(t.step, math.inf) + EPS:
+            out.append(f"{t.label} ends after OPT_STEP of its step started")
+        if t.kind == TaskKind.SYNC and c.start < end_of.get((TaskKind.OPT_STEP, t.step), math.inf) - EPS:
+            out.append(f"SYNC of step {t.step} starts before its OPT_STEP ended")
+        if (cfg.staleness == 0 and cfg.mode == "disaggregated" and t.step > cfg.start_step
+                and t.kind != TaskKind.SYNC
+                and c.start < end_of.get((TaskKind.SYNC, t.step - 1), math.inf) - EPS):
+            out.append(f"{t.label} starts before SYNC of step {t.step - 1} ended (W=0)")
+    return out
+
+
+def _limits(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
+    out = []
+    cap = 0 if cfg.staleness == 0 else math.floor(cfg.max_stale_fraction * cfg.samples_per_step + 1e-9)
+    stale: dict[int, int] = defaultdict(int)
+    for c in ok:
+        if c.task.kind in GEN_KINDS and c.task.version < c.task.step:
+            stale[c.task.step] += len(c.task.samples)
+    out += [f"step {s}: {n} stale samples > cap {cap}" for s, n in stale.items() if n > cap]
+    if cfg.max_gen_futures is not None:
+        edges = sorted([(c.start, 1) for c in all_ if c.task.kind in GEN_KINDS]
+                       + [(c.end, -1) for c in all_ if c.task.kind in GEN_KINDS])
+        running = peak = 0
+        for _, delta in edges:
+            running += delta
+            peak = max(peak, running)
+        if peak > cfg.max_gen_futures:
+            out.append(f"{peak} generation tasks ran at once > max_gen_futures={cfg.max_gen_futures}")
+    return out
+
+
+def check_run(cfg: ScheduleConfig, completions: Iterable[Completion]) -> list[str]:
+    """All violations of the invariants in the module docstring (empty: consistent)."""
+    all_ = list(completions)
+    ok = [c for c in all_ if c.ok]
+    return (_overlaps(all_) + _coverage(cfg, ok, all_) + _versions(cfg, ok) + _ordering(cfg, ok, all_)
+            + _limits(cfg, ok, all_))

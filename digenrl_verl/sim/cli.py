@@ -1,0 +1,240 @@
+"""``digenrl-sim``: run the scheduler on a simulated cluster.
+
+Examples::
+
+    digenrl-sim --scenario hunyuanvideo-20-0.6                 # full DigenRL on one scenario
+    digenrl-sim --scenario wan2.1 --tag static --static-k 8 --png wan.png --trace wan.json
+    digenrl-sim --suite ladder --scenario flux.1               # the ablation ladder of one scenario
+    digenrl-sim --suite paper --json                           # every paper-like scenario x the ladder
+    digenrl-sim --suite scale --json                           # 1024 GPUs, 1024 micro-batches per step
+    digenrl-sim --list
+
+With ``--json`` the last line printed is one JSON object. Figures are simulated from modelled costs
+(``digenrl_verl.sim.profiles``); the paper's numbers are printed next to them for reference only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from typing import Any, Sequence
+
+from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.sim.cluster import ClusterSpec
+from digenrl_verl.sim.profiles import PROFILES, get_profile
+from digenrl_verl.sim.scenarios import (LADDER, PAPER_SUITE, SCENARIOS, TCSS_FRACTION, RunOutcome, Scenario,
+                                        get_scenario, run_config, run_ladder)
+
+EFFICIENCY_TARGET = 0.95
+SCALE = Scenario("scale-1024", "synthetic-scale", "gen=512xH800,trn=512xH800", prompts_per_step=1024, n=16,
+                 num_steps=2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="digenrl-sim", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", default="hunyuanvideo-20-0.6", help=f"one of {sorted(SCENARIOS)}")
+    p.add_argument("--suite", choices=("paper", "ladder", "scale"), help="run a suite instead of one config")
+    p.add_argument("--profile", help="override the scenario's cost profile")
+    p.add_argument("--cluster", help="override the cluster, e.g. 'gen=8xH800,trn=8xH800' or 'col=16xH800'")
+    p.add_argument("--tag", choices=("off", "static", "bts"), default="bts")
+    p.add_argument("--static-k", type=int, default=0)
+    p.add_argument("--staleness", type=int, choices=(0, 1), default=1)
+    p.add_argument("--max-stale-fraction", type=float, default=TCSS_FRACTION)
+    p.add_argument("--no-gap", action="store_true", help="batch-axis micro-batches")
+    p.add_argument("--no-pipeline", action="store_true", help="full-batch barrier before updates")
+    p.add_argument("--no-tsp", action="store_true", help="per-timestep update loop")
+    p.add_argument("--prompts", type=int, help="prompts per step")
+    p.add_argument("--n", type=int, help="samples per prompt")
+    p.add_argument("--steps", type=int, help="global steps")
+    p.add_argument("--jitter", type=float, default=0.0, help="relative std of task durations")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--trace", help="write the Chrome/Perfetto trace JSON here (single run, or the ladder's last row)")
+    p.add_argument("--png", help="write the Gantt chart PNG here (same run as --trace)")
+    p.add_argument("--schedule-text", help="write the schedule's text form here")
+    p.add_argument("--list", action="store_true", help="list scenarios and profiles")
+    return p
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    s = get_scenario(args.scenario)
+    changes: dict[str, Any] = {}
+    if args.profile:
+        get_profile(args.profile)
+        changes["profile"] = args.profile
+    if args.cluster:
+        changes["cluster"] = args.cluster
+    for key, attr in (("prompts", "prompts_per_step"), ("n", "n"), ("steps", "num_steps")):
+        if getattr(args, key) is not None:
+            changes[attr] = getattr(args, key)
+    return replace(s, **changes) if changes else s
+
+
+def _single_config(args: argparse.Namespace, s: Scenario, cluster: ClusterSpec) -> ScheduleConfig:
+    base = dict(prompts_per_step=s.prompts_per_step, n=s.n, num_steps=s.num_steps, pools=cluster.pools)
+    if cluster.mode == "colocated":
+        return ScheduleConfig(mode="colocated", gap=not args.no_gap, pipeline=False, tsp=not args.no_tsp,
+                              tag="off", **base)
+    return ScheduleConfig(gap=not args.no_gap, pipeline=not args.no_pipeline, tsp=not args.no_tsp, tag=args.tag,
+                          static_k=args.static_k, staleness=args.staleness,
+                          max_stale_fraction=args.max_stale_fraction if args.staleness else 0.0, **base)
+
+
+def _write_outputs(args: argparse.Namespace, outcome: RunOutcome) -> None:
+    trace = outcome.driver.trace
+    if args.trace:
+        trace.write_chrome(args.trace)
+    if args.schedule_text:
+        with open(args.schedule_text, "w") as fh:
+            fh.write(trace.to_text())
+    if args.png:
+        from digenrl_verl.sim.gantt import save_gantt
+
+        save_gantt(trace, args.png, title=f"{outcome.label} ({outcome.cluster.describe()})")
+
+
+def ladder_report(s: Scenario, outcomes: list[RunOutcome]) -> dict[str, Any]:
+    """Rows plus the checks: the ladder from naive on is monotone, full DigenRL reaches the target."""
+    rows = [o.summary() for o in outcomes]
+    steps = [o for o in outcomes if o.label != "colocated"]
+    violations = [f"{b.label} ({b.makespan:.1f}s) slower than {a.label} ({a.makespan:.1f}s)"
+                  for a, b in zip(steps, steps[1:]) if b.makespan > a.makespan * (1 + 1e-9)]
+    full = outcomes[-1]
+    return {
+        "scenario": s.name, "profile": s.profile, "cluster": s.cluster, "prompts_per_step": s.prompts_per_step,
+        "n": s.n, "num_steps": s.num_steps, "rows": rows, "monotone": not violations, "violations": violations,
+        "full_efficiency": full.efficiency, "full_speedup_vs_naive": full.extra["speedup_vs_naive"],
+        "paper_speedup_vs_naive": s.paper_speedup,
+    }
+
+
+def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    try:
+        import io
+
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # plain text
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+        fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+        return "\n".join([title, fmt.format(*header)] + [fmt.format(*r) for r in rows])
+    table = Table(title=title)
+    for h in header:
+        table.add_column(h, justify="right")
+    for r in rows:
+        table.add_row(*[str(x) for x in r])
+    buf = io.StringIO()
+    Console(file=buf, width=200, force_terminal=False).print(table)
+    return buf.getvalue().rstrip()
+
+
+def _run_suite_paper(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    reports = []
+    for name in tqdm(PAPER_SUITE, desc="scenarios", file=sys.stderr, disable=None):
+        reports.append(ladder_report(SCENARIOS[name], run_ladder(SCENARIOS[name], jitter=args.jitter, seed=args.seed)))
+    header = ["scenario"] + [f"{lab}" for lab in LADDER] + ["eff(full)", "paper"]
+    rows = []
+    for r in reports:
+        cells = [r["scenario"]] + [f"{row['speedup_vs_naive']:.2f}x" for row in r["rows"]]
+        rows.append(cells + [f"{r['full_efficiency']:.3f}", r["paper_speedup_vs_naive"] or "-"])
+    print(_table("speedup over naive disaggregation (simulated; paper figures for reference)", header, rows))
+    effs = [r["full_efficiency"] for r in reports]
+    out = {
+        "suite": "paper", "efficiency_target": EFFICIENCY_TARGET, "scenarios": reports,
+        "all_efficiency_at_least_target": all(e >= EFFICIENCY_TARGET for e in effs),
+        "min_full_efficiency": min(effs), "all_monotone": all(r["monotone"] for r in reports),
+        "violations": {r["scenario"]: r["violations"] for r in reports if r["violations"]},
+    }
+    for r in reports:
+        for v in r["violations"]:
+            print(f"ladder not monotone in {r['scenario']}: {v}")
+    return out
+
+
+def _ladder_table(s: Scenario, outcomes: list[RunOutcome]) -> str:
+    header = ["row", "makespan s", "samples/s", "x naive", "LB s", "LB/makespan", "util", "TAG mb", "stale"]
+    rows = []
+    for o in outcomes:
+        m = o.summary()
+        rows.append([o.label, f"{o.makespan:.1f}", f"{o.samples_per_s:.3f}", f"{m['speedup_vs_naive']:.2f}",
+                     f"{o.bound.value:.1f}", f"{o.efficiency:.3f}", f"{m['utilisation']:.3f}",
+                     str(m["tag_microbatches"]), str(m["stale_samples"])])
+    return _table(f"{s.name}: {s.profile} on {s.cluster}, {s.prompts_per_step}x{s.n} per step, "
+                  f"{s.num_steps} steps", header, rows)
+
+
+def _run_scale(args: argparse.Namespace) -> dict[str, Any]:
+    s = SCALE if args.steps is None else replace(SCALE, num_steps=args.steps)
+    cluster, profile = ClusterSpec.parse(s.cluster), get_profile(s.profile)
+    cfg = ScheduleConfig(pools=cluster.pools, prompts_per_step=s.prompts_per_step, n=s.n, num_steps=s.num_steps,
+                         tsp=True, tag="bts", staleness=1, max_stale_fraction=TCSS_FRACTION)
+    o = run_config(cfg, cluster, profile, label="scale", jitter=args.jitter, seed=args.seed, record_decisions=False)
+    summary = o.summary()
+    _write_outputs(args, o)
+    print(f"{s.name}: {cluster.total_ranks} GPUs, {len(o.driver.lanes)} generator lanes, "
+          f"{o.steps[0].microbatches} micro-batches per step, {s.num_steps} steps")
+    print(f"driver: {summary['decisions']} decisions, {summary['driver_ms_per_decision']:.3f} ms per decision "
+          f"(target <= 1 ms); BTS: {summary['bts_solves']} solves, max {summary['bts_max_ms']:.1f} ms, "
+          f"mean {summary['bts_mean_ms']:.2f} ms (target <= 100 ms); LB/makespan {o.efficiency:.3f}")
+    return {"suite": "scale", "scenario": s.name, "gpus": cluster.total_ranks, "lanes": len(o.driver.lanes),
+            "microbatches_per_step": o.steps[0].microbatches, **summary,
+            "driver_target_ms": 1.0, "bts_target_ms": 100.0,
+            "driver_ok": summary["driver_ms_per_decision"] <= 1.0, "bts_ok": summary["bts_max_ms"] <= 100.0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list:
+        print("scenarios:", ", ".join(sorted(SCENARIOS)))
+        print("profiles: ", ", ".join(sorted(PROFILES)))
+        return 0
+    try:
+        if args.suite == "paper":
+            out = _run_suite_paper(args)
+        elif args.suite == "scale":
+            out = _run_scale(args)
+        elif args.suite == "ladder":
+            s = _scenario(args)
+            outcomes = run_ladder(s, jitter=args.jitter, seed=args.seed)
+            print(_ladder_table(s, outcomes))
+            _write_outputs(args, outcomes[-1])
+            out = {"suite": "ladder", **ladder_report(s, outcomes)}
+        else:
+            s = _scenario(args)
+            cluster = ClusterSpec.parse(s.cluster)
+            cfg = _single_config(args, s, cluster)
+            o = run_config(cfg, cluster, get_profile(s.profile), label="run", jitter=args.jitter, seed=args.seed)
+            _write_outputs(args, o)
+            print(_single_table(s, o))
+            out = {"scenario": s.name, "cluster": cluster.describe(), "config": _config_dict(cfg), **o.summary()}
+    except ValueError as exc:
+        print(f"digenrl-sim: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, default=str))
+    return 0
+
+
+def _single_table(s: Scenario, o: RunOutcome) -> str:
+    m = o.summary()
+    rows = [[f"{o.makespan:.1f}", f"{o.samples_per_s:.3f}", f"{o.bound.value:.1f}", f"{o.efficiency:.3f}",
+             f"{m['utilisation']:.3f}", str(m["tag_microbatches"]), str(m["stale_samples"]),
+             f"{m['driver_ms_per_decision']:.3f}"]]
+    header = ["makespan s", "samples/s", "LB s", "LB/makespan", "util", "TAG mb", "stale", "driver ms/dec"]
+    return _table(f"{s.name}: {s.profile} on {s.cluster}", header, rows)
+
+
+def _config_dict(cfg: ScheduleConfig) -> dict[str, Any]:
+    out = {k: getattr(cfg, k) for k in ("mode", "gap", "pipeline", "tsp", "tag", "static_k", "staleness",
+                                        "max_stale_fraction", "num_steps", "prompts_per_step", "n")}
+    out["pools"] = {k: {"size": v.size, "worker_class": v.worker_class} for k, v in cfg.pools.items()}
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

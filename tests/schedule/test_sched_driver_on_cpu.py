@@ -1,0 +1,133 @@
+"""Driver behaviour: failures and re-issue, timeouts, colocated plan, step-by-step use and resume."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.driver import Driver
+from digenrl_verl.schedule.invariants import check_run
+from digenrl_verl.schedule.types import ScheduleError, TaskKind
+from digenrl_verl.sim.cluster import ClusterSpec
+from digenrl_verl.sim.executor import Fault, SimExecutor
+from digenrl_verl.sim.profiles import CostProfile
+
+CLUSTER = ClusterSpec.parse("gen=4xG,trn=2xT")
+
+
+def profile() -> CostProfile:
+    return CostProfile("test", gen=4.0, score=0.5, update_loop=2.0, update_tsp=1.0, tag_overhead=1.2, opt_step=0.5,
+                       sync=1.0)
+
+
+def _cfg(**kw) -> ScheduleConfig:
+    base = dict(pools=CLUSTER.pools, prompts_per_step=6, n=4, num_steps=3, tag="bts")
+    base.update(kw)
+    return ScheduleConfig(**base)
+
+
+def _updated_once(driver: Driver, cfg: ScheduleConfig) -> None:
+    for step in range(cfg.start_step, cfg.end_step):
+        samples = sorted(s for c in driver.trace.completions if c.ok and c.task.kind == TaskKind.UPDATE
+                         and c.task.step == step for s in c.task.samples)
+        assert samples == list(range(cfg.samples_per_step))
+
+
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from([TaskKind.GEN, TaskKind.SCORE, TaskKind.TAG_GEN]), step=st.integers(0, 2),
+       worker=st.sampled_from(["gen:0", "gen:3"]), action=st.sampled_from(["fail", "lose", "kill"]),
+       occurrence=st.integers(1, 3), staleness=st.sampled_from([0, 1]), gap=st.booleans())
+def test_failures_are_reissued_and_every_sample_is_trained_once(kind, step, worker, action, occurrence,
+                                                                 staleness, gap):
+    cfg = _cfg(staleness=staleness, max_stale_fraction=0.5 if staleness else 0.0, gap=gap)
+    fault = Fault(action, kind, step=step, worker=worker if action == "kill" or kind != TaskKind.TAG_GEN else None,
+                  occurrence=occurrence)
+    executor = SimExecutor(CLUSTER, profile(), faults=(fault,))
+    driver = Driver(cfg, executor)
+    driver.run()
+    assert check_run(cfg, driver.trace.completions) == []
+    _updated_once(driver, cfg)
+    failed = [c for c in driver.trace.completions if not c.ok]
+    if action == "kill" and failed:
+        assert worker in driver.dead and all(worker not in lane for lane in driver.lanes)
+        retries = [d for d in driver.trace.decisions if d.action == "retry"]
+        assert retries or failed[0].task.kind == TaskKind.SYNC
+
+
+def test_all_generators_dead_trainer_generates_and_scores():
+    cfg = _cfg(tag="off", num_steps=2)
+    faults = tuple(Fault("kill", worker=f"gen:{i}", at=3.0) for i in range(4))
+    executor = SimExecutor(CLUSTER, profile(), faults=faults)
+    driver = Driver(cfg, executor)
+    results = driver.run()
+    assert len(results) == 2 and not driver.lanes
+    assert check_run(cfg, driver.trace.completions) == []
+    late = [c for c in driver.trace.completions if c.start > 3.0 and c.task.kind in (TaskKind.TAG_GEN, TaskKind.SCORE)]
+    assert late and all(set(c.task.workers) <= {"trn:0", "trn:1"} for c in late)
+    _updated_once(driver, cfg)
+
+
+def test_trainer_death_is_fatal_and_prints_the_schedule():
+    executor = SimExecutor(CLUSTER, profile(), faults=(Fault("kill", TaskKind.UPDATE, step=1, worker="trn:1"),))
+    with pytest.raises(ScheduleError) as err:
+        Driver(_cfg(), executor).run()
+    text = str(err.value)
+    assert "trn:1" in text and "UPDATE s1" in text and "<-- ERROR HERE" in text
+
+
+def test_timeout_names_worker_and_task_with_schedule_around_it():
+    cfg = _cfg(task_timeout_s=30.0)
+    executor = SimExecutor(CLUSTER, profile(), faults=(Fault("hang", TaskKind.GEN, step=1, occurrence=2),))
+    with pytest.raises(ScheduleError) as err:
+        Driver(cfg, executor).run()
+    text = str(err.value)
+    lines = text.splitlines()
+    marked = [ln for ln in lines if "<-- ERROR HERE" in ln]
+    assert len(marked) == 1 and "GEN s1" in marked[0] and "running" in marked[0]
+    assert "trainer.digenrl.task_timeout_s=30.0" in lines[0] and "gen:" in lines[0]
+    assert any(" s0 " in ln for ln in lines[1:])  # the steps around the failing one are printed
+
+
+def test_colocated_plan_generates_scores_then_updates():
+    cluster = ClusterSpec.parse("col=4xG")
+    cfg = ScheduleConfig(mode="colocated", tag="off", pools=cluster.pools, prompts_per_step=6, n=4, num_steps=2,
+                         gap=False, tsp=False)
+    driver = Driver(cfg, SimExecutor(cluster, profile()))
+    results = driver.run()
+    assert check_run(cfg, driver.trace.completions) == []
+    kinds = {c.task.kind for c in driver.trace.completions}
+    assert TaskKind.SYNC not in kinds and TaskKind.TAG_GEN not in kinds
+    for step in (0, 1):
+        cs = [c for c in driver.trace.completions if c.task.step == step]
+        last_score = max(c.end for c in cs if c.task.kind == TaskKind.SCORE)
+        first_update = min(c.start for c in cs if c.task.kind == TaskKind.UPDATE)
+        assert last_score <= first_update  # full-batch barrier
+        assert all(set(c.task.workers) == {f"col:{i}" for i in range(4)} for c in cs if c.task.kind == TaskKind.UPDATE)
+    assert [r.version for r in results] == [0, 1]
+
+
+def test_step_by_step_equals_one_run_and_resume_starts_at_version_k():
+    cfg = _cfg(staleness=1, max_stale_fraction=0.5, start_step=7)
+    whole = Driver(cfg, SimExecutor(CLUSTER, profile()))
+    whole.run()
+    stepped = Driver(cfg, SimExecutor(CLUSTER, profile()))
+    got = []
+    for _ in range(3):
+        got += stepped.run_steps(1)
+    assert [r.step for r in got] == [7, 8, 9] and [r.version for r in got] == [7, 8, 9]
+    assert stepped.trace.to_text() == whole.trace.to_text()
+    first_gen = min((c for c in whole.trace.completions if c.task.kind == TaskKind.GEN), key=lambda c: c.start)
+    assert first_gen.task.version == 7
+
+
+def test_decisions_are_recorded():
+    driver = Driver(_cfg(), SimExecutor(CLUSTER, profile()))
+    driver.run()
+    actions = {d.action for d in driver.trace.decisions}
+    assert {"issue", "tag", "skip"} <= actions
+    issued = [d for d in driver.trace.decisions if d.action == "issue"]
+    assert len(issued) == len(driver.trace.completions)
+    probe = [c for c in driver.trace.completions if "probe" in c.task.flags]
+    assert len(probe) == 1 and probe[0].task.kind == TaskKind.TAG_GEN

@@ -52,7 +52,10 @@ def t5_tokenizer(model_max_length: int = 512) -> T5Tokenizer:
     return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=model_max_length)
 
 
-def _train_merges(corpus: str, pre_tokenizer: pre_tokenizers.PreTokenizer, alphabet: Sequence[str]) -> list[tuple[str, str]]:
+def _train_merges(
+    corpus: str, pre_tokenizer: pre_tokenizers.PreTokenizer, alphabet: Sequence[str]
+) -> list[tuple[str, str]]:
+    """BPE merges learned from `corpus` until every word is one token (in learning order)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizer
     trainer = trainers.BpeTrainer(
@@ -100,7 +103,9 @@ def qwen2_tokenizer() -> Qwen2Tokenizer:
     corpus = prefix
     for s in QWEN_SPECIALS:
         corpus = corpus.replace(s, "\n")
-    merges = _train_merges(corpus, pre_tokenizers.ByteLevel(add_prefix_space=False), pre_tokenizers.ByteLevel.alphabet())
+    merges = _train_merges(
+        corpus, pre_tokenizers.ByteLevel(add_prefix_space=False), pre_tokenizers.ByteLevel.alphabet()
+    )
 
     def make(ms: list[tuple[str, str]]) -> Qwen2Tokenizer:
         vocab = {c: i for i, c in enumerate(base)}
@@ -114,7 +119,7 @@ def qwen2_tokenizer() -> Qwen2Tokenizer:
 
 
 def llama_tokenizer(template: str) -> LlamaTokenizer:
-    """Metaspace BPE with byte fallback whose HunyuanVideo template prefix (with BOS) is exactly 95 tokens.
+    """Metaspace BPE with byte fallback whose HunyuanVideo template prefix is exactly 95 tokens (no BOS is added).
 
     Right padding, as HunyuanVideo's tokenizer: the pipeline crops the template from the left.
     """
@@ -123,7 +128,9 @@ def llama_tokenizer(template: str) -> LlamaTokenizer:
     for s in HUNYUAN_SPECIALS:
         corpus = corpus.replace(s, " ")
     merges = _train_merges(
-        corpus, pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True), ["▁", "\n", *_PRINTABLE]
+        corpus,
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True),
+        ["▁", "\n", *_PRINTABLE],
     )
     specials = {"<unk>": 0, "<s>": 1, "</s>": 2}
 

@@ -137,3 +137,17 @@ def test_lora_target_modules_override_and_errors(tiny_dirs, pipeline_kwargs):
     with pytest.raises(ValueError, match="target_modules"):
         load_adapter(tiny_dirs[arch], lora=LoraConfig(rank=2, target_modules=("no_such_layer",)),
                      **pipeline_kwargs[arch])
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_dirs, pipeline_kwargs, prompts):
+    arch = "FluxPipeline"
+    grads = []
+    for checkpointing in (False, True):
+        adapter = load_adapter(tiny_dirs[arch], lora=LoraConfig(rank=4), gradient_checkpointing=checkpointing,
+                               **pipeline_kwargs[arch])
+        assert adapter.denoiser.is_gradient_checkpointing == checkpointing
+        x, sigma, cond = _inputs(adapter, prompts)
+        loss = adapter.velocity(x, sigma, cond).square().mean()
+        grads.append(torch.autograd.grad(loss, adapter.trainable_parameters()))
+    for plain, checkpointed in zip(*grads):
+        torch.testing.assert_close(checkpointed, plain, rtol=1e-5, atol=1e-7)

@@ -40,8 +40,11 @@ def test_build_leaves_the_global_rng_alone(tmp_path):
 
 def test_qwen_tokenizer_crops_exactly_the_template(tiny_adapter):
     """QwenImagePipeline drops the first 34 tokens (its template); the prompt must start right after."""
+    from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_DROP, QWEN_IMAGE_TEMPLATE
+
     pipe = tiny_adapter("QwenImagePipeline").pipeline
     template, drop = pipe.prompt_template_encode, pipe.prompt_template_encode_start_idx
+    assert (template, drop) == (QWEN_IMAGE_TEMPLATE, QWEN_IMAGE_DROP)  # the tokenizer was fitted to this
     ids = pipe.tokenizer(template.format("a cat")).input_ids
     prefix = pipe.tokenizer(template.split("{}")[0]).input_ids
     assert len(prefix) == drop == 34

@@ -4,6 +4,8 @@ Notation for one global step (all in seconds, from the true costs of the run):
 
 * ``B`` micro-batches; ``g_l`` = GEN of one micro-batch on generator lane ``l``, ``s_l`` = its SCORE;
 * ``g'`` = TAG_GEN of one micro-batch on the trainer pool, ``t`` = its UPDATE;
+* when micro-batches differ in size, g, s, t and g' are means (so B times them is the total work) and
+  the tail ``t`` and first-generation terms below use the cheapest micro-batch, so the bound stays valid;
 * ``o`` = OPT_STEP, ``y`` = SYNC.
 
 **Fluid generator pool.** Lanes work in parallel, so the pool generates at rate ``sum_l 1/g_l``: one
@@ -18,6 +20,10 @@ off):
   scored micro-batch still needs an UPDATE, the OPT_STEP and the SYNC:
   ``G(x) = (B - x)·g + B·s + t + o + y``;
 * trainer chain: ``T(x) = x·g' + B·t + o + y``;
+* when micro-batches differ (batch-axis with a short last one), TAG is better spent on some than on
+  others; the LP then trades trainer seconds y for generator seconds at the best rate
+  ``r = max_i g_i / g'_i`` (a fractional knapsack relaxed to its best item):
+  ``G = B·g + B·s + t + o + y_s - r·y``, ``T = B·t + o + y_s + y`` (y_s: the SYNC);
 * fill: the trainer's first UPDATE waits for a first micro-batch, generated on a lane or (if x >= 1)
   preceded by a TAG: ``F = min(min_l(g_l + s_l), g') + B·t + o + y``.
 
@@ -54,6 +60,12 @@ class StepCosts:
         tag: g', one TAG_GEN on the trainer pool, or None when TAG is off.
         opt: o.
         sync: y.
+        last_update: the cheapest UPDATE of any micro-batch (the tail after the last score); defaults
+            to ``update``. Differs when micro-batches differ in size (batch-axis with a short last one).
+        first_gen: the cheapest GEN + SCORE of any micro-batch on any lane (the fill); defaults to
+            ``min(lane_gen + lane_score)``.
+        tag_ratio: the best generator time saved per second of TAG over the micro-batches,
+            ``max_i g_i / g'_i``; defaults to ``gen / tag`` (all micro-batches alike).
     """
 
     microbatches: int
@@ -63,6 +75,9 @@ class StepCosts:
     tag: float | None
     opt: float
     sync: float
+    last_update: float | None = None
+    first_gen: float | None = None
+    tag_ratio: float | None = None
 
     @property
     def gen(self) -> float:
@@ -75,7 +90,20 @@ class StepCosts:
 
     @property
     def first_ready(self) -> float:
+        if self.first_gen is not None:
+            return self.first_gen
         return min(g + s for g, s in zip(self.lane_gen, self.lane_score))
+
+    @property
+    def ratio(self) -> float:
+        """Generator time saved per trainer second of TAG (the LP's exchange rate)."""
+        if self.tag_ratio is not None:
+            return self.tag_ratio
+        return self.gen / self.tag if self.tag else 0.0
+
+    @property
+    def tail(self) -> float:
+        return self.update if self.last_update is None else self.last_update
 
 
 @dataclass(frozen=True)
@@ -87,25 +115,26 @@ class Bound:
     terms: dict[str, float]
 
 
-def _min_max(gen_at0: float, gen_slope: float, trn_at0: float, trn_slope: float, hi: float) -> tuple[float, float]:
-    """min over x in [0, hi] of max(gen_at0 - gen_slope·x, trn_at0 + trn_slope·x); returns (value, x)."""
-    if hi <= 0 or gen_slope + trn_slope <= 0:
+def _balance(c: StepCosts, gen_at0: float, trn_at0: float, steps: int) -> tuple[float, float]:
+    """min over y (trainer seconds of TAG) of max(gen_at0 - ratio·y, trn_at0 + y); returns (value, TAGs).
+
+    y is capped where the saved generator time reaches all of it (``steps·B·g``); TAGs = y / g'.
+    """
+    if c.tag is None or c.ratio <= 0:
         return max(gen_at0, trn_at0), 0.0
-    x = min(max((gen_at0 - trn_at0) / (gen_slope + trn_slope), 0.0), hi)
-    return max(gen_at0 - gen_slope * x, trn_at0 + trn_slope * x), x
+    hi = steps * c.microbatches * c.gen / c.ratio
+    y = min(max((gen_at0 - trn_at0) / (c.ratio + 1.0), 0.0), hi)
+    return max(gen_at0 - c.ratio * y, trn_at0 + y), y / c.tag
 
 
 def step_lower_bound(c: StepCosts) -> Bound:
     """Lower bound on one synchronous step (see the module docstring)."""
     b, g, s, t = c.microbatches, c.gen, c.score, c.update
-    tail = t + c.opt + c.sync
+    tail = c.tail + c.opt + c.sync
     trn_fixed = b * t + c.opt + c.sync
     first = c.first_ready if c.tag is None else min(c.first_ready, c.tag)
     fill = first + trn_fixed
-    if c.tag is None:
-        inner, x = max(b * g + b * s + tail, trn_fixed), 0.0
-    else:
-        inner, x = _min_max(b * g + b * s + tail, g, trn_fixed, c.tag, b)
+    inner, x = _balance(c, b * g + b * s + tail, trn_fixed, 1)
     return Bound(max(fill, inner), x, {"fill": fill, "balance": inner})
 
 
@@ -116,13 +145,10 @@ def run_lower_bound(c: StepCosts, steps: int, staleness: int) -> Bound:
         return Bound(steps * one.value, steps * one.tags, {k: steps * v for k, v in one.terms.items()})
     b, g, s, t, k = c.microbatches, c.gen, c.score, c.update, steps
     trn_fixed = k * (b * t + c.opt + c.sync)
-    gen_at0 = k * (b * g + b * s) + (k - 1) * c.sync + t + c.opt
+    gen_at0 = k * (b * g + b * s) + (k - 1) * c.sync + c.tail + c.opt
     first = c.first_ready if c.tag is None else min(c.first_ready, c.tag)
     fill = first + trn_fixed
-    if c.tag is None:
-        inner, x = max(gen_at0, trn_fixed), 0.0
-    else:
-        inner, x = _min_max(gen_at0, g, trn_fixed, c.tag, k * b)
+    inner, x = _balance(c, gen_at0, trn_fixed, k)
     return Bound(max(fill, inner), x, {"fill": fill, "balance": inner})
 
 

@@ -149,6 +149,35 @@ def _step(c: BtsCosts, st: _State, choice: int | None) -> tuple[float, _State | 
                 p -= k
                 now, phase, waiting = free + k * cyc, _IDLE, False
                 continue
+        if trn_task == 1 and ks == 0 and phase != _IDLE:
+            # Backlog: UPDATEs back to back while the generator keeps cycling GEN+SCORE. Same events in
+            # the same order as the slow path, without its bookkeeping; stops when the trainer idles.
+            ge = gen_end if phase == _GEN else -_INF
+            nxt = gen_end + sc if phase == _GEN else gen_end
+            while True:
+                if nxt <= trn_end:
+                    now = nxt
+                    ready += 1
+                    if p > 0:
+                        p -= 1
+                        ge = now + g
+                        nxt = ge + sc
+                    else:
+                        nxt = _INF
+                else:
+                    now = last_update = trn_end
+                    if ready == 0:
+                        break
+                    ready -= 1
+                    trn_end = now + t
+            trn_task = 0
+            if nxt == _INF:
+                phase = _IDLE
+            elif ge > now:
+                phase, gen_end = _GEN, ge
+            else:
+                phase, gen_end = _SCORE, nxt
+            continue
         gen_next = gen_end if phase != _IDLE else _INF
         trn_next = trn_end if trn_task else _INF
         if gen_next <= trn_next:  # generator events first on ties (the driver dispatches lanes first)
@@ -249,7 +278,7 @@ class BtsSolver:
     costs: BtsCosts
     memo: bool = True
     prune: bool = True
-    max_states: int = 1_000
+    max_states: int = 2_000
     _table: dict[tuple, tuple[float, bool]] = field(default_factory=dict, repr=False)
     _states: int = 0
     _pruned: int = 0

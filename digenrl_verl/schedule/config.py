@@ -88,7 +88,7 @@ class ScheduleConfig:
     )
     task_timeout_s: float | None = None
     probe_tag: bool = True
-    bts_max_states: int = 1_000
+    bts_max_states: int = 2_000
 
     def __post_init__(self) -> None:
         self._check_choices()

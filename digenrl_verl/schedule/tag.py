@@ -85,7 +85,7 @@ class BtsTag(TagPolicy):
     """Bubble-aware TAG search; keeps solve statistics for the driver's report."""
 
     probe: bool = True
-    max_states: int = 1_000
+    max_states: int = 2_000
     solve_seconds: list[float] = field(default_factory=list)
     budget_hits: int = 0
     _solver: BtsSolver | None = field(default=None, repr=False)
@@ -116,7 +116,7 @@ class BtsTag(TagPolicy):
 TAG_POLICIES = ("off", "static", "bts")
 
 
-def make_tag_policy(tag: str, static_k: int = 0, probe: bool = True, max_states: int = 1_000) -> TagPolicy:
+def make_tag_policy(tag: str, static_k: int = 0, probe: bool = True, max_states: int = 2_000) -> TagPolicy:
     """Build the policy named by ``trainer.digenrl.tag``."""
     if tag == "off":
         return NoTag()

@@ -97,12 +97,17 @@ def step_costs(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfil
     mbs = planner.microbatches(0, config.prompts_per_step, config.n, len(gen_workers))
     lanes = planner.lanes(gen_workers, config.n)
 
-    def mean_work(assign) -> float:
-        return sum(max(len(s) for _, s in assign(mb)) for mb in mbs) / len(mbs)
+    def works(assign) -> list[int]:
+        return [max(len(s) for _, s in assign(mb)) for mb in mbs]
 
-    lane_work = [mean_work(lambda mb, lane=lane: planner.assign(mb, lane, config.n)) for lane in lanes]
-    trn_work = mean_work(lambda mb: split_even(mb.samples, trn_workers))
+    lane_works = [works(lambda mb, lane=lane: planner.assign(mb, lane, config.n)) for lane in lanes]
+    lane_work = [sum(w) / len(w) for w in lane_works]
+    trn_works = works(lambda mb: split_even(mb.samples, trn_workers))
+    trn_work = sum(trn_works) / len(trn_works)
     unit = profile.unit
+    first = min(w for ws in lane_works for w in ws) * (unit(TaskKind.GEN) + unit(TaskKind.SCORE)) / gen_speed
+    if config.tag != "off":  # the trainer may start with a TAG instead of waiting for the generators
+        first = min(first, unit(TaskKind.TAG_GEN) * min(trn_works) / trn_speed)
     return StepCosts(
         microbatches=len(mbs),
         lane_gen=tuple(unit(TaskKind.GEN) * w / gen_speed for w in lane_work),
@@ -111,6 +116,11 @@ def step_costs(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfil
         tag=None if config.tag == "off" else unit(TaskKind.TAG_GEN) * trn_work / trn_speed,
         opt=unit(TaskKind.OPT_STEP) / trn_speed,
         sync=0.0 if config.mode == "colocated" else unit(TaskKind.SYNC) / min(gen_speed, trn_speed),
+        last_update=unit(TaskKind.UPDATE, config.tsp) * min(trn_works) / trn_speed,
+        first_gen=first,
+        tag_ratio=None if config.tag == "off" else max(
+            (unit(TaskKind.GEN) / gen_speed) / sum(1.0 / w for w in lws_i) / (unit(TaskKind.TAG_GEN) * tw / trn_speed)
+            for lws_i, tw in zip(zip(*lane_works), trn_works)),
     )
 
 

@@ -10,7 +10,7 @@ the Ray executor interprets. Nothing here decides what runs when.
 from __future__ import annotations
 
 import json
-import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,14 +99,15 @@ class DigenRLTrainer:
         from digenrl_verl.workers.weight_sync import CollectiveSpec, free_port
 
         d = self.run.digenrl
-        specs = {f"{r}_pool": PoolSpec(f"{r}_pool", (d.pools[r].workers_per_node,) * d.pools[r].nnodes,
+        run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
+        specs = {f"{r}_pool": PoolSpec(f"{r}_pool_{run_id}_", (d.pools[r].workers_per_node,) * d.pools[r].nnodes,
                                        use_gpu=d.pools[r].use_gpu, accelerator_type=d.pools[r].accelerator_type,
                                        custom_resource=d.pools[r].custom_resource) for r in d.roles}
-        manager = PoolManager(specs, {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles})
+        self.pool_manager = manager = PoolManager(specs, {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles})
         for role in d.roles:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
             wg = RayWorkerGroup(resource_pool=manager.pool_for("trainer" if role == "colocated" else role),
-                                ray_cls_with_init=cls, name_prefix=f"digenrl_{role}", device_name="cpu")
+                                ray_cls_with_init=cls, name_prefix=f"digenrl_{role}_{run_id}", device_name="cpu")
             self.worker_groups[role] = wg
             for i, actor in enumerate(wg.workers):
                 self.workers[f"{ROLE_POOL[role]}:{i}"] = actor
@@ -232,3 +233,6 @@ class DigenRLTrainer:
                 ray.kill(w)
         self.worker_groups.clear()
         self.workers.clear()
+        manager = getattr(self, "pool_manager", None)
+        if manager is not None:
+            manager.release()

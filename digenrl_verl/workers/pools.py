@@ -76,6 +76,15 @@ class PoolManager:
     def spec_for(self, role: str) -> PoolSpec:
         return self.specs[self.mapping[role]]
 
+    def release(self) -> None:
+        """Remove the placement groups (their CPUs/GPUs go back to the cluster)."""
+        from ray.util.placement_group import remove_placement_group
+
+        for pool in self._pools.values():
+            for pg in pool.pgs or []:
+                remove_placement_group(pg)
+        self._pools.clear()
+
 
 def make_ray_pool(spec: PoolSpec):
     """A verl `RayResourcePool` for `spec`, with custom resources added to its bundles when asked."""

@@ -151,3 +151,15 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_dirs, pipeline_kwa
         grads.append(torch.autograd.grad(loss, adapter.trainable_parameters()))
     for plain, checkpointed in zip(*grads):
         torch.testing.assert_close(checkpointed, plain, rtol=1e-5, atol=1e-7)
+
+
+def test_default_lora_init_also_starts_at_the_base_model(tiny_dirs, pipeline_kwargs, prompts):
+    arch = "WanPipeline"
+    adapter = load_adapter(tiny_dirs[arch], lora=LoraConfig(rank=4, init_weights="default"), **pipeline_kwargs[arch])
+    x, sigma, cond = _inputs(adapter, prompts)
+    a_weights = [p for n, p in adapter.transformer.named_parameters() if "lora_A" in n]
+    assert a_weights and all(float(p.detach().abs().sum()) > 0 for p in a_weights)
+    with torch.no_grad():
+        with adapter.reference():
+            base = adapter.velocity(x, sigma, cond)
+        assert torch.equal(adapter.velocity(x, sigma, cond), base)

@@ -15,6 +15,7 @@ To add a policy: subclass `TagPolicy`, implement ``decide``, and register it in 
 from __future__ import annotations
 
 import abc
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -104,7 +105,13 @@ class BtsTag(TagPolicy):
             self._solver, self._solver_key = BtsSolver(ctx.costs, max_states=self.max_states), key
         solver = self._solver
         start = time.perf_counter()
-        result = solver.solve(ctx.state)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # the search allocates many small tuples; a full collection mid-search costs more than it frees
+        try:
+            result = solver.solve(ctx.state)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         self.solve_seconds.append(time.perf_counter() - start)
         self.budget_hits += int(result.budget_hit)
         tag_ms = "-" if result.tag_makespan is None else f"{result.tag_makespan:.3f}"

@@ -164,6 +164,7 @@ class RunOutcome:
             "decisions": self.driver.stats.decisions,
             "bts_solves": len(solves), "bts_max_ms": 1000 * max(solves, default=0.0),
             "bts_mean_ms": 1000 * sum(solves) / len(solves) if solves else 0.0,
+            "step_s": [r.end - r.start for r in self.steps],
             "wall_s": self.wall_s, **self.extra,
         }
 

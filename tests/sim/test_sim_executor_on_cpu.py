@@ -1,0 +1,96 @@
+"""The simulated executor: durations from the profile and cluster, jitter, faults; cluster specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from digenrl_verl.schedule.types import Task, TaskKind
+from digenrl_verl.sim.cluster import ClusterSpec
+from digenrl_verl.sim.executor import Fault, SimExecutor
+from digenrl_verl.sim.profiles import PROFILES, CostProfile, from_step_times, get_profile
+
+CLUSTER = ClusterSpec.parse("gen=2xA@0.5,trn=2xB")
+PROFILE = CostProfile("t", gen=2.0, score=0.5, update_loop=3.0, update_tsp=1.0, tag_overhead=1.5, opt_step=0.25,
+                      sync=1.0)
+
+
+def _task(tid, kind, workers, samples=((0,), (1,)), step=0, mb=0, flags=()):
+    return Task(tid, kind, step, mb, tuple(workers), 0, tuple(zip(workers, samples)), frozenset(flags))
+
+
+def test_durations_follow_profile_work_and_speed():
+    ex = SimExecutor(CLUSTER, PROFILE)
+    assert ex.duration(_task(1, TaskKind.GEN, ["gen:0", "gen:1"], ((0, 1), (2,)))) == pytest.approx(2.0 * 2 / 0.5)
+    assert ex.duration(_task(2, TaskKind.TAG_GEN, ["trn:0", "trn:1"])) == pytest.approx(3.0)
+    assert ex.duration(_task(3, TaskKind.UPDATE, ["trn:0", "trn:1"], flags=("tsp",))) == pytest.approx(1.0)
+    assert ex.duration(_task(4, TaskKind.UPDATE, ["trn:0", "trn:1"])) == pytest.approx(3.0)
+    sync = Task(5, TaskKind.SYNC, 0, None, ("trn:0", "gen:0"), 1, (("trn:0", ()), ("gen:0", ())))
+    assert ex.duration(sync) == pytest.approx(1.0 / 0.5)  # the slowest side sets the pace
+
+
+def test_wait_any_returns_completions_in_time_order_and_respects_timeouts():
+    ex = SimExecutor(CLUSTER, PROFILE)
+    ex.submit(_task(1, TaskKind.GEN, ["gen:0"], ((0,),)))
+    ex.submit(_task(2, TaskKind.UPDATE, ["trn:0"], ((0,),), flags=("tsp",)))
+    assert ex.wait_any(timeout=0.5) == [] and ex.now() == pytest.approx(0.5)
+    (first,) = ex.wait_any(None)
+    assert first.task.task_id == 2 and first.end == pytest.approx(1.0) and ex.now() == pytest.approx(1.0)
+    (second,) = ex.wait_any(None)
+    assert second.task.task_id == 1 and second.end == pytest.approx(4.0)
+    with pytest.raises(RuntimeError):
+        ex.wait_any(None)
+
+
+def test_jitter_is_seeded_per_task_identity():
+    a, b = SimExecutor(CLUSTER, PROFILE, jitter=0.3, seed=5), SimExecutor(CLUSTER, PROFILE, jitter=0.3, seed=5)
+    t1, t2 = _task(1, TaskKind.GEN, ["gen:0"], ((0,),)), _task(99, TaskKind.GEN, ["gen:0"], ((0,),))
+    assert a.duration(t1) == b.duration(t2)  # same task identity, different id: same duration
+    assert a.duration(t1) != SimExecutor(CLUSTER, PROFILE, jitter=0.3, seed=6).duration(t1)
+    assert a.duration(t1) != SimExecutor(CLUSTER, PROFILE).duration(t1)
+
+
+def test_faults_fail_lose_kill_hang():
+    ex = SimExecutor(CLUSTER, PROFILE, faults=(Fault("fail", TaskKind.SCORE), Fault("lose", TaskKind.SCORE, occurrence=2),
+                                                Fault("kill", worker="gen:1", at=1.0), Fault("hang", TaskKind.OPT_STEP)))
+    ex.submit(_task(1, TaskKind.SCORE, ["gen:0"], ((0, 2),)))  # 2 x 0.5 s at speed 0.5: ends at 2
+    ex.submit(_task(2, TaskKind.GEN, ["gen:1"], ((1,),)))
+    (killed,) = ex.wait_any(None)
+    assert killed.task.task_id == 2 and not killed.ok and killed.end == pytest.approx(1.0)
+    assert killed.dead_workers == ("gen:1",)
+    (failed,) = ex.wait_any(None)
+    assert not failed.ok and "data_lost" not in failed.info and failed.end == pytest.approx(2.0)
+    ex.submit(_task(3, TaskKind.SCORE, ["gen:0"], ((0,),)))
+    (lost,) = ex.wait_any(None)
+    assert not lost.ok and lost.info["data_lost"]
+    ex.submit(_task(4, TaskKind.GEN, ["gen:1"], ((1,),)))
+    (dead,) = ex.wait_any(None)
+    assert not dead.ok and dead.start == dead.end and dead.dead_workers == ("gen:1",)
+    ex.submit(Task(5, TaskKind.OPT_STEP, 0, None, ("trn:0",), 1, (("trn:0", ()),)))
+    assert ex.wait_any(timeout=5.0) == []
+    with pytest.raises(ValueError, match="Fault.action"):
+        Fault("explode")
+
+
+def test_cluster_spec_parsing():
+    c = ClusterSpec.parse("gen=8xA800@0.6,trn=8xH800")
+    assert c.pools["gen"].size == 8 and c.speed("A800") == 0.6 and c.speed("H800") == 1.0
+    assert c.mode == "disaggregated" and c.total_ranks == 16
+    col = c.colocated()
+    assert col.mode == "colocated" and col.pools["col"].size == 16 and col.speed(col.pools["col"].worker_class) == 0.6
+    for bad in ("gen=8", "gen=8xA,gen=2xA", "gen=1xA@1,trn=1xA@2", "gen=2xA@0"):
+        with pytest.raises(ValueError):
+            ClusterSpec.parse(bad)
+
+
+def test_profiles_from_step_times():
+    p = from_step_times("x", fwd=1.0, fwdbwd=3.0, steps=20, timestep_fraction=0.6, decode=2.0, reward=0.5,
+                        opt_step=1.0, sync=2.0, loop_overhead=0.1, tsp_factor=0.4, tag_overhead=1.2)
+    assert p.gen == 22.0 and p.source["trained_timesteps"] == 12
+    assert p.update_loop == pytest.approx(12 * 3.0 * 1.1) and p.update_tsp == pytest.approx(12 * 3.0 * 0.4)
+    assert p.unit(TaskKind.TAG_GEN) == pytest.approx(26.4) and p.unit(TaskKind.UPDATE, tsp=True) < p.unit(TaskKind.UPDATE)
+    for steps in (20, 30, 40):
+        for frac in (0.4, 0.6):
+            assert f"hunyuanvideo-{steps}-{frac}" in PROFILES
+    assert {"wan2.1", "flux.1", "qwen-image"} <= set(PROFILES)
+    with pytest.raises(ValueError, match="valid names"):
+        get_profile("sd9")

@@ -75,7 +75,6 @@ class _Mb:
     mb: MicroBatch
     status: MbStatus = MbStatus.PENDING
     gen_version: int | None = None
-    generated_on: tuple[str, ...] = ()
     stale: bool = False
     retries: int = 0
 
@@ -90,7 +89,6 @@ class _Step:
     updated: int = 0
     scored: int = 0
     opt_issued: bool = False
-    opt_done: bool = False
     trained_version: int | None = None
     first_start: float | None = None
     infos: list[dict[str, Any]] = field(default_factory=list)
@@ -291,8 +289,8 @@ class Driver:
         upto = min(self.staleness.max_step(self.last_update), self.config.end_step - 1)
         for step in range(self.config.start_step, upto + 1):
             if step not in self.steps and step > self.last_update:
-                mbs = self.planner.microbatches(step, self.config.prompts_per_step, self.config.n,
-                                                max(1, len(self._live_gen()) or len(self.trn_workers)))
+                ranks = len(self._live_gen()) or len(self.trn_workers)  # batch-axis: one group per rank
+                mbs = self.planner.microbatches(step, self.config.prompts_per_step, self.config.n, ranks)
                 self.steps[step] = _Step(step, [_Mb(mb) for mb in mbs], deque(range(len(mbs))))
 
     def _idle(self, workers: Sequence[str]) -> bool:
@@ -401,7 +399,7 @@ class Driver:
             self._issue_update(st, ready)
             return True
         if not self._lanes and self.scoring_queue:  # no generator left: the trainer scores
-            self._issue_score(tuple(trainers))
+            self._issue_score(tuple(trainers), on_trainer=True)
             return True
         if st.pending and not self.colocated:
             return self._bubble(st)
@@ -458,10 +456,10 @@ class Driver:
             rate_s = sum(1.0 / (s_unit * w) for w in lane_works) if s_unit else 0.0
             costs = BtsCosts(gen=1.0 / rate_g, score=(1.0 / rate_s) if rate_s else 0.0, update=t_est,
                              tag=tag_est)
-        return BubbleContext(now, st.step, len(st.pending), st.tags, self._bts_state(st, now, costs),
-                             costs, tag_est is not None)
+        return BubbleContext(now, st.step, len(st.pending), st.tags, self._bts_state(st, now), costs,
+                             tag_est is not None)
 
-    def _bts_state(self, st: _Step, now: float, costs: BtsCosts | None) -> BtsState:
+    def _bts_state(self, st: _Step, now: float) -> BtsState:
         """Aggregate the generator lanes into the BTS model's single server (see `schedule.bts`)."""
         running: list[tuple[float, Task]] = []
         gen_cls = self.config.pools[self.config.generator_pool].worker_class
@@ -496,13 +494,13 @@ class Driver:
         self._gen_futures += 1
         self._submit(kind, st.step, idx, workers, version, assignment, "", flags)
 
-    def _issue_score(self, lane: tuple[str, ...]) -> None:
+    def _issue_score(self, lane: tuple[str, ...], on_trainer: bool = False) -> None:
         step, idx = self.scoring_queue.popleft()
         m = self.steps[step].mbs[idx]
         m.status = MbStatus.SCORING
-        self._submit(TaskKind.SCORE, step, idx, lane, m.gen_version or 0,
-                     self.planner.assign(m.mb, lane, self.config.n) if lane != tuple(self.trn_workers)
-                     else split_even(m.mb.samples, lane), "")
+        assignment = split_even(m.mb.samples, lane) if on_trainer else self.planner.assign(m.mb, lane, self.config.n)
+        self._submit(TaskKind.SCORE, step, idx, lane, m.gen_version or 0, assignment,
+                     "on the trainer (no live generator)" if on_trainer else "")
 
     def _issue_update(self, st: _Step, idx: int) -> None:
         m = st.mbs[idx]
@@ -535,7 +533,9 @@ class Driver:
     # ================================================================================ completions
     def _on_completion(self, c: Completion) -> None:
         task = c.task
-        self.in_flight.pop(task.task_id, None)
+        if self.in_flight.pop(task.task_id, None) is None:
+            raise ScheduleError(f"executor reported a completion for task {task.task_id} ({task.label}), "
+                                "which is not in flight")
         for w in task.workers:
             if self.busy.get(w) == task.task_id:
                 del self.busy[w]
@@ -554,7 +554,7 @@ class Driver:
         kind = task.kind
         if kind in (TaskKind.GEN, TaskKind.TAG_GEN):
             m = self.steps[task.step].mbs[task.microbatch]
-            m.status, m.gen_version, m.generated_on = MbStatus.GENERATED, task.version, task.workers
+            m.status, m.gen_version = MbStatus.GENERATED, task.version
             self.scoring_queue.append((task.step, task.microbatch))
         elif kind == TaskKind.SCORE:
             st = self.steps[task.step]
@@ -575,7 +575,6 @@ class Driver:
 
     def _on_opt_step(self, c: Completion) -> None:
         st = self.steps[c.task.step]
-        st.opt_done = True
         st.trained_version = c.task.version - 1
         self.trainer_version = c.task.version
         self.last_update = st.step
@@ -628,7 +627,7 @@ class Driver:
             st.stale_samples -= len(m.mb.samples)
         if task.kind == TaskKind.TAG_GEN:
             st.tags -= 1
-        m.status, m.stale, m.gen_version, m.generated_on = MbStatus.PENDING, False, None, ()
+        m.status, m.stale, m.gen_version = MbStatus.PENDING, False, None
         m.retries += 1
         st.pending.appendleft(task.microbatch)
         st.pending = deque(sorted(st.pending))

@@ -94,7 +94,7 @@ def test_disaggregated_reward_rises_weights_stay_in_sync_and_outputs_are_written
 
 @pytest.mark.slow
 def test_tcss_run_keeps_its_invariants_and_still_learns(train_run):
-    t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.staleness=1",
+    t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.staleness=1", "trainer.digenrl.tag=off",
                   "trainer.digenrl.max_stale_fraction=0.5", "trainer.total_training_steps=14",
                   "actor_rollout_ref.actor.optim.lr=3e-3", name="tcss")
     samples_per_step = 8

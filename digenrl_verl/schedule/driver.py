@@ -54,6 +54,7 @@ from digenrl_verl.schedule.bts import BtsCosts, BtsState, GenPhase
 from digenrl_verl.schedule.config import ScheduleConfig
 from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.plan import MicroBatch, Planner, make_planner, split_even
+from digenrl_verl.schedule.select import FirstFree, LaneSelector
 from digenrl_verl.schedule.staleness import GenRequest, StalenessPolicy
 from digenrl_verl.schedule.tag import BubbleContext, TagPolicy, make_tag_policy
 from digenrl_verl.schedule.trace import Decision, Trace, format_action
@@ -143,13 +144,14 @@ class Driver:
         for result in driver.iter_steps():   # or driver.run() / driver.run_steps(k)
             ...                              # log, checkpoint; the next step may already be running
 
-    Policies can be swapped for experiments (``tag_policy``, ``staleness``, ``planner``); by default
-    they are built from the config. ``profiler`` may be pre-seeded (e.g. restored with a checkpoint).
+    Policies can be swapped for experiments (``tag_policy``, ``staleness``, ``planner``, ``selector``);
+    by default they are built from the config. ``profiler`` may be pre-seeded (e.g. restored with a checkpoint).
     """
 
     def __init__(self, config: ScheduleConfig, executor: Executor, *, tag_policy: TagPolicy | None = None,
                  staleness: StalenessPolicy | None = None, planner: Planner | None = None,
-                 profiler: CostProfiler | None = None, trace: Trace | None = None) -> None:
+                 profiler: CostProfiler | None = None, trace: Trace | None = None,
+                 selector: LaneSelector | None = None) -> None:
         self.config = config
         self.executor = executor
         self.colocated = config.mode == "colocated"
@@ -160,6 +162,8 @@ class Driver:
         self.planner = planner or make_planner(config.gap)
         self.profiler = profiler or CostProfiler()
         self.trace = trace or Trace()
+        self.selector = selector or FirstFree()
+        self.busy_seconds: dict[str, float] = {}
         self.stats = DriverStats()
         self.gen_workers = list(config.workers(config.generator_pool))
         self.trn_workers = list(config.workers(config.trainer_pool))
@@ -314,9 +318,9 @@ class Driver:
 
     def _try_lanes(self) -> bool:
         issued = False
-        for lane in self._lanes:
-            if self._idle(lane):
-                issued |= self._lane_task(lane)
+        free = [lane for lane in self._lanes if self._idle(lane)]
+        for lane in self.selector.order(free, self.busy_seconds) if len(free) > 1 else free:
+            issued |= self._lane_task(lane)
         return issued
 
     def _lane_work(self, mb: MicroBatch, lane: Sequence[str]) -> int:
@@ -539,6 +543,7 @@ class Driver:
         for w in task.workers:
             if self.busy.get(w) == task.task_id:
                 del self.busy[w]
+            self.busy_seconds[w] = self.busy_seconds.get(w, 0.0) + c.duration
         if task.kind in (TaskKind.GEN, TaskKind.TAG_GEN):
             self._gen_futures -= 1
         self.trace.record(c)

@@ -131,3 +131,18 @@ def test_decisions_are_recorded():
     assert len(issued) == len(driver.trace.completions)
     probe = [c for c in driver.trace.completions if "probe" in c.task.flags]
     assert len(probe) == 1 and probe[0].task.kind == TaskKind.TAG_GEN
+
+
+def test_least_busy_selector_spreads_uneven_lanes():
+    from digenrl_verl.schedule.select import FirstFree, LeastBusy, make_selector
+
+    assert LeastBusy().order([("a",), ("b",)], {"a": 5.0, "b": 1.0}) == [("b",), ("a",)]
+    assert FirstFree().order([("a",), ("b",)], {"a": 5.0}) == [("a",), ("b",)]
+    with pytest.raises(ValueError, match="valid names"):
+        make_selector("random")
+    cluster = ClusterSpec.parse("gen=5xG,trn=2xT")  # n=2: three lanes of widths 2, 2, 1
+    cfg = ScheduleConfig(pools=cluster.pools, prompts_per_step=9, n=2, num_steps=2, tag="off")
+    driver = Driver(cfg, SimExecutor(cluster, profile()), selector=LeastBusy())
+    driver.run()
+    assert check_run(cfg, driver.trace.completions) == []
+    assert len(driver.lanes) == 3 and sorted(map(len, driver.lanes)) == [1, 2, 2]

@@ -97,3 +97,15 @@ def test_bench_bts_json(capsys):
         assert r["makespan"] <= r["no_tag_makespan"] + 1e-9 and r["makespan"] <= r["best_static_makespan"] + 1e-9
         assert r["exact_makespan"] <= r["makespan"] + 1e-9
     assert out["headline"]["B"] == 128 and "ms_median" in out["headline"]
+
+
+def test_scale_suite_reports_driver_and_bts_costs(capsys):
+    """1024 GPUs, 1024 micro-batches per step: the run completes and reports the per-decision figures
+    (the speed targets themselves are checked by reading the report, not here)."""
+    assert main(["--suite", "scale", "--steps", "1", "--json"]) == 0
+    out = _last_json(capsys)
+    assert out["gpus"] == 1024 and out["microbatches_per_step"] == 1024 and out["lanes"] == 32
+    assert out["decisions"] > 2 * 1024 and out["bts_solves"] > 0
+    for key in ("driver_ms_per_decision", "bts_max_ms", "bts_mean_ms", "driver_ok", "bts_ok"):
+        assert key in out
+    assert 0.9 <= out["efficiency"] <= 1.0

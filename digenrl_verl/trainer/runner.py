@@ -85,8 +85,6 @@ class DigenRLTrainer:
         threads = self.run.digenrl.torch_threads
         if role == "generator":
             return {"policy": self.run.policy, "reward": self.run.reward, "torch_threads": threads}
-        if role == "trainer":
-            return {"policy": self.run.policy, "train": self.run.train, "torch_threads": threads}
         return {"policy": self.run.policy, "train": self.run.train, "reward": self.run.reward,
                 "torch_threads": threads}
 
@@ -190,12 +188,9 @@ class DigenRLTrainer:
         trace.write_chrome(str(self.output_dir / "trace.json"))
         (self.output_dir / "schedule.txt").write_text(trace.to_text())
         metrics = trace.metrics(workers=list(self.workers))
-        try:
-            from digenrl_verl.sim.gantt import save_gantt  # TODO(coordinator): final name from the sim package
-        except ImportError:
-            save_gantt = None
-        if save_gantt is not None:
-            save_gantt(trace, str(self.output_dir / "timeline.png"), title=f"{self.run.schedule.mode} run")
+        from digenrl_verl.sim.gantt import save_gantt
+
+        save_gantt(trace, str(self.output_dir / "timeline.png"), title=f"{self.run.schedule.mode} run")
         stats = dict(zip(self.workers, ray.get([w.checksum.remote() for w in self.workers.values()])))
         wall = self.t_end - self.t_start
         samples = self.run.num_steps * self.run.prompts_per_step * self.run.n

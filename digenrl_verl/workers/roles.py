@@ -2,11 +2,11 @@
 
 - `SamplingMixin`  holds the policy and samples trajectories (`generate`): generators, and trainers for TAG;
 - `ScoringMixin`   holds the reward and scores decoded samples (`score`): generators (the reward sits with the
-                   generator), and colocated workers;
+                   generator), colocated workers, and trainers when no generator is left;
 - `TrainingMixin`  holds the optimizer and accumulates TSP / per-timestep gradients (`update`, `opt_step`).
 
 `GeneratorWorker = Sampling + Scoring (+ receive_weights)`, `TrainerWorker = Sampling + Training
-(+ send_weights)`, `ColocatedWorker = TrainerWorker + Scoring` (verl-omni's layout). The runtime calls these
+(+ send_weights, + lazy Scoring)`, `ColocatedWorker = TrainerWorker` with its reward built up front. The runtime calls these
 methods on individual actors (`actor.method.remote`) as the schedule dictates; worker-group-wide methods
 (`init_policy`, `join`, `checksum`) use verl's `@register` dispatch.
 
@@ -239,15 +239,26 @@ class GeneratorWorker(_Base, SamplingMixin, ScoringMixin):
         return version
 
 
-class TrainerWorker(_Base, SamplingMixin, TrainingMixin):
-    """Trainer pool rank: TSP updates, optimizer step, weight sender; generates TAG micro-batches."""
+class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
+    """Trainer pool rank: TSP updates, optimizer step, weight sender; generates TAG micro-batches.
+
+    It scores only when no generator is left alive (the driver's fallback); the reward is then built on
+    first use, so a healthy run never loads it on the trainer.
+    """
 
     role = "trainer"
 
-    def __init__(self, policy: PolicySpec, train: TrainSpec, torch_threads: int = 1) -> None:
+    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__()
         self._build_policy(policy, torch_threads)
         self._build_training(train)
+        self.reward_spec = reward
+        self.scorer = None
+
+    def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
+        if self.scorer is None:
+            self._build_scorer(self.reward_spec)
+        return super().score(sample_ids, *image_parts)
 
     def send_weights(self, version: int, generators: list[int]) -> int:
         if version != self.version:
@@ -259,11 +270,11 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin):
         return version
 
 
-class ColocatedWorker(TrainerWorker, ScoringMixin):
+class ColocatedWorker(TrainerWorker):
     """verl-omni's layout: every rank generates, scores, then trains (the baseline)."""
 
     role = "colocated"
 
     def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1) -> None:
-        super().__init__(policy, train, torch_threads)
+        super().__init__(policy, train, reward, torch_threads)
         self._build_scorer(reward)

@@ -35,7 +35,7 @@ def _updated_once(driver: Driver, cfg: ScheduleConfig) -> None:
         assert samples == list(range(cfg.samples_per_step))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(kind=st.sampled_from([TaskKind.GEN, TaskKind.SCORE, TaskKind.TAG_GEN]), step=st.integers(0, 2),
        worker=st.sampled_from(["gen:0", "gen:3"]), action=st.sampled_from(["fail", "lose", "kill"]),
        occurrence=st.integers(1, 3), staleness=st.sampled_from([0, 1]), gap=st.booleans())

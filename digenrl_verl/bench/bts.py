@@ -6,8 +6,9 @@ scoring 0.05·g, TAG g' = 1.15·g (the profiles' TAG overhead). Target: <= 50 ms
 ``--scale`` adds B in {512, 1024} (the 1024-micro-batch scale check, target <= 100 ms per solve).
 
 Times are for the default state budget (``trainer.digenrl.bts_max_states``); ``exact_ms`` is one solve
-with no budget (the exact optimum). Each row also reports the decision quality: the predicted makespan against no TAG and the best static
-TAG(k) (k swept over 0..B by rollouts of the same model), and whether the state budget was hit.
+with no budget (the exact optimum). Each row also reports the decision quality: the predicted makespan
+against no TAG and the best static TAG(k) (k swept over 0..B by rollouts of the same model), and
+whether the state budget was hit.
 """
 
 from __future__ import annotations

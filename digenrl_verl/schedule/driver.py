@@ -36,10 +36,10 @@ Failure handling: a completion with ``ok=False`` whose ``info["dead_workers"]`` 
 them (the generator pool is re-cut into lanes over the live ranks). A failed GEN/TAG_GEN goes back to
 pending; a failed SCORE is scored again on another lane (the trajectories are kept by the executor),
 unless the executor reports ``info["data_lost"]``, in which case the micro-batch is generated again.
-With no live generator left, the trainer generates everything (TAG) and scores it. A trainer failure, or a failed UPDATE/OPT_STEP, is
-fatal (`ScheduleError`): accumulated gradients cannot be replayed. A task running longer than
-``task_timeout_s`` is fatal too; the error names the task and its workers and prints the schedule of
-the steps around it with ``<-- ERROR HERE``.
+With no live generator left, the trainer generates everything (TAG) and scores it. A trainer failure,
+or a failed UPDATE/OPT_STEP, is fatal (`ScheduleError`): accumulated gradients cannot be replayed. A task
+running longer than ``task_timeout_s`` is fatal too; the error names the task and its workers and prints
+the schedule of the steps around it with ``<-- ERROR HERE``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from digenrl_verl.schedule.select import FirstFree, LaneSelector
 from digenrl_verl.schedule.staleness import GenRequest, StalenessPolicy
 from digenrl_verl.schedule.tag import BubbleContext, TagPolicy, make_tag_policy
 from digenrl_verl.schedule.trace import Decision, Trace, format_action
-from digenrl_verl.schedule.types import Completion, Executor, ScheduleError, Task, TaskKind
+from digenrl_verl.schedule.types import Assignment, Completion, Executor, ScheduleError, Task, TaskKind
 
 
 class MbStatus(enum.Enum):
@@ -486,7 +486,7 @@ class Driver:
         return BtsState(pending, phase, rem, scoring)
 
     # ================================================================================ issuing
-    def _issue_gen(self, kind: TaskKind, st: _Step, idx: int, workers: tuple[str, ...], assignment,
+    def _issue_gen(self, kind: TaskKind, st: _Step, idx: int, workers: tuple[str, ...], assignment: Assignment,
                    version: int, extra_flags: tuple[str, ...] = ()) -> None:
         m = st.mbs[idx]
         stale = version < st.step
@@ -514,7 +514,7 @@ class Driver:
                      split_even(m.mb.samples, self.trn_workers), "", flags)
 
     def _submit(self, kind: TaskKind, step: int, mb: int | None, workers: tuple[str, ...], version: int,
-                assignment, detail: str, flags: set[str] | None = None) -> Task:
+                assignment: Assignment, detail: str, flags: set[str] | None = None) -> Task:
         self._task_ids += 1
         m = None if mb is None else self.steps[step].mbs[mb]
         if m is not None and kind in (TaskKind.GEN, TaskKind.TAG_GEN) and m.retries:

@@ -188,7 +188,8 @@ def run_config(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfil
                       steps, driver, wall)
 
 
-def ladder_configs(s: Scenario, cluster: ClusterSpec, profile: CostProfile) -> dict[str, tuple[ScheduleConfig, ClusterSpec]]:
+def ladder_configs(s: Scenario, cluster: ClusterSpec,
+                   profile: CostProfile) -> dict[str, tuple[ScheduleConfig, ClusterSpec]]:
     """The ablation ladder's configs for a scenario (see the module docstring)."""
     base = dict(prompts_per_step=s.prompts_per_step, n=s.n, num_steps=s.num_steps)
     col = cluster.colocated()

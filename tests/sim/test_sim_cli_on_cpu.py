@@ -57,6 +57,7 @@ def test_paper_suite_ablation_ladder_is_monotone(paper):
         for bts, static in zip(rows["+TAG BTS"]["step_s"][1:], rows["+TAG static"]["step_s"][1:]):
             assert bts <= static * (1 + 1e-9), s["scenario"]
         assert s["monotone"] == (not s["violations"])
+        assert s["monotone_after_step0"], s["violations_after_step0"]
         assert rows["naive"]["speedup_vs_naive"] == 1.0
     assert out["all_monotone"] == all(s["monotone"] for s in out["scenarios"])
 

@@ -58,6 +58,9 @@ class ScheduleConfig:
             with version s while step s is still updating.
         max_stale_fraction: at most this fraction of a step's samples may be generated stale.
         max_gen_futures: at most this many GEN/TAG tasks in flight at once (None: no limit).
+        tcss_guard: start a stale GEN only when its estimated end is before the weight SYNC it runs ahead
+            of would start, so TCSS never delays a SYNC (the schedule then depends on measured costs).
+            False: start stale GENs whenever the TCSS limits allow (deterministic given the limits).
         num_steps: global steps to run.
         start_step: first global step (resume); the run starts with policy version ``start_step``.
         prompts_per_step: prompts per global step.
@@ -79,6 +82,7 @@ class ScheduleConfig:
     staleness: int = 0
     max_stale_fraction: float = 0.0
     max_gen_futures: int | None = None
+    tcss_guard: bool = True
     num_steps: int = 1
     start_step: int = 0
     prompts_per_step: int = 8
@@ -102,7 +106,7 @@ class ScheduleConfig:
             raise _bad("mode", self.mode, f"use one of {list(MODES)}")
         if self.tag not in TAG_MODES:
             raise _bad("tag", self.tag, f"use one of {list(TAG_MODES)}")
-        for name in ("gap", "pipeline", "tsp", "probe_tag"):
+        for name in ("gap", "pipeline", "tsp", "probe_tag", "tcss_guard"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "use true or false")
         if self.staleness not in (0, 1) or isinstance(self.staleness, bool):

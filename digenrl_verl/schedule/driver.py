@@ -331,7 +331,8 @@ class Driver:
             self._issue_score(lane)
             return True
         found = self._next_gen()
-        if found is not None and self.gen_version < found[0].step and not self._stale_gen_fits(found[0], lane):
+        if (found is not None and self.gen_version < found[0].step and self.config.tcss_guard
+                and not self._stale_gen_fits(found[0], lane)):
             found = None
         if found is None:
             return False

@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gap", action="store_true", help="batch-axis micro-batches")
     p.add_argument("--no-pipeline", action="store_true", help="full-batch barrier before updates")
     p.add_argument("--no-tsp", action="store_true", help="per-timestep update loop")
+    p.add_argument("--no-tcss-guard", action="store_true",
+                   help="start stale GENs whenever TCSS allows, even if they delay the weight SYNC")
     p.add_argument("--prompts", type=int, help="prompts per step")
     p.add_argument("--n", type=int, help="samples per prompt")
     p.add_argument("--steps", type=int, help="global steps")
@@ -79,7 +81,7 @@ def _single_config(args: argparse.Namespace, s: Scenario, cluster: ClusterSpec) 
         return ScheduleConfig(mode="colocated", gap=not args.no_gap, pipeline=False, tsp=not args.no_tsp,
                               tag="off", **base)
     return ScheduleConfig(gap=not args.no_gap, pipeline=not args.no_pipeline, tsp=not args.no_tsp, tag=args.tag,
-                          static_k=args.static_k, staleness=args.staleness,
+                          static_k=args.static_k, staleness=args.staleness, tcss_guard=not args.no_tcss_guard,
                           max_stale_fraction=args.max_stale_fraction if args.staleness else 0.0, **base)
 
 

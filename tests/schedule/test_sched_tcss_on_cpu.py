@@ -41,6 +41,7 @@ def runs(draw):
         static_k=draw(st.integers(1, 3)) if tag == "static" else 0, staleness=staleness,
         max_stale_fraction=draw(st.sampled_from([0.0, 0.25, 0.5, 1.0])) if staleness else 0.0,
         max_gen_futures=draw(st.sampled_from([None, 1, 2])), num_steps=draw(st.integers(1, 3)),
+        tcss_guard=draw(st.booleans()),
         start_step=draw(st.integers(0, 5)), prompts_per_step=draw(st.integers(1, 6)), n=draw(st.integers(1, 4)),
     )
     cluster = ClusterSpec.parse(f"gen={gen}xG@{draw(st.sampled_from([0.5, 1.0]))},trn={trn}xT")
@@ -70,6 +71,7 @@ def training_bound_runs(draw):
         pools={"gen": {"size": gen}, "trn": {"size": trn}}, tag=draw(st.sampled_from(["off", "bts"])),
         staleness=1, max_stale_fraction=draw(st.sampled_from([0.2, 0.5, 1.0])),
         max_gen_futures=draw(st.sampled_from([None, 1])), num_steps=draw(st.integers(2, 4)),
+        tcss_guard=draw(st.booleans()),
         prompts_per_step=draw(st.integers(2, 6)), n=draw(st.integers(1, 3)), gap=draw(st.booleans()),
     )
     costs = {"gen": draw(st.floats(0.3, 1.5)), "score": draw(st.floats(0.0, 0.3)), "update": draw(st.floats(2.0, 6.0)),
@@ -167,3 +169,27 @@ def test_staleness_policy_rules():
     assert "max_gen_futures" in pol.check(dataclasses.replace(req, futures_in_flight=2))
     sync = StalenessPolicy(window=0)
     assert sync.stale_capacity(100) == 0 and "behind" in sync.check(dataclasses.replace(req, last_completed_update=3))
+
+
+def test_tcss_guard_keeps_stale_generation_from_delaying_the_sync():
+    # long stale GEN, short trainer tail: unguarded TCSS starts it and the SYNC waits; guarded TCSS does not
+    profile = CostProfile("g", gen=3.0, score=0.1, update_loop=1.0, update_tsp=0.5, tag_overhead=1.0, opt_step=0.1,
+                          sync=0.1)
+    cluster = ClusterSpec.parse("gen=1xG,trn=1xT")
+    base = dict(pools=cluster.pools, prompts_per_step=4, n=1, num_steps=3, tag="off", staleness=1,
+                max_stale_fraction=0.5)
+    ends = {}
+    for guard in (True, False):
+        cfg = ScheduleConfig(tcss_guard=guard, **base)
+        driver = Driver(cfg, SimExecutor(cluster, profile))
+        results = driver.run()
+        assert check_run(cfg, driver.trace.completions) == []
+        ends[guard] = (results[-1].end, sum(r.stale_samples for r in results))
+        syncs = [c for c in driver.trace.completions if c.task.kind == TaskKind.SYNC]
+        opts = {c.task.step: c.end for c in driver.trace.completions if c.task.kind == TaskKind.OPT_STEP}
+        waits = [s.start - opts[s.task.step] for s in syncs]
+        if guard:
+            assert max(waits) == 0.0  # every SYNC starts as soon as its OPT_STEP ends
+        else:
+            assert max(waits) > 0.0
+    assert ends[False][1] > 0 and ends[True][1] == 0

@@ -74,13 +74,15 @@ class SamplingMixin:
     adapter: Any
     version: int
 
-    def _build_policy(self, spec: PolicySpec, torch_threads: int) -> None:
+    def _build_policy(self, spec: PolicySpec, torch_threads: int, *, keep_reference: bool = False) -> None:
+        """Load the policy. `keep_reference`: full fine-tune keeps a frozen copy for the KL term (LoRA needs
+        none: its reference is the adapter disabled); only trainers with a KL term ask for it."""
         from digenrl_verl.models.registry import load_adapter
 
         torch.set_num_threads(torch_threads)
         self.policy_spec = spec
         self.adapter = load_adapter(spec.model_path, lora=spec.lora, pipeline=spec.pipeline,
-                                    dtype=getattr(torch, spec.dtype))
+                                    dtype=getattr(torch, spec.dtype), keep_reference=keep_reference)
         self.version = spec.start_version
         self.busy_s = 0.0
 
@@ -250,7 +252,7 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
 
     def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__()
-        self._build_policy(policy, torch_threads)
+        self._build_policy(policy, torch_threads, keep_reference=train.loss.kl_coef > 0)
         self._build_training(train)
         self.reward_spec = reward
         self.scorer = None

@@ -8,6 +8,7 @@ plugin's own knobs sit under `trainer.digenrl.*`. Everything is validated before
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Sequence
 
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 CONFIG_MODULE = "digenrl_verl.config"
 CONFIG_NAME = "digenrl_trainer"
 
-EXIT_OK, EXIT_BAD_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2  # interrupted: 128 + signal number (130 SIGINT, 143 SIGTERM)
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
@@ -30,25 +31,81 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
         return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
 
 
+def resume_point(cfg: DictConfig):
+    """(checkpoint directory, step) to resume from per `trainer.resume_mode`, or (None, 0)."""
+    from pathlib import Path
+
+    from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
+
+    mode = cfg.trainer.resume_mode
+    if mode == "disable":
+        return None, 0
+    if mode == "auto":
+        path = latest_checkpoint(cfg.trainer.default_local_dir)
+    elif mode == "resume_path":
+        path = cfg.trainer.resume_from_path
+        if not path or not (Path(path) / "meta.json").is_file():
+            raise ValueError(f"trainer.resume_from_path={path!r} is not a checkpoint directory (no meta.json); "
+                             "point it at a global_step_<k> directory")
+        path = Path(path)
+    else:
+        raise ValueError(f"unknown trainer.resume_mode={mode!r}; valid choices: ['auto', 'disable', 'resume_path']")
+    if path is None:
+        return None, 0
+    return path, int(read_meta(path)["global_step"])
+
+
+class _Interrupted(KeyboardInterrupt):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupt(signum, _frame):
+    raise _Interrupted(signum)
+
+
 def run(cfg: DictConfig) -> int:
+    from digenrl_verl.schedule.types import ScheduleError
     from digenrl_verl.trainer.config import build_run
-    from digenrl_verl.trainer.runner import DigenRLTrainer
+    from digenrl_verl.trainer.runner import DigenRLTrainer, NonFiniteError
 
     try:
-        spec = build_run(cfg)
+        ckpt, start = resume_point(cfg)
+        spec = build_run(cfg, start_step=start)
     except ValueError as e:
         print(f"digenrl: invalid config: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     print(spec.describe())
+    if ckpt is not None:
+        print(f"resuming from {ckpt} (step {start})")
     if spec.digenrl.dry_run:
         print("dry run: config valid, no worker started")
         return EXIT_OK
     trainer = DigenRLTrainer(spec)
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        trainer.fit()
+        trainer.fit(resume_from=ckpt)
+        return EXIT_OK
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        where = f"; checkpoint: {trainer.last_checkpoint}" if trainer.last_checkpoint else ""
+        print(f"digenrl: interrupted by {signal.Signals(signum).name}: trace and metrics flushed to "
+              f"{spec.output_dir}{where}; rerun the same command to resume", file=sys.stderr)
+        return 128 + int(signum)
+    except ScheduleError as e:
+        where = (f"the last checkpoint is {trainer.last_checkpoint}" if trainer.last_checkpoint
+                 else "no checkpoint was written yet (set trainer.save_freq)")
+        print(f"digenrl: the run failed: {e}\n{where}; rerun the same command to resume "
+              "(trainer.resume_mode=auto)", file=sys.stderr)
+        return EXIT_FAILED
+    except NonFiniteError as e:
+        print(f"digenrl: stopped: {e}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         trainer.shutdown()
-    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

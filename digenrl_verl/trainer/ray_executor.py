@@ -21,6 +21,7 @@ failed; an actor that died is reported in `info["dead_workers"]`, and the driver
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ import torch
 
 from digenrl_verl.diffusion.advantages import AdvantageConfig, normalize_rewards
 from digenrl_verl.schedule.types import Completion, Task, TaskKind
+
+
+POLL_S = 0.5
 
 
 @dataclass
@@ -88,7 +92,8 @@ class RayExecutor:
             pending = [r for f in self._inflight.values() for r in f.refs]
             if not pending:
                 return []
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # wait in short slices so Python signal handlers (Ctrl-C, SIGTERM) run promptly
+            left = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
             ready, _ = ray.wait(pending, num_returns=1, timeout=left)
             if not ready and deadline is not None and time.monotonic() >= deadline:
                 return []
@@ -131,7 +136,9 @@ class RayExecutor:
                 for sid, r in zip(v["sample_ids"], v["scores"]):
                     self._scores[task.step][int(sid)] = float(r)
                     rewards.append(float(r))
-            return {"reward_mean": float(np.mean(rewards)) if rewards else float("nan")}
+            finite = [r for r in rewards if math.isfinite(r)]
+            return {"reward_mean": float(np.mean(finite)) if finite else float("nan"),
+                    "nonfinite_rewards": len(rewards) - len(finite)}
         if task.kind == TaskKind.OPT_STEP:
             self.release_step(task.step)
         return {}
@@ -194,7 +201,11 @@ class RayExecutor:
         return f
 
     def advantages(self, step: int, samples) -> torch.Tensor:
-        """Group-normalised advantages of `samples` (their whole groups must be scored)."""
+        """Group-normalised advantages of `samples` (their whole groups must be scored).
+
+        Samples whose reward is NaN/inf are dropped from the statistics and get advantage 0, so they
+        contribute no policy gradient; a group left with fewer than two finite rewards gets 0 everywhere.
+        """
         batch = self.step_batch(step)
         uids = batch.non_tensor_batch["uid"]
         scores = self._scores[step]
@@ -207,10 +218,13 @@ class RayExecutor:
         if missing:
             raise RuntimeError(f"step {step}: UPDATE of samples {list(samples)} before samples {missing} of "
                                "their group(s) were scored (internal schedule error)")
-        res = normalize_rewards(torch.tensor([scores[i] for i in pool], dtype=torch.float32),
-                                [uids[i] for i in pool], self.advantage_cfg)
-        pos = {s: j for j, s in enumerate(pool)}
-        return res.advantages[[pos[s] for s in samples]]
+        finite = [i for i in pool if math.isfinite(scores[i])]
+        adv = {i: 0.0 for i in pool}
+        if finite:
+            res = normalize_rewards(torch.tensor([scores[i] for i in finite], dtype=torch.float32),
+                                    [uids[i] for i in finite], self.advantage_cfg)
+            adv.update({i: float(a) for i, a in zip(finite, res.advantages)})
+        return torch.tensor([adv[s] if math.isfinite(adv[s]) else 0.0 for s in samples], dtype=torch.float32)
 
     def _update(self, task: Task) -> _InFlight:
         f = _InFlight(task, self.now(), [], [])

@@ -36,6 +36,10 @@ class StepMetrics:
     opt: dict[str, float] = field(default_factory=dict)
 
 
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with NaN/inf rewards or gradients."""
+
+
 class DigenRLTrainer:
     """One run of `python -m digenrl_verl.main`. Subclass and override a step to change one behaviour."""
 
@@ -53,6 +57,8 @@ class DigenRLTrainer:
         self.results: list = []
         self.driver = None
         self.executor = None
+        self.last_checkpoint: Path | None = None
+        self.interrupted = False
 
     # ------------------------------------------------------------------------------------- data
     def step_batch(self, step: int):
@@ -123,10 +129,25 @@ class DigenRLTrainer:
         return RayExecutor(self.workers, self.step_batch, self.run.advantage,
                            self.run.policy.rollout.num_train_steps, on_result=self.on_result)
 
-    def make_driver(self, executor):
-        from digenrl_verl.schedule.driver import Driver
+    def make_driver(self, executor, start_step: int, num_steps: int):
+        """A driver for steps [start_step, start_step + num_steps); trace and cost profile carry over."""
+        import dataclasses
 
-        return Driver(self.run.schedule, executor)
+        from digenrl_verl.schedule.cost import CostProfiler
+        from digenrl_verl.schedule.driver import Driver
+        from digenrl_verl.schedule.trace import Trace
+        from digenrl_verl.schedule.types import TaskKind
+
+        previous = self.driver
+        if previous is not None:
+            profiler, trace = previous.profiler, previous.trace
+        else:
+            profiler, trace = CostProfiler(), Trace()
+            for key, unit in (getattr(self, "cost_profile", None) or {}).items():  # resumed: warm estimates
+                kind, _, cls = key.partition("@")
+                profiler.seed(TaskKind(kind), cls, float(unit))
+        config = dataclasses.replace(self.run.schedule, start_step=start_step, num_steps=num_steps)
+        return Driver(config, executor, profiler=profiler, trace=trace)
 
     def on_result(self, task: Task, values: list) -> None:
         m = self.metrics[task.step]
@@ -147,12 +168,14 @@ class DigenRLTrainer:
 
     def step_log(self, result) -> dict[str, float]:
         m = self.metrics.pop(result.step)
-        r = np.array(list(m.rewards.values()), dtype=np.float64)
+        r_all = np.array(list(m.rewards.values()), dtype=np.float64)
+        r = r_all[np.isfinite(r_all)]
         rows = max(m.loss.get("rows", 0.0), 1.0)
         samples = self.run.prompts_per_step * self.run.n
         out = {
             "reward/mean": float(r.mean()) if r.size else float("nan"),
             "reward/std": float(r.std()) if r.size else float("nan"),
+            "reward/nonfinite_samples": int(r_all.size - r.size),
             "actor/pg_loss": m.loss.get("pg_sum", 0.0) / rows,
             "actor/kl_loss": m.loss.get("kl_sum", 0.0) / rows,
             "actor/pg_clipfrac": m.loss.get("clipped", 0.0) / rows,
@@ -169,16 +192,96 @@ class DigenRLTrainer:
         return out
 
     # ------------------------------------------------------------------------------------- train
+    def segments(self) -> list[tuple[int, int]]:
+        """[start, end) step ranges; each ends at a checkpoint step (`trainer.save_freq`) or the run's end.
+
+        The driver runs one segment at a time, so a checkpoint is taken at a drained boundary: no
+        micro-batch of the next step is generated or queued yet (the TCSS queue is empty)."""
+        start, end = self.run.start_step, self.run.start_step + self.run.num_steps
+        freq = int(self.cfg.trainer.save_freq or -1)
+        cuts = sorted({k for k in range(start + 1, end) if freq > 0 and k % freq == 0} | {end})
+        return list(zip([start, *cuts[:-1]], cuts))
+
     def train(self) -> None:
         from digenrl_verl.trainer.reporting import RunReporter
 
         self.reporter = RunReporter(self.output_dir, self.cfg.trainer.project_name, self.cfg.trainer.experiment_name,
                                     loggers=list(self.cfg.trainer.logger), total_steps=self.run.num_steps)
         self.t_start = self.executor.now()
-        for result in self.driver.iter_steps():
-            self.results.append(result)
-            self.reporter.log_step(result.step, self.step_log(result))
+        self.nonfinite_run = 0
+        save = int(self.cfg.trainer.save_freq or -1) > 0
+        for start, end in self.segments():
+            self.driver = self.make_driver(self.executor, start, end - start)
+            for result in self.driver.iter_steps():
+                self.results.append(result)
+                log = self.step_log(result)
+                self.reporter.log_step(result.step, log)
+                self.check_finite(result.step, log)
+            if save:
+                self.save_checkpoint(end)
         self.t_end = self.executor.now()
+
+    def check_finite(self, step: int, log: dict[str, float]) -> None:
+        """Count consecutive steps with non-finite rewards or a skipped (non-finite) update; stop on a run."""
+        bad = log.get("reward/nonfinite_samples", 0) > 0 or log.get("actor/skipped_step", 0) > 0
+        self.nonfinite_run = self.nonfinite_run + 1 if bad else 0
+        limit = self.run.digenrl.max_nonfinite_steps
+        if self.nonfinite_run >= limit:
+            raise NonFiniteError(
+                f"{self.nonfinite_run} consecutive steps (up to step {step}) had NaN/inf rewards or gradients "
+                f"(limit trainer.digenrl.max_nonfinite_steps={limit}); the weights stay finite (those samples were "
+                "dropped and non-finite updates skipped), but the run is not learning: check the reward function "
+                "and the learning rate")
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, step: int | None = None) -> Path:
+        """Checkpoint the trainer state; `step` None = whatever version the trainer holds now."""
+        import ray
+
+        from digenrl_verl.trainer.checkpoint import CheckpointWriter
+
+        writer = CheckpointWriter(self.cfg.trainer.default_local_dir, keep=self.cfg.trainer.max_ckpt_to_keep)
+        tmp = writer.begin(step if step is not None else 0)
+        trainers = [a for w, a in self.workers.items() if w.startswith(("trn:", "col:"))]
+        version = ray.get(trainers[0].save_checkpoint.remote(str(tmp)))
+        if step is not None and version != step:
+            raise RuntimeError(f"checkpoint of step {step} found the trainer at version {version}")
+        if step is None:  # the directory name must say which step this is
+            import shutil
+
+            shutil.rmtree(tmp)
+            tmp = writer.begin(version)
+            ray.get(trainers[0].save_checkpoint.remote(str(tmp)))
+        meta = {
+            "global_step": version, "policy_version": version,
+            "data_cursor": version * self.run.prompts_per_step,
+            "prompts_per_step": self.run.prompts_per_step, "n": self.run.n,
+            "tcss": {"staleness": self.run.schedule.staleness, "queued_microbatches": []},
+            "cost_profile": self.driver.profiler.snapshot() if self.driver is not None else {},
+            "architecture": self.run.architecture,
+        }
+        path = writer.commit(tmp, version, meta)
+        self.last_checkpoint = path
+        return path
+
+    def load_checkpoint(self, path: Path) -> int:
+        """Restore every worker from `path` (trainers: weights + optimizer + RNG; generators: weights)."""
+        import ray
+
+        from digenrl_verl.trainer.checkpoint import read_meta
+
+        meta = read_meta(path)
+        for key in ("prompts_per_step", "n"):
+            want = getattr(self.run, key)
+            if meta[key] != want:
+                raise ValueError(f"checkpoint {path} was written with {key}={meta[key]}, this run uses {want}; "
+                                 "resume with the same data.train_batch_size and rollout.n (or trainer.resume_mode=disable)")
+        version = int(meta["policy_version"])
+        refs = [a.load_checkpoint.remote(str(path), version) if w.startswith(("trn:", "col:"))
+                else a.load_weights.remote(str(path), version) for w, a in self.workers.items()]
+        ray.get(refs)
+        self.cost_profile = dict(meta.get("cost_profile", {}))
+        return version
 
     def finish(self) -> dict[str, Any]:
         """Trace, timeline, summary table; returns the summary."""
@@ -212,12 +315,25 @@ class DigenRLTrainer:
         (self.output_dir / "summary.json").write_text(json.dumps({"summary": summary, "workers": workers}, indent=1))
         return summary
 
-    def fit(self) -> dict[str, Any]:
+    def fit(self, resume_from: Path | None = None) -> dict[str, Any]:
+        """Run to the end. On Ctrl-C / SIGTERM (KeyboardInterrupt): flush outputs, checkpoint, re-raise."""
         self.start_ray()
         self.build_workers()
+        if resume_from is not None:
+            version = self.load_checkpoint(resume_from)
+            if version != self.run.start_step:
+                raise ValueError(f"checkpoint {resume_from} holds step {version}, the run was built for step "
+                                 f"{self.run.start_step}")
         self.executor = self.make_executor()
-        self.driver = self.make_driver(self.executor)
-        self.train()
+        try:
+            self.train()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.t_end = self.executor.now()
+            if self.driver is not None:
+                self.save_checkpoint(None)
+                self.finish()
+            raise
         return self.finish()
 
     def shutdown(self) -> None:

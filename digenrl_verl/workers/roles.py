@@ -125,6 +125,14 @@ class SamplingMixin:
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.trainable().items()}
 
+    def load_weights(self, path: str, version: int) -> int:
+        """Load the trainable weights of a checkpoint directory; the worker then holds `version`."""
+        from digenrl_verl.trainer.checkpoint import load_trainer_state
+
+        load_trainer_state(path, self.trainable(), None)
+        self.version = version
+        return version
+
 
 class ScoringMixin:
     """Holds the reward functions and scores decoded samples."""
@@ -183,6 +191,25 @@ class TrainingMixin:
         out = dict(vars(stats))
         out["stale_rows"] = float((data.batch["policy_version"] < self.version).sum()) * traj.num_steps
         return out
+
+    def save_checkpoint(self, path: str) -> int:
+        """Rank 0 writes weights, optimizer moments and RNG into `path`; returns the version saved.
+
+        Actor calls run one at a time, so this sees the state after the last completed optimizer step
+        (gradients accumulated since are transient and not saved)."""
+        if self.rank == 0:
+            from digenrl_verl.trainer.checkpoint import save_trainer_state
+
+            save_trainer_state(path, self.trainable(), self.optimizer)
+        return self.version
+
+    def load_checkpoint(self, path: str, version: int) -> int:
+        from digenrl_verl.trainer.checkpoint import load_trainer_state
+
+        load_trainer_state(path, self.trainable(), self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version = version
+        return version
 
     def opt_step(self, version: int) -> dict[str, float]:
         """All-reduce the accumulated gradients, clip, step; the weights become `version`."""

@@ -1,0 +1,141 @@
+"""Checkpoints: atomic directories of safetensors + JSON; never pickle.
+
+A checkpoint of global step k (the state after k optimizer steps, policy version k) is a directory
+`<root>/global_step_<k>/`:
+
+| file | content |
+|---|---|
+| `model.safetensors` | the trainable weights (LoRA adapters, or the whole transformer) |
+| `optimizer.safetensors` | AdamW moments per parameter (`<i>.exp_avg`, `<i>.exp_avg_sq`, `<i>.step`) |
+| `optimizer.json` | param groups (lr, betas, ...) and parameter names in optimizer order |
+| `rng.safetensors` | torch CPU RNG state of the trainer |
+| `meta.json` | global step, policy version, data cursor, TCSS state, cost-profile snapshot, config |
+
+Atomicity: everything is written into `global_step_<k>.tmp-<id>/` and renamed into place once complete
+(rename is atomic on one file system), so a crash mid-write leaves only a `.tmp-` directory that
+`latest_checkpoint` ignores. Keep-last-N removes older complete checkpoints after the new one is in place.
+
+The runner checkpoints at a drained step boundary: the driver runs in segments that end at checkpoint
+steps, so no micro-batch of step k+1 is in flight or queued (the TCSS queue is empty) when step k is saved.
+`meta.json` records that state explicitly (`tcss.queued_microbatches = []`); resuming rebuilds the
+driver at step k with version k, which replays exactly what an uninterrupted run does after its own
+checkpoint at step k.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"global_step_{step}"
+
+
+def latest_checkpoint(root: str | Path | None) -> Path | None:
+    """The complete checkpoint with the highest step under `root` (temporary directories are ignored)."""
+    if root is None or not Path(root).is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in Path(root).iterdir()
+             if (m := STEP_DIR.match(p.name)) and (p / "meta.json").is_file()]
+    return max(found)[1] if found else None
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
+def save_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Parameter],
+                       optimizer: torch.optim.Optimizer) -> None:
+    """Weights, optimizer moments and RNG of one trainer rank into `path` (an existing directory)."""
+    path = Path(path)
+    names = list(named_params)
+    save_file({k: v.detach().cpu().contiguous() for k, v in named_params.items()}, str(path / "model.safetensors"))
+    index = {id(p): i for i, p in enumerate(named_params.values())}
+    tensors: dict[str, torch.Tensor] = {}
+    for p, state in optimizer.state.items():
+        i = index[id(p)]
+        for key, value in state.items():
+            t = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"{i}.{key}"] = t.detach().cpu().contiguous()
+    save_file(tensors, str(path / "optimizer.safetensors"))
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    (path / "optimizer.json").write_text(json.dumps({"param_names": names, "param_groups": groups}, default=list))
+    save_file({"torch_cpu": torch.get_rng_state()}, str(path / "rng.safetensors"))
+
+
+def load_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Parameter],
+                       optimizer: torch.optim.Optimizer | None) -> None:
+    """Inverse of `save_trainer_state` (weights always; optimizer and RNG when an optimizer is given)."""
+    path = Path(path)
+    weights = load_file(str(path / "model.safetensors"))
+    if set(weights) != set(named_params):
+        missing, extra = sorted(set(named_params) - set(weights)), sorted(set(weights) - set(named_params))
+        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {extra[:5]} "
+                         "(was it written for another model or LoRA config?)")
+    with torch.no_grad():
+        for k, p in named_params.items():
+            p.copy_(weights[k])
+    if optimizer is None:
+        return
+    meta = json.loads((path / "optimizer.json").read_text())
+    if meta["param_names"] != list(named_params):
+        raise ValueError(f"checkpoint {path}: optimizer parameter order differs from the model's")
+    moments = load_file(str(path / "optimizer.safetensors"))
+    params = list(named_params.values())
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in moments.items():
+        i, name = key.split(".", 1)
+        state.setdefault(int(i), {})[name] = t
+    optimizer.state.clear()
+    for i, s in state.items():
+        optimizer.state[params[i]] = {k: v.clone() for k, v in s.items()}
+    for group, saved in zip(optimizer.param_groups, meta["param_groups"]):
+        group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
+    torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_cpu"])
+
+
+class CheckpointWriter:
+    """Writes checkpoints atomically under `root` and keeps the last `keep` of them."""
+
+    def __init__(self, root: str | Path, keep: int | None = 2) -> None:
+        self.root = Path(root)
+        self.keep = keep
+
+    def begin(self, step: int) -> Path:
+        """A fresh temporary directory to fill for `step`."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f"global_step_{step}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, tmp: Path, step: int, meta: Mapping[str, Any]) -> Path:
+        """Write meta.json last, fsync, rename into place, prune old checkpoints."""
+        meta_path = tmp / "meta.json"
+        with open(meta_path, "w") as f:
+            json.dump(dict(meta), f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        final = checkpoint_dir(self.root, step)
+        if final.exists():  # re-saving a step (e.g. interrupt right after a periodic save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        if not self.keep or self.keep < 1:
+            return
+        done = sorted((int(m.group(1)), p) for p in self.root.iterdir() if (m := STEP_DIR.match(p.name)))
+        for _, p in done[: max(0, len(done) - self.keep)]:
+            shutil.rmtree(p, ignore_errors=True)

@@ -20,7 +20,19 @@ ALGORITHMS = ("flow_grpo", "dance_grpo")
 ROLLOUT_BACKENDS = ("diffusers", "vllm_omni")
 
 # verl-omni keys we accept so its recipes parse, but whose features we do not implement: enabling one
-# fails with this message (never silently ignored). value → predicate telling that the feature is ON.
+# fails with the message (never silently ignored). The first element tells when the feature is ON: a value
+# (ON when equal), "!value" (ON when different), or a predicate `(value, cfg) -> bool`.
+def _algorithm(cfg: DictConfig) -> Any:  # (an unknown model.algorithm is reported by build_run itself)
+    return OmegaConf.select(cfg, "actor_rollout_ref.model.algorithm", default=None)
+
+
+def _any_gpu_pool(cfg: DictConfig) -> bool:
+    pools = OmegaConf.select(cfg, "trainer.digenrl.pools", default=None) or {}
+    return any(bool((spec or {}).get("use_gpu")) for spec in pools.values())
+
+
+_BACKENDS_OK = ("naive", "nccl")  # our weight sync is a torch.distributed group (gloo on CPU, NCCL on GPU)
+_PIXEL_OUTPUTS = ("image", "video", "pil", "np", "pt")
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "reward.reward_model.enable": (True, "model-based rewards served as vLLM replicas are not supported; use "
                                    "reward.reward_functions or reward.custom_reward_function"),
@@ -31,9 +43,52 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
         "!1", "Ulysses sequence parallelism is not supported; set it to 1"),
     "algorithm.trainer_type": ("!policy_gradient", "only trainer_type=policy_gradient is supported"),
     "algorithm.sample_source": ("!online", "only online sampling is supported"),
+    "algorithm.adv_estimator": (lambda v, cfg: v not in ALGORITHMS and v != _algorithm(cfg),
+                                f"only the group-relative estimators {list(ALGORITHMS)} are implemented"),
+    "actor_rollout_ref.actor.diffusion_loss.loss_mode": (
+        lambda v, cfg: v not in ALGORITHMS and v != _algorithm(cfg),
+        f"only the clipped Flow-GRPO/DanceGRPO loss {list(ALGORITHMS)} is implemented"),
     "trainer.use_v1": (True, "verl-omni's v1 trainer selection does not apply: select DigenRL with "
-                       "trainer.digenrl.mode=disaggregated on this entry point"),
+                       "trainer.digenrl.mode=disaggregated on this entry point (or trainer.v1.trainer_mode=digenrl "
+                       "on verl-omni's entry point, see digenrl_verl.integrations.verl_omni)"),
+    "trainer.val_before_train": (True, "validation runs are not implemented; set it to false"),
+    "trainer.test_freq": (lambda v, cfg: isinstance(v, int) and v > 0,
+                          "validation runs are not implemented; set it to -1"),
+    "trainer.device": (lambda v, cfg: v not in ("cpu", "cuda", "gpu") or (v != "cpu" and not _any_gpu_pool(cfg)),
+                       "valid devices: cpu, cuda (alias gpu); cuda needs GPU pools: set "
+                       "trainer.digenrl.pools.<role>.use_gpu=true, or trainer.device=cpu"),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": (
+        "!1", "tensor-parallel generation is not implemented: each generator rank holds a whole model; set it to 1"),
+    "actor_rollout_ref.rollout.data_parallel_size": ("!1", "generation is data parallel over "
+                                                     "trainer.digenrl.pools.generator; set it to 1"),
+    "actor_rollout_ref.rollout.nnodes": (
+        lambda v, cfg: isinstance(v, int) and v > 0
+        and OmegaConf.select(cfg, "trainer.digenrl.mode", default="colocated") != "disaggregated",
+        "standalone rollout nodes are verl-omni's separate layout: set trainer.digenrl.mode=disaggregated and size "
+        "trainer.digenrl.pools.generator / .trainer"),
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": (
+        lambda v, cfg: v not in _BACKENDS_OK, f"weights sync through our process group; valid: {list(_BACKENDS_OK)}"),
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": (
+        lambda v, cfg: v is not None, "custom checkpoint-engine backends are not supported; set it to null"),
+    "actor_rollout_ref.rollout.pipeline.video_flow_shift": (
+        lambda v, cfg: v is not None, "the flow shift comes from the model's scheduler_config.json; set it to null "
+        "(or edit the scheduler config of the model directory)"),
+    "actor_rollout_ref.rollout.pipeline.aspect_ratio": (
+        lambda v, cfg: v is not None, "give actor_rollout_ref.rollout.pipeline.height/width instead"),
+    "actor_rollout_ref.rollout.pipeline.output_type": (
+        lambda v, cfg: v not in _PIXEL_OUTPUTS, f"rewards score decoded pixels; valid: {list(_PIXEL_OUTPUTS)}"),
 }
+
+# verl-omni keys that are accepted but have no effect here (memory/engine hints of its FSDP and vLLM engines):
+# a non-default value warns once per run, so nothing is ignored silently. key → (default, why).
+NO_EFFECT: dict[str, tuple[Any, str]] = {
+    "actor_rollout_ref.actor.fsdp_config.param_offload": (False, "parameter CPU offload is not implemented"),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": (False, "optimizer CPU offload is not implemented"),
+    "actor_rollout_ref.rollout.layered_summon": (False, "weights reach the generators through the trainer → "
+                                                 "generator process group, not vLLM's layered summon"),
+}
+# verl-omni pipeline keys that PipelineConfig does not take (validated through UNSUPPORTED above).
+VERL_OMNI_PIPELINE_KEYS = ("frame_rate", "video_flow_shift", "aspect_ratio", "output_type")
 
 
 def _key(cfg: DictConfig, dotted: str, default: Any = None) -> Any:
@@ -219,13 +274,23 @@ class RunSpec:
 
 
 def _check_unsupported(cfg: DictConfig) -> None:
+    """ValueError naming the first UNSUPPORTED key that is ON; a warning per NO_EFFECT key set off its default."""
+    import warnings
+
     for dotted, (bad, why) in UNSUPPORTED.items():
         v = OmegaConf.select(cfg, dotted, default=None)
         if v is None:
             continue
-        on = (v != bad[1:] and str(v) != bad[1:]) if isinstance(bad, str) and bad.startswith("!") else v == bad
+        if callable(bad):
+            on = bad(v, cfg)
+        else:
+            on = (v != bad[1:] and str(v) != bad[1:]) if isinstance(bad, str) and bad.startswith("!") else v == bad
         if on:
             raise ValueError(f"{dotted}={v!r} is not supported by digenrl_verl: {why}")
+    for dotted, (default, why) in NO_EFFECT.items():
+        v = OmegaConf.select(cfg, dotted, default=default)
+        if v != default:
+            warnings.warn(f"{dotted}={v!r} has no effect in digenrl_verl: {why}", UserWarning, stacklevel=3)
 
 
 def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
@@ -321,7 +386,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
                          "cps or dance_sde for training")
     model = dict(_key(cfg, "actor_rollout_ref.model", {}) or {})
     lora = LoraConfig.from_dict(model)
-    pipeline = PipelineConfig.from_dict(pipe)
+    pipeline = PipelineConfig.from_dict({k: v for k, v in pipe.items() if k not in VERL_OMNI_PIPELINE_KEYS})
     dtype = {"fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "float32": "float32",
              "fp16": "float16", "float16": "float16"}
     model_dtype = _key(cfg, "actor_rollout_ref.actor.fsdp_config.model_dtype", "fp32")

@@ -1,0 +1,424 @@
+"""vLLM-Omni generator backend (`actor_rollout_ref.rollout.name=vllm_omni`): GPU only.
+
+Status, honestly: **written, never run.** vLLM-Omni has no CPU execution path (see
+/work/shared/reference/vllm-omni.md §1: its platforms are cuda/rocm/npu/xpu/musa, sleep mode needs the
+CUDA allocator), and no GPU was available while this module was written. The vLLM-facing glue
+(`make_pipeline_class`, `DigenRLWorkerExtension`, `VllmOmniGenerator`) follows the API names of the
+`vllm-omni` 0.30.0 wheel and of verl-omni at commit a1139baf as *read*, not executed; expect to adjust
+names on first contact. The parts that do not touch vLLM — request building, the trajectory pipeline core
+and the output → DataProto mapping — run on CPU and are tested there (tests/integrations).
+
+Importing this module is cheap and safe everywhere: it imports neither `vllm` nor `vllm_omni` at module
+level. `build_run` calls `require_vllm_omni()` when the backend is selected, which fails on CPU (or when the
+packages are missing) with a ValueError naming the key and the fix, before anything tries to import vLLM.
+
+Design (what makes this backend produce the same training data as the diffusers path):
+
+* **One SDE module.** The custom pipeline does not re-implement the sampler: `TrajectoryPipelineCore` calls
+  `digenrl_verl.diffusion.rollout.rollout` — the function the diffusers generator and TAG use — on our
+  `DiffusionAdapter` loaded inside the vLLM-Omni worker. Step kinds, per-sample noise (`SampleKey` seeds) and
+  timestep selection are therefore the same code, so rollout log-probs and the trainer's recomputed log-probs
+  agree up to the numerics of the two devices/dtypes (the trainer recomputes old log-probs whenever the
+  backend is not `diffusers`, see `build_run`'s `recompute_old_log_probs`).
+* **One request per prompt.** `build_requests` groups a shard's rows by prompt uid and sends one request per
+  prompt with `num_outputs_per_prompt` = the number of that prompt's samples on this rank (= rollout.n when a
+  rank holds whole groups), never n requests of batch 1 (verl-omni#83, UniRL#108). Every request of a step has
+  the same sampling-parameter key (size, frames, steps, guidance), so vLLM-Omni's request waves can form.
+* **RL knobs through `extra_args["digenrl"]`**: the rollout config, the global step and the sample indices;
+  the pipeline rebuilds the `SampleKey`s from them.
+* **Weights through a worker extension.** `DigenRLWorkerExtension` (passed as `worker_extension_cls`) joins
+  the trainer → generator process group (`workers.weight_sync`, NCCL on GPU) and receives the trainable
+  weights after each optimizer step. Weights are *staged* and applied only when no request is in flight,
+  so a trajectory is always generated under one policy version.
+* **Versions per sample.** Every output carries the policy version its trajectory was generated with; the
+  generator puts it in `policy_version` [B] of the DataProto, as the diffusers path does.
+
+DataProto keys produced by `outputs_to_batch` (same as `workers.roles.SamplingMixin.generate`):
+latents / next_latents fp32 [B, K, *latent], sigmas / next_sigmas fp32 [B, K], log_probs and
+rollout_log_probs fp32 [B, K], step_index int64 [B, K], final_latents fp32 [B, *latent], sample_id int64 [B],
+policy_version int64 [B]; images (responses) uint8 [B, 3, H, W] or [B, T, 3, H, W].
+
+Pins for GPU use (verl-omni a1139baf's `.github/vllm_omni_pin.txt` and `gpu` extra): vllm==0.27.0 with
+vllm-omni at git 444485650b19; pair vllm X.Y with vllm-omni X.Y.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from digenrl_verl.diffusion.rollout import RolloutConfig, Trajectory
+    from digenrl_verl.models.base import DiffusionAdapter
+    from digenrl_verl.models.config import PipelineConfig
+
+BACKEND_KEY = "actor_rollout_ref.rollout.name"
+ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm_omni"
+#: API names were read from these versions (see the module docstring).
+VLLM_OMNI_API_VERSION = "0.30.0"
+VLLM_OMNI_GIT_PIN = "444485650b19"
+VLLM_PIN = "0.27.0"
+INSTALL_HINT = (f"on a CUDA machine: pip install vllm=={VLLM_PIN} "
+                f"'vllm-omni @ git+https://github.com/vllm-project/vllm-omni@{VLLM_OMNI_GIT_PIN}' "
+                "(verl-omni a1139baf's pins; vllm X.Y must match vllm-omni X.Y)")
+PIPELINE_CLASS = "digenrl_verl.integrations.vllm_omni.DigenRLOmniPipeline"
+WORKER_EXTENSION_CLASS = "digenrl_verl.integrations.vllm_omni.DigenRLWorkerExtension"
+
+
+# ------------------------------------------------------------------------------------------ availability
+def unavailable_reason() -> str | None:
+    """Why the backend cannot run in this process, or None. Never imports vllm / vllm_omni."""
+    missing = [m for m in ("vllm", "vllm_omni") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device (vLLM-Omni has no CPU execution path)"
+    return None
+
+
+def require_vllm_omni() -> None:
+    """ValueError naming `actor_rollout_ref.rollout.name` and the fix when vLLM-Omni cannot run here."""
+    why = unavailable_reason()
+    if why is not None:
+        raise ValueError(f"{BACKEND_KEY}=vllm_omni cannot be used here: {why}. Fix: set {BACKEND_KEY}=diffusers "
+                         f"(the default; runs on CPU and GPU), or install vLLM-Omni {INSTALL_HINT}")
+
+
+# ------------------------------------------------------------------------------------------ requests
+@dataclass
+class OmniRequest:
+    """One vLLM-Omni request: one prompt and all of its samples held by this generator rank.
+
+    Attributes:
+        request_id: unique per request (vLLM needs it).
+        prompt / negative_prompt: the text; the pipeline encodes it with the model's own tokenizers.
+        sampling: fields of `OmniDiffusionSamplingParams` (height, width, num_frames, num_inference_steps,
+            guidance_scale, true_cfg_scale, seed, num_outputs_per_prompt, output_type).
+        extra_args: `{"digenrl": {...}}`: rollout config, global step, uid, sample indices, policy version.
+        rows: positions of this request's samples in the shard, in output order.
+    """
+
+    request_id: str
+    prompt: str
+    negative_prompt: str
+    sampling: dict[str, Any]
+    extra_args: dict[str, Any]
+    rows: list[int] = field(default_factory=list)
+
+    @property
+    def num_outputs(self) -> int:
+        return int(self.sampling["num_outputs_per_prompt"])
+
+    def batching_key(self) -> tuple:
+        """What vLLM-Omni's request waves group on (size, frames, steps, guidance): must be equal in a step."""
+        s = self.sampling
+        return (s.get("height"), s.get("width"), s.get("num_frames"), s.get("num_inference_steps"),
+                s.get("guidance_scale"), s.get("true_cfg_scale"))
+
+
+def rollout_config_to_dict(cfg: "RolloutConfig") -> dict[str, Any]:
+    d = asdict(cfg)
+    if d.get("sde_window_range") is not None:
+        d["sde_window_range"] = list(d["sde_window_range"])
+    return d
+
+
+def rollout_config_from_dict(d: Mapping[str, Any]) -> "RolloutConfig":
+    from digenrl_verl.diffusion.rollout import RolloutConfig
+
+    d = dict(d)
+    if d.get("sde_window_range") is not None:
+        d["sde_window_range"] = tuple(d["sde_window_range"])
+    return RolloutConfig(**d)  # validates
+
+
+def build_requests(prompts: Sequence[str], uids: Sequence[str], sample_indices: Sequence[int], *, step: int,
+                   version: int, pipeline: "PipelineConfig", rollout: "RolloutConfig") -> list[OmniRequest]:
+    """One request per distinct prompt uid of a shard (rows of one uid must share the prompt).
+
+    Args:
+        prompts, uids, sample_indices: the shard's rows (`raw_prompt`, `uid`, `sample_index` of the step batch).
+        step: the global step (part of every sample's `SampleKey`).
+        version: the policy version the schedule expects the generator to hold.
+        pipeline: the resolved sampling settings (same for every request, so waves form).
+        rollout: the rollout config (SDE kind, noise level, selection, seed).
+    """
+    if not (len(prompts) == len(uids) == len(sample_indices)):
+        raise ValueError(f"build_requests: {len(prompts)} prompts, {len(uids)} uids, {len(sample_indices)} indices")
+    by_uid: dict[str, list[int]] = {}
+    for row, uid in enumerate(uids):
+        by_uid.setdefault(str(uid), []).append(row)
+    requests = []
+    for uid, rows in by_uid.items():
+        texts = {prompts[r] for r in rows}
+        if len(texts) != 1:
+            raise ValueError(f"rows of prompt uid {uid!r} carry different prompts: {sorted(texts)}")
+        sampling = {k: v for k, v in dict(
+            height=pipeline.height, width=pipeline.width, num_frames=pipeline.num_frames,
+            num_inference_steps=rollout.num_inference_steps, guidance_scale=pipeline.guidance_scale,
+            true_cfg_scale=pipeline.true_cfg_scale, seed=rollout.seed, num_outputs_per_prompt=len(rows),
+            output_type="pt").items() if v is not None}
+        extra = {"digenrl": {"step": int(step), "uid": uid, "sample_indices": [int(sample_indices[r]) for r in rows],
+                             "version": int(version), "rollout": rollout_config_to_dict(rollout)}}
+        requests.append(OmniRequest(f"digenrl-{step}-{uid}-{uuid.uuid4().hex[:8]}", prompts[rows[0]],
+                                    pipeline.negative_prompt, sampling, extra, rows))
+    return requests
+
+
+# ------------------------------------------------------------------------------------------ pipeline core
+_CORES: list["TrajectoryPipelineCore"] = []  # the cores of this process (the worker extension finds them here)
+
+
+class TrajectoryPipelineCore:
+    """The RL part of the custom vLLM-Omni pipeline, free of vLLM: one request in, trajectories out.
+
+    Runs `digenrl_verl.diffusion.rollout.rollout` on our adapter, so the SDE math, the per-sample noise and
+    the timestep selection are those of the diffusers path. Weight updates are staged and applied between
+    requests (`begin_request`), so every trajectory carries exactly one policy version.
+    """
+
+    def __init__(self, adapter: "DiffusionAdapter", *, version: int = 0, register: bool = True) -> None:
+        self.adapter = adapter
+        self.version = int(version)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._staged: tuple[dict[str, "torch.Tensor"], int] | None = None
+        if register:
+            _CORES.append(self)
+
+    # -- weights --------------------------------------------------------------------------------------
+    def stage_weights(self, state: Mapping[str, "torch.Tensor"], version: int) -> None:
+        """Hold new trainable weights; they apply before the next request starts (at once if idle)."""
+        with self._lock:
+            self._staged = (dict(state), int(version))
+            if self._in_flight == 0:
+                self._apply_staged()
+
+    def _apply_staged(self) -> None:
+        if self._staged is not None:
+            state, version = self._staged
+            self.adapter.load_trainable_state(state)
+            self.version, self._staged = version, None
+
+    # -- requests -------------------------------------------------------------------------------------
+    def run(self, prompt: str, num_outputs: int, extra_args: Mapping[str, Any]) -> dict[str, Any]:
+        """Sample `num_outputs` trajectories of `prompt`.
+
+        Returns a dict: `trajectory` (Trajectory tensors, see the module docstring), `images` uint8,
+        `policy_version` (int), `sample_indices` (list[int]), `step` (int), `uid` (str).
+        """
+        from digenrl_verl.diffusion.noise import SampleKey
+        from digenrl_verl.diffusion.rollout import rollout
+
+        rl = dict(extra_args.get("digenrl") or {})
+        missing = {"step", "uid", "sample_indices", "rollout"} - set(rl)
+        if missing:
+            raise ValueError(f"request extra_args['digenrl'] is missing {sorted(missing)}")
+        indices = [int(i) for i in rl["sample_indices"]]
+        if len(indices) != num_outputs:
+            raise ValueError(f"num_outputs_per_prompt={num_outputs} but {len(indices)} sample indices were sent")
+        cfg = rollout_config_from_dict(rl["rollout"])
+        with self._lock:
+            if self._in_flight == 0:  # never swap weights under a request that is still running
+                self._apply_staged()
+            self._in_flight += 1
+            version = self.version
+        try:
+            want = rl.get("version")
+            if want is not None and int(want) != version:
+                raise RuntimeError(f"vLLM-Omni generator holds policy version {version} but the request asks for "
+                                   f"{want}: a trajectory must carry one version (sync weights first)")
+            keys = [SampleKey(int(rl["step"]), str(rl["uid"]), i) for i in indices]
+            cond = self.adapter.encode_prompts([prompt] * num_outputs)
+            traj = rollout(self.adapter, cond, keys, cfg)
+            images = self.adapter.decode(traj.final_latents)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._apply_staged()
+        return {"trajectory": traj, "images": images, "policy_version": version, "sample_indices": indices,
+                "step": int(rl["step"]), "uid": str(rl["uid"])}
+
+
+def outputs_to_batch(requests: Sequence[OmniRequest], outputs: Sequence[Mapping[str, Any]],
+                     sample_ids: Sequence[int], num_rows: int) -> tuple[dict[str, "torch.Tensor"], "torch.Tensor"]:
+    """Map per-request outputs back to the shard's row order.
+
+    Returns (tensors, images): the DataProto tensors of the module docstring (rows in shard order) and the
+    decoded images [B, ...] uint8.
+    """
+    import torch
+
+    from digenrl_verl.diffusion.rollout import Trajectory
+
+    if len(requests) != len(outputs):
+        raise ValueError(f"{len(requests)} requests but {len(outputs)} outputs")
+    order: list[int] = []
+    parts, images, versions = [], [], []
+    for req, out in zip(requests, outputs):
+        if list(out["sample_indices"]) != list(req.extra_args["digenrl"]["sample_indices"]):
+            raise ValueError(f"request {req.request_id}: outputs for samples {out['sample_indices']}, asked "
+                             f"{req.extra_args['digenrl']['sample_indices']}")
+        order.extend(req.rows)
+        parts.append(out["trajectory"])
+        images.append(out["images"])
+        versions.extend([int(out["policy_version"])] * len(req.rows))
+    if sorted(order) != list(range(num_rows)):
+        raise ValueError(f"requests cover rows {sorted(order)}, expected 0..{num_rows - 1}")
+    inverse = torch.empty(num_rows, dtype=torch.long)
+    inverse[torch.as_tensor(order)] = torch.arange(num_rows)
+    traj = Trajectory.cat(parts).index_select(inverse)
+    tensors = traj.tensors()
+    tensors.update(rollout_log_probs=traj.log_probs, sample_id=torch.as_tensor(list(sample_ids), dtype=torch.int64),
+                   policy_version=torch.as_tensor(versions, dtype=torch.int64)[inverse])
+    return tensors, torch.cat(images)[inverse]
+
+
+# ------------------------------------------------------------------------------------------ vLLM glue (GPU)
+def make_pipeline_class():
+    """The vLLM-Omni custom pipeline class (imports vllm_omni: GPU machines only). UNTESTED.
+
+    Loaded by vLLM-Omni through `enable_dummy_pipeline=True, custom_pipeline_args={"pipeline_class":
+    PIPELINE_CLASS}`. It wraps a `TrajectoryPipelineCore` over our adapter and fills the trajectory fields of
+    vLLM-Omni's `DiffusionOutput` (`trajectory_latents`, `trajectory_timesteps`, `trajectory_log_probs`) plus
+    `metadata["rl"]` with the full per-sample record.
+    """
+    require_vllm_omni()
+    import torch
+    from vllm_omni.outputs import DiffusionOutput  # noqa: F401  (API name per vllm-omni 0.30.0; unverified)
+
+    from digenrl_verl.models.config import PipelineConfig
+    from digenrl_verl.models.registry import load_adapter
+
+    class _DigenRLOmniPipeline(torch.nn.Module):
+        """vLLM-Omni pipeline: one request = one prompt × num_outputs_per_prompt trajectories."""
+
+        supports_request_batch = False  # one request runs at a time; prompts batch inside a request
+
+        def __init__(self, od_config: Any, **kwargs: Any) -> None:
+            super().__init__()
+            args = dict(getattr(od_config, "custom_pipeline_args", None) or {})
+            adapter = load_adapter(args.get("model", getattr(od_config, "model", None)),
+                                   pipeline=PipelineConfig.from_dict(args.get("pipeline", {})),
+                                   dtype=getattr(torch, args.get("dtype", "bfloat16")), device="cuda",
+                                   keep_reference=False)
+            self.core = TrajectoryPipelineCore(adapter, version=int(args.get("start_version", 0)))
+
+        @torch.no_grad()
+        def forward(self, req: Any) -> Any:
+            from vllm_omni.outputs import DiffusionOutput
+
+            params = req.sampling_params
+            out = self.core.run(req.prompt, int(params.num_outputs_per_prompt), dict(params.extra_args or {}))
+            traj = out["trajectory"]
+            rl = {k: v.cpu() for k, v in traj.tensors().items()}
+            rl.update(policy_version=out["policy_version"], sample_indices=out["sample_indices"],
+                      sde_type=traj.sde_type, noise_level=traj.noise_level)
+            return DiffusionOutput(images=out["images"], trajectory_latents=rl["next_latents"],
+                                   trajectory_timesteps=rl["sigmas"], trajectory_log_probs=rl["log_probs"],
+                                   multimodal_output={"metadata": {"rl": rl}})
+
+    return _DigenRLOmniPipeline
+
+
+def __getattr__(name: str) -> Any:  # `DigenRLOmniPipeline` resolves lazily (vLLM-Omni imports it by name)
+    if name == "DigenRLOmniPipeline":
+        return make_pipeline_class()
+    raise AttributeError(name)
+
+
+class DigenRLWorkerExtension:
+    """Mixed into vLLM-Omni's worker (`worker_extension_cls=WORKER_EXTENSION_CLASS`); called through
+    `collective_rpc`. UNTESTED on vLLM; the weight path itself is `workers.weight_sync` (tested on CPU/gloo).
+
+    The extension finds the pipeline core of its process through the module registry, so it does not depend
+    on vLLM-Omni's worker internals.
+    """
+
+    def digenrl_join(self, spec: Any, generator_rank: int) -> int:
+        """Join the trainer → generator process group as generator `generator_rank` (NCCL on GPU)."""
+        from digenrl_verl.workers.weight_sync import Collectives
+
+        self._digenrl_collectives = Collectives(spec, "generator", generator_rank)
+        return self._digenrl_collectives.global_rank
+
+    def digenrl_receive_weights(self, version: int) -> int:
+        """Receive the trainable weights broadcast by trainer rank 0 and stage them as `version`."""
+        core = _active_core()
+        buffers = {k: v.detach().clone() for k, v in core.adapter.trainable_state(device=None).items()}
+        self._digenrl_collectives.receive_weights(buffers)
+        core.stage_weights(buffers, version)
+        return version
+
+    def digenrl_version(self) -> int:
+        return _active_core().version
+
+
+def _active_core() -> TrajectoryPipelineCore:
+    if len(_CORES) != 1:
+        raise RuntimeError(f"expected one DigenRL pipeline core in this vLLM-Omni worker, found {len(_CORES)}")
+    return _CORES[0]
+
+
+class VllmOmniGenerator:
+    """Driver side of the backend: owns an `AsyncOmni` engine and turns shards into trajectories. UNTESTED.
+
+    Args:
+        model_path: the diffusers directory (`actor_rollout_ref.model.path`).
+        pipeline / rollout: the run's `PipelineConfig` / `RolloutConfig`.
+        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni` (e.g. max_num_seqs, step_execution).
+        dtype: rollout dtype (`actor_rollout_ref.rollout.dtype`).
+    """
+
+    def __init__(self, model_path: str, pipeline: "PipelineConfig", rollout: "RolloutConfig",
+                 engine_kwargs: Mapping[str, Any] | None = None, dtype: str = "bfloat16", start_version: int = 0):
+        require_vllm_omni()
+        from vllm_omni import AsyncOmni  # API name per vllm-omni 0.30.0 (unverified here)
+
+        self.pipeline, self.rollout = pipeline, rollout
+        custom = {"pipeline_class": PIPELINE_CLASS, "model": model_path, "dtype": dtype,
+                  "start_version": start_version,
+                  "pipeline": {k: v for k, v in asdict(pipeline).items() if v is not None}}
+        kwargs = {"max_num_seqs": 8, **dict(engine_kwargs or {})}
+        self.engine = AsyncOmni(model=model_path, enable_dummy_pipeline=True, custom_pipeline_args=custom,
+                                worker_extension_cls=WORKER_EXTENSION_CLASS, **kwargs)
+
+    async def generate(self, prompts: Sequence[str], uids: Sequence[str], sample_indices: Sequence[int],
+                       sample_ids: Sequence[int], *, step: int, version: int):
+        """All requests of a shard concurrently; returns (tensors, images) in shard order."""
+        import asyncio
+
+        from vllm_omni.inputs.data import OmniDiffusionSamplingParams  # unverified path
+
+        requests = build_requests(prompts, uids, sample_indices, step=step, version=version,
+                                  pipeline=self.pipeline, rollout=self.rollout)
+
+        async def one(req: OmniRequest) -> Mapping[str, Any]:
+            params = OmniDiffusionSamplingParams(**req.sampling, extra_args=req.extra_args)
+            final = None
+            async for out in self.engine.generate({"prompt": req.prompt, "negative_prompt": req.negative_prompt},
+                                                  params, request_id=req.request_id):
+                final = out
+            rl = final.multimodal_output["metadata"]["rl"]
+            from digenrl_verl.diffusion.rollout import Trajectory
+
+            traj = Trajectory.from_tensors(rl, rl["sde_type"], rl["noise_level"])
+            return {"trajectory": traj, "images": final.images, "policy_version": rl["policy_version"],
+                    "sample_indices": rl["sample_indices"]}
+
+        outputs = await asyncio.gather(*(one(r) for r in requests))
+        return outputs_to_batch(requests, outputs, sample_ids, len(prompts))
+
+    def join(self, spec: Any, generator_rank: int) -> None:
+        self.engine.collective_rpc("digenrl_join", args=(spec, generator_rank))
+
+    def receive_weights(self, version: int) -> None:
+        self.engine.collective_rpc("digenrl_receive_weights", args=(version,))

@@ -61,6 +61,10 @@ from digenrl_verl.schedule.trace import Decision, Trace, format_action
 from digenrl_verl.schedule.types import Assignment, Completion, Executor, ScheduleError, Task, TaskKind
 
 
+MAX_TASK_RETRIES = 2
+"""A micro-batch whose GEN/TAG/SCORE raises on live workers is retried this many times, then the run stops."""
+
+
 class MbStatus(enum.Enum):
     PENDING = "pending"
     GENERATING = "generating"
@@ -78,6 +82,7 @@ class _Mb:
     gen_version: int | None = None
     stale: bool = False
     retries: int = 0
+    errors: int = 0  # failures on live workers (bounded by MAX_TASK_RETRIES)
 
 
 @dataclass
@@ -206,6 +211,14 @@ class Driver:
     def run(self) -> list[StepResult]:
         """Run every remaining step."""
         return list(self.iter_steps())
+
+    def mark_dead(self, workers: Sequence[str]) -> None:
+        """Workers already lost before this driver started (e.g. in an earlier segment of the same run)."""
+        new = set(workers) - self.dead
+        if new & set(self.trn_workers):
+            raise ScheduleError(f"cannot run without trainer worker(s) {sorted(new & set(self.trn_workers))}")
+        self.dead |= new
+        self._lanes = self._cut_lanes()
 
     @property
     def lanes(self) -> list[tuple[str, ...]]:
@@ -613,6 +626,15 @@ class Driver:
                 raise self._error(f"trainer worker(s) {sorted(dead & set(self.trn_workers))} died during "
                                   f"{task.label} (id {task.task_id}); accumulated gradients are lost", task)
             self._lanes = self._cut_lanes()
+        elif task.microbatch is not None and task.kind in (TaskKind.GEN, TaskKind.TAG_GEN, TaskKind.SCORE):
+            # the workers are alive but the task raised (a bug, a bad reward function...): retrying the
+            # same work forever would hang the run, so a micro-batch gets MAX_TASK_RETRIES attempts
+            m = self.steps[task.step].mbs[task.microbatch]
+            m.errors += 1
+            if m.errors > MAX_TASK_RETRIES:
+                raise self._error(f"{task.label} (id {task.task_id}) failed {m.errors} times on live workers "
+                                  f"{', '.join(task.workers)}; last error: {c.info.get('reason', 'no reason given')}",
+                                  task)
         if task.kind in (TaskKind.GEN, TaskKind.TAG_GEN) or (task.kind == TaskKind.SCORE and c.info.get("data_lost")):
             self._requeue_generation(task)
         elif task.kind == TaskKind.SCORE:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 WORKER_ENV = {
     "TORCH_COMPILE_DISABLE": "1",
@@ -10,6 +11,7 @@ WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
 }
 
 
@@ -25,10 +27,18 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
         resources: custom resources this node advertises (heterogeneous placement tests).
     """
     import ray
+    from ray._private import ray_constants
 
+    # Ray turns 127.0.0.1 into the machine's routable address unless it believes multi-node clusters are
+    # off; a trainer-started cluster is single-node, so keep every Ray service on loopback.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
     env = dict(WORKER_ENV, OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
     for k, v in env.items():
         os.environ.setdefault(k, v)
+    # ray.init replaces the process's SIGTERM handler with one that aborts; keep the caller's (the trainer
+    # checkpoints and flushes its outputs on SIGTERM).
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -39,3 +49,6 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
         log_to_driver=True,
         logging_level="WARNING",
     )
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)

@@ -147,7 +147,10 @@ class DigenRLTrainer:
                 kind, _, cls = key.partition("@")
                 profiler.seed(TaskKind(kind), cls, float(unit))
         config = dataclasses.replace(self.run.schedule, start_step=start_step, num_steps=num_steps)
-        return Driver(config, executor, profiler=profiler, trace=trace)
+        driver = Driver(config, executor, profiler=profiler, trace=trace)
+        if previous is not None:
+            driver.mark_dead(sorted(previous.dead))
+        return driver
 
     def on_result(self, task: Task, values: list) -> None:
         m = self.metrics[task.step]
@@ -188,6 +191,7 @@ class DigenRLTrainer:
             "schedule/microbatches": result.microbatches, "schedule/tag_microbatches": result.tag_microbatches,
             "schedule/stale_samples": result.stale_samples, "schedule/stale_fraction": result.stale_samples / samples,
             "policy/version": result.version,
+            "workers/dead": len(self.driver.dead) if self.driver is not None else 0,
         }
         return out
 
@@ -294,7 +298,7 @@ class DigenRLTrainer:
         from digenrl_verl.sim.gantt import save_gantt
 
         save_gantt(trace, str(self.output_dir / "timeline.png"), title=f"{self.run.schedule.mode} run")
-        stats = dict(zip(self.workers, ray.get([w.checksum.remote() for w in self.workers.values()])))
+        stats = self.worker_stats()
         wall = self.t_end - self.t_start
         samples = self.run.num_steps * self.run.prompts_per_step * self.run.n
         rewards = [h["reward/mean"] for h in self.reporter.history]
@@ -314,6 +318,19 @@ class DigenRLTrainer:
         self.summary = summary
         (self.output_dir / "summary.json").write_text(json.dumps({"summary": summary, "workers": workers}, indent=1))
         return summary
+
+    def worker_stats(self) -> dict[str, dict[str, Any]]:
+        """checksum() of every worker; a dead worker reports version -1 and no memory figure."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        out = {}
+        for w, actor in self.workers.items():
+            try:
+                out[w] = ray.get(actor.checksum.remote(), timeout=60)
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                out[w] = {"version": -1, "checksum": "", "rss_mb": float("nan"), "busy_s": float("nan"), "dead": True}
+        return out
 
     def fit(self, resume_from: Path | None = None) -> dict[str, Any]:
         """Run to the end. On Ctrl-C / SIGTERM (KeyboardInterrupt): flush outputs, checkpoint, re-raise."""

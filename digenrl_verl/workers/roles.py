@@ -146,7 +146,9 @@ class ScoringMixin:
         t0 = time.perf_counter()
         data = _concat_rows(image_parts, sample_ids)
         nt = data.non_tensor_batch
-        extra = [{"data_source": ds, "uid": u} for ds, u in zip(nt["data_source"], nt["uid"])]
+        # verl-omni's compute_score(data_source, solution_image, ground_truth, extra_info) contract
+        extra = [{"data_source": ds, "extra_info": {"uid": u, "sample_id": int(i), "prompt": p}}
+                 for ds, u, i, p in zip(nt["data_source"], nt["uid"], data.batch["sample_id"], nt["raw_prompt"])]
         scores = self.scorer(data.batch["responses"], list(nt["raw_prompt"]), extra)
         self.busy_s += time.perf_counter() - t0
         return {"sample_ids": list(sample_ids), "scores": [float(x) for x in scores]}

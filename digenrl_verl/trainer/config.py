@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 MODES = ("colocated", "disaggregated")
+DEFAULT_REWARD = {"brightness": 1.0}
 ALGORITHMS = ("flow_grpo", "dance_grpo")
 ROLLOUT_BACKENDS = ("diffusers", "vllm_omni")
 
@@ -51,6 +52,9 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "trainer.use_v1": (True, "verl-omni's v1 trainer selection does not apply: select DigenRL with "
                        "trainer.digenrl.mode=disaggregated on this entry point (or trainer.v1.trainer_mode=digenrl "
                        "on verl-omni's entry point, see digenrl_verl.integrations.verl_omni)"),
+    "actor_rollout_ref.model.lora_adapter_path": (lambda v, cfg: v is not None,
+                                                  "loading a pre-trained LoRA adapter is not supported; set it to "
+                                                  "null (LoRA starts from its seeded init)"),
     "trainer.val_before_train": (True, "validation runs are not implemented; set it to false"),
     "trainer.test_freq": (lambda v, cfg: isinstance(v, int) and v > 0,
                           "validation runs are not implemented; set it to -1"),
@@ -123,7 +127,8 @@ class PoolConfig:
         return self.nnodes * self.workers_per_node
 
 
-SCHEDULE_KEYS = ("mode", "gap", "pipeline", "tsp", "tag", "static_k", "probe_tag", "bts_max_states", "staleness",
+SCHEDULE_KEYS = ("mode", "gap", "pipeline", "tsp", "tag", "static_k", "probe_tag", "bts_max_states", "tcss_guard",
+                 "staleness",
                  "max_stale_fraction", "max_gen_futures", "task_timeout_s")
 SCHEDULE_POOL_NAMES = {"colocated": "col", "generator": "gen", "trainer": "trn"}
 
@@ -313,6 +318,11 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     backend = _key(cfg, "actor_rollout_ref.rollout.name", "diffusers")
     if backend not in ROLLOUT_BACKENDS:
         raise ValueError(f"unknown actor_rollout_ref.rollout.name={backend!r}; valid choices: {list(ROLLOUT_BACKENDS)}")
+    tag = digenrl.schedule.get("tag", "bts")
+    if backend == "vllm_omni" and digenrl.mode == "disaggregated" and tag != "off":
+        raise ValueError(f"trainer.digenrl.tag={tag!r} needs trainer workers that can hold the rollout model, but "
+                         "with actor_rollout_ref.rollout.name=vllm_omni the trainer has no vLLM-Omni engine to "
+                         "generate with; set trainer.digenrl.tag=off (or rollout.name=diffusers)")
     if backend == "vllm_omni":
         from digenrl_verl.integrations.vllm_omni import require_vllm_omni
 
@@ -354,7 +364,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
                          f"to >= {share} or null")
     total_workers = sum(digenrl.pools[r].size for r in digenrl.roles)
     if not any(digenrl.pools[r].use_gpu for r in digenrl.roles):
-        limit = 4 * (os.cpu_count() or 1)
+        limit = max(4 * (os.cpu_count() or 1), 8)
         if total_workers > limit:
             raise ValueError(f"trainer.digenrl.pools: {total_workers} CPU worker processes on a machine with "
                              f"{os.cpu_count()} cores (limit {limit}); shrink pools.*.workers_per_node")
@@ -408,8 +418,11 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     train = TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp_chunk_size,
                       recompute_old_log_probs=bool(recompute))
 
-    reward_fns = dict(_key(cfg, "reward.reward_functions", {}) or {})
     custom = dict(_key(cfg, "reward.custom_reward_function", {}) or {})
+    reward_fns = _key(cfg, "reward.reward_functions")
+    if reward_fns is None:  # the YAML default (a dict default would be struct: no other name could be set)
+        reward_fns = {} if custom.get("path") else dict(DEFAULT_REWARD)
+    reward_fns = dict(reward_fns)
     reward = RewardConfig(reward_functions=reward_fns, aggregation=_key(cfg, "reward.aggregation", "weighted_sum"),
                           custom_reward_function_path=custom.get("path"),
                           custom_reward_function_name=custom.get("name") or "compute_score")

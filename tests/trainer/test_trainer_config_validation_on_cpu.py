@@ -1,0 +1,79 @@
+"""Every bad configuration fails before any worker starts, naming the key, the value and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from digenrl_verl.main import compose, main
+from digenrl_verl.trainer.config import build_run
+
+
+def _build(model_dir, *overrides):
+    return build_run(compose([f"actor_rollout_ref.model.path={model_dir}", *overrides]))
+
+
+DISAGG = "trainer.digenrl.mode=disaggregated"
+
+CASES = [
+    # (overrides, substrings the error must contain)
+    ([DISAGG, "trainer.digenrl.staleness=2"], ["trainer.digenrl.staleness", "2"]),
+    ([DISAGG, "trainer.digenrl.staleness=1", "trainer.digenrl.max_stale_fraction=1.5"],
+     ["trainer.digenrl.max_stale_fraction", "1.5", "[0, 1]"]),
+    (["actor_rollout_ref.rollout.n=1"], ["actor_rollout_ref.rollout.n", "at least 2"]),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], ["ppo_mini_batch_size", "data.train_batch_size"]),
+    ([DISAGG, "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
+     ["ppo_micro_batch_size_per_gpu", "raise it"]),
+    (["actor_rollout_ref.model.algorithm=dpo"], ["actor_rollout_ref.model.algorithm", "flow_grpo"]),
+    (["reward.reward_functions={sharpnezz: 1.0}"], ["sharpnezz", "brightness"]),
+    (["actor_rollout_ref.rollout.algo.sde_type=euler"], ["actor_rollout_ref.rollout.algo.sde_type", "cps"]),
+    (["trainer.digenrl.mode=split"], ["trainer.digenrl.mode", "disaggregated"]),
+    (["actor_rollout_ref.rollout.algo.sde_window_size=9"], ["sde_window_size", "num_inference_steps"]),
+    (["algorithm.timestep_fraction=1.5"], ["algorithm.timestep_fraction", "(0, 1]"]),
+    ([DISAGG, "trainer.digenrl.pools.generator.workers_per_node=0"], ["trainer.digenrl.pools.generator", "empty"]),
+    ([DISAGG, "trainer.digenrl.pools.trainer.workers_per_node=500"], ["trainer.digenrl.pools", "shrink"]),
+    (["reward.reward_functions={}"], ["no reward", "reward.reward_functions"]),
+    ([DISAGG, "data.train_batch_size=1", "actor_rollout_ref.rollout.n=2",
+      "trainer.digenrl.pools.generator.workers_per_node=3"], ["generator ranks", "never get a sample"]),
+    ([DISAGG, "actor_rollout_ref.rollout.name=vllm_omni", "trainer.digenrl.tag=bts"],
+     ["trainer.digenrl.tag", "vllm_omni", "tag=off"]),
+    ([DISAGG, "algorithm.global_std=true"], ["algorithm.global_std", "false"]),
+    (["trainer.total_training_steps=0"], ["trainer.total_training_steps"]),
+]
+
+
+@pytest.mark.parametrize("overrides,needles", CASES, ids=[c[0][-1] for c in CASES])
+def test_bad_config_names_the_key(tiny_flux_dir, overrides, needles):
+    with pytest.raises(ValueError) as err:
+        _build(tiny_flux_dir, *overrides)
+    for needle in needles:
+        assert needle in str(err.value), (needle, str(err.value))
+
+
+def test_unknown_architecture_lists_the_valid_ones(tmp_path):
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "FooPipeline", "_diffusers_version": "0"}))
+    with pytest.raises(ValueError) as err:
+        _build(tmp_path)
+    assert "FooPipeline" in str(err.value) and "FluxPipeline" in str(err.value)
+
+
+def test_model_path_that_is_not_a_diffusers_directory(tmp_path):
+    with pytest.raises(ValueError, match="actor_rollout_ref.model.path"):
+        _build(tmp_path)
+
+
+def test_dry_run_validates_prints_the_plan_and_pools_and_starts_nothing(tiny_flux_dir, capsys):
+    import ray
+
+    assert main([f"actor_rollout_ref.model.path={tiny_flux_dir}", DISAGG, "trainer.digenrl.dry_run=true",
+                 "trainer.digenrl.pools.generator.workers_per_node=2"]) == 0
+    out = capsys.readouterr().out
+    assert "mode: disaggregated; pools: generator: 2 worker(s), trainer: 1 worker(s)" in out
+    assert "tag=bts" in out and "dry run: config valid, no worker started" in out
+    assert not ray.is_initialized() or "digenrl" not in str(ray.util.list_named_actors())
+
+
+def test_bad_config_through_the_entry_point_exits_2_with_the_message(tiny_flux_dir, capsys):
+    assert main([f"actor_rollout_ref.model.path={tiny_flux_dir}", "trainer.digenrl.staleness=3", DISAGG]) == 2
+    assert "trainer.digenrl.staleness" in capsys.readouterr().err

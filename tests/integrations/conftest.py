@@ -1,0 +1,37 @@
+"""Fixtures for the verl-omni compatibility tests: tiny model directories per architecture and stand-in
+reward files for the custom reward paths verl-omni's recipes name."""
+
+from __future__ import annotations
+
+import pytest
+
+ARCHITECTURES = ("QwenImagePipeline", "StableDiffusion3Pipeline", "WanPipeline", "FluxPipeline",
+                 "HunyuanVideoPipeline")
+
+# Stand-ins for verl-omni's genrm_ocr.py / hpsv3_reward.py (those need a served VLM / the HPSv3 model): same
+# file and function names, verl-omni's call signature, a plain image statistic as the score.
+_STAND_IN = '''
+def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
+    """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""
+    return float(solution_image.float().mean() / 255.0)
+'''
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """architecture → a tiny diffusers directory (built once per session)."""
+    from digenrl_verl.models.tiny import build_tiny_model_dir
+
+    root = tmp_path_factory.mktemp("integ_models")
+    return {a: str(build_tiny_model_dir(a, root / a, seed=0)) for a in ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def reward_dir(tmp_path_factory):
+    from digenrl_verl.integrations.verl_omni_recipes import RECIPES
+
+    d = tmp_path_factory.mktemp("integ_rewards")
+    for recipe in RECIPES.values():
+        for file, fn in recipe.reward_files.items():
+            (d / file).write_text(_STAND_IN.format(name=fn))
+    return str(d)

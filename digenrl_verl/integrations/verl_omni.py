@@ -176,17 +176,18 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
 
 
 def _copy_shared(ours: Any, src: Mapping[str, Any], prefix: str) -> None:
+    """Copy `src`'s values into `ours` for every key `ours` has (recursing into non-empty sections)."""
     from omegaconf import DictConfig, OmegaConf
 
     for key in list(ours.keys()):
         dotted = f"{prefix}{key}"
-        if dotted in _THEIR_DEFAULTS_NOT_OURS and (_THEIR_DEFAULTS_NOT_OURS[dotted] is None
-                                                   or _dig(src, dotted) == _THEIR_DEFAULTS_NOT_OURS[dotted]):
-            continue
         if not isinstance(src, Mapping) or key not in src:
             continue
-        node = ours._get_node(key)
         theirs = src[key]
+        if dotted in _THEIR_DEFAULTS_NOT_OURS and (_THEIR_DEFAULTS_NOT_OURS[dotted] is None
+                                                   or theirs == _THEIR_DEFAULTS_NOT_OURS[dotted]):
+            continue
+        node = ours._get_node(key)
         if isinstance(node, DictConfig) and len(node) and isinstance(theirs, Mapping):
             _copy_shared(node, theirs, prefix=f"{dotted}.")
         elif theirs != "???":

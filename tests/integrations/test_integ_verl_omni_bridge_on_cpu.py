@@ -1,0 +1,126 @@
+"""The verl-omni bridge without verl-omni: the install message, lazy imports, and the config translation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from digenrl_verl.integrations import verl_omni as vo
+
+
+def test_not_installed_says_how_to_install_and_which_commit(capsys):
+    assert not vo.verl_omni_available()
+    with pytest.raises(vo.VerlOmniNotInstalled, match="pip install 'verl-omni @ git\\+.*@a1139baf'"):
+        vo.require_verl_omni()
+    with pytest.raises(ImportError, match="a1139baf"):
+        vo.register()
+    assert vo.main(["trainer.v1.trainer_mode=digenrl"]) == 2
+    err = capsys.readouterr().err
+    assert "verl_omni is not installed" in err and "digenrl_verl.main" in err and vo.VERL_OMNI_COMMIT in err
+
+
+_PROBE = textwrap.dedent("""
+    import json, sys
+    import digenrl_verl, digenrl_verl.main, digenrl_verl.trainer.config, digenrl_verl.integrations
+    import digenrl_verl.integrations.verl_omni as vo, digenrl_verl.integrations.vllm_omni as vl
+    from digenrl_verl.main import compose
+    from digenrl_verl.trainer.config import build_run
+    out = {"verl_omni_available": vo.verl_omni_available(), "vllm_reason": vl.unavailable_reason()}
+    try:
+        build_run(compose(["actor_rollout_ref.model.path=" + sys.argv[1], "actor_rollout_ref.rollout.name=vllm_omni"]))
+    except ValueError as e:
+        out["error"] = str(e)
+    out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in ("verl_omni", "vllm", "vllm_omni"))
+    print(json.dumps(out))
+""")
+
+
+def test_importing_the_package_never_imports_verl_omni_or_vllm(tmp_path, tiny_dirs):
+    """Fake `verl_omni`, `vllm` and `vllm_omni` packages that raise when imported sit on the path: the package,
+    the entry point, both integration modules and a build_run that selects the vLLM-Omni backend (on CPU)
+    must only ever *find* them, never import them."""
+    for name in ("verl_omni", "vllm", "vllm_omni"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise RuntimeError('{name} was imported')\n")
+    env_path = f"{tmp_path}"
+    proc = subprocess.run([sys.executable, "-c", _PROBE, tiny_dirs["FluxPipeline"]], capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": env_path})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["imported"] == []
+    assert out["verl_omni_available"] is True  # found (on the path) without being imported
+    assert out["vllm_reason"] == "no CUDA device (vLLM-Omni has no CPU execution path)"
+    assert "actor_rollout_ref.rollout.name=vllm_omni cannot be used here: no CUDA device" in out["error"]
+    assert "set actor_rollout_ref.rollout.name=diffusers" in out["error"]
+
+
+# ------------------------------------------------------------------------------------------ translation
+def _verl_omni_like(**over):
+    """A verl-omni-shaped config (nested dicts), with verl-omni's defaults where ours differ."""
+    cfg = {
+        "data": {"train_batch_size": 4},
+        "actor_rollout_ref": {
+            "model": {"path": over.pop("path"), "algorithm": "flow_grpo", "lora_rank": 0},
+            "actor": {"optim": {"lr": 3e-5}},
+            "rollout": {"name": "diffusers", "n": 2, "tensor_model_parallel_size": 2, "nnodes": 0,
+                        "n_gpus_per_node": 8, "pipeline": {"height": 64, "width": 64, "num_inference_steps": 4,
+                                                           "video_flow_shift": 12, "frame_rate": 24},
+                        "algo": {"noise_level": 0.9, "sde_type": "sde"}},
+        },
+        "reward": {"reward_functions": {}, "custom_reward_function": {"path": None, "name": "compute_score"}},
+        "trainer": {"device": "cpu", "nnodes": 1, "n_gpus_per_node": 2, "total_training_steps": 3,
+                    "val_before_train": True, "use_v1": True, "v1": {"trainer_mode": "digenrl"}},
+    }
+    for dotted, value in over.items():
+        *head, last = dotted.split("__")
+        node = cfg
+        for h in head:
+            node = node.setdefault(h, {})
+        node[last] = value
+    return cfg
+
+
+def test_translation_takes_their_values_and_mode_and_derives_pools(tiny_dirs):
+    from digenrl_verl.trainer.config import build_run
+
+    ours = vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"]))
+    assert ours.trainer.digenrl.mode == "disaggregated" and ours.trainer.use_v1 is False
+    spec = build_run(ours)  # validates: verl-omni's defaults that we do not follow were not carried
+    assert spec.n == 2 and spec.prompts_per_step == 4 and spec.num_steps == 3
+    assert spec.policy.rollout.noise_level == pytest.approx(0.9) and spec.policy.rollout.num_inference_steps == 4
+    assert spec.train.optim.lr == pytest.approx(3e-5) and spec.policy.pipeline.height == 64
+    assert spec.reward.weights() == {vo.VERL_OMNI_DEFAULT_REWARD: 1.0}  # verl-omni's default reward
+    assert {r: (p.size, p.use_gpu) for r, p in spec.digenrl.pools.items()} == {"generator": (1, False),
+                                                                             "trainer": (1, False)}
+    sync = vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__v1__trainer_mode="sync"))
+    assert sync.trainer.digenrl.mode == "colocated" and dict(sync.trainer.digenrl.pools.colocated)["workers_per_node"] == 2
+
+
+def test_translation_carries_explicit_unsupported_values_so_they_fail(tiny_dirs):
+    from digenrl_verl.trainer.config import build_run
+
+    ours = vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"],
+                                               actor_rollout_ref__rollout__tensor_model_parallel_size=4))
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=4"):
+        build_run(ours)
+    with pytest.raises(ValueError, match=r"trainer\.v1\.trainer_mode='separate_async'.*valid here"):
+        vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__v1__trainer_mode="separate_async"))
+
+
+@pytest.mark.parametrize("layout,expect", [
+    ({"trainer": {"device": "cuda", "nnodes": 1, "n_gpus_per_node": 2},
+      "actor_rollout_ref": {"rollout": {"nnodes": 1, "n_gpus_per_node": 2}}}, {"generator": (1, 2), "trainer": (1, 2)}),
+    ({"trainer": {"device": "cuda", "nnodes": 4, "n_gpus_per_node": 8}}, {"generator": (2, 8), "trainer": (2, 8)}),
+    ({"trainer": {"device": "cuda", "nnodes": 1, "n_gpus_per_node": 4}}, {"generator": (1, 2), "trainer": (1, 2)}),
+    ({"trainer": {"device": "cuda", "nnodes": 1, "n_gpus_per_node": 3}}, {"generator": (1, 1), "trainer": (1, 2)}),
+])
+def test_pools_from_verl_omni_layout(layout, expect):
+    pools = vo.pools_from_layout(layout, "disaggregated")
+    assert {r: (p["nnodes"], p["workers_per_node"]) for r, p in pools.items()} == expect
+    assert all(p["use_gpu"] for p in pools.values())
+    with pytest.raises(ValueError, match="at least 2 GPUs"):
+        vo.pools_from_layout({"trainer": {"nnodes": 1, "n_gpus_per_node": 1}}, "disaggregated")

@@ -145,6 +145,7 @@ class DigenRLConfig:
         tsp_chunk_size: rows per TSP forward/backward chunk (0 = all).
         torch_threads: intra-op threads per worker process.
         max_nonfinite_steps: consecutive steps with NaN/inf rewards or losses before the run stops.
+        final_eval_prompts: prompts sampled deterministically (ODE) and scored with the final weights (0 = off).
     """
 
     schedule: dict[str, Any]
@@ -154,6 +155,7 @@ class DigenRLConfig:
     tsp_chunk_size: int = 0
     torch_threads: int = 1
     max_nonfinite_steps: int = 3
+    final_eval_prompts: int = 4
 
     def __post_init__(self) -> None:
         k = "trainer.digenrl"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from digenrl_verl.schedule.types import Task, TaskKind
 from digenrl_verl.trainer.config import RunSpec
@@ -287,6 +288,19 @@ class DigenRLTrainer:
         self.cost_profile = dict(meta.get("cost_profile", {}))
         return version
 
+    def evaluate(self, num_prompts: int) -> dict[str, float]:
+        """Deterministic (ODE) samples of the first prompts with the final weights, scored on the trainer
+        group through the DIGENRL_ASSIGNED dispatch mode (rows dealt round-robin over the ranks)."""
+        if num_prompts <= 0:
+            return {}
+        wg = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
+        k = min(num_prompts, len(self._prompts))
+        batch = make_step_batch(self._prompts[:k], self._sources[:k], list(range(k)), n=1, step=-1)
+        assignment = [list(range(r, k, wg.world_size)) for r in range(wg.world_size)]
+        out = wg.evaluate(batch, assignment)
+        rewards = out.batch["eval_reward"]
+        return {"eval/reward_ode": float(rewards[torch.isfinite(rewards)].mean()) if len(rewards) else float("nan")}
+
     def finish(self) -> dict[str, Any]:
         """Trace, timeline, summary table; returns the summary."""
         import ray
@@ -302,12 +316,14 @@ class DigenRLTrainer:
         wall = self.t_end - self.t_start
         samples = self.run.num_steps * self.run.prompts_per_step * self.run.n
         rewards = [h["reward/mean"] for h in self.reporter.history]
+        final_eval = {} if self.interrupted else self.evaluate(int(self.run.digenrl.final_eval_prompts))
         summary = {
             "mode": self.run.schedule.mode, "steps": self.run.num_steps, "samples": samples, "wall_s": wall,
             "samples_per_s": samples / wall if wall > 0 else float("nan"),
             "utilisation": metrics.utilisation, "bubble_fraction": metrics.bubble_fraction,
             "reward_first": rewards[0] if rewards else float("nan"),
             "reward_last": rewards[-1] if rewards else float("nan"),
+            **final_eval,
             "output_dir": str(self.output_dir),
         }
         workers = [{"worker": w, "busy_s": metrics.per_worker[w].busy if w in metrics.per_worker else 0.0,

@@ -18,6 +18,9 @@ import numpy as np
 Assignment = Sequence[Sequence[int]]
 
 DISPATCH_MODE_NAME = "DIGENRL_ASSIGNED"
+ROWS_KEY = "digenrl_rows"
+"""meta_info key: the step-batch rows a shard holds; a method under this dispatch mode must copy it into
+its output's meta_info so the collect side can restore the sample order."""
 
 
 def validate_assignment(assignment: Assignment, num_rows: int | None = None) -> None:
@@ -44,6 +47,8 @@ def gather_in_sample_order(parts: Sequence, assignment: Assignment):
     for p, rows in nonempty:
         if len(p) != len(rows):
             raise ValueError(f"a rank returned {len(p)} rows for an assignment of {len(rows)}")
+    for p, _ in nonempty:  # per-shard bookkeeping would conflict in DataProto.concat's meta_info check
+        p.meta_info = {k: v for k, v in p.meta_info.items() if k != ROWS_KEY}
     merged = DataProto.concat([p for p, _ in nonempty])
     order = np.concatenate([np.asarray(list(rows), dtype=np.int64) for _, rows in nonempty])
     return merged.select_idxs(np.argsort(order, kind="stable"))
@@ -53,6 +58,8 @@ def _dispatch(worker_group, data, assignment: Assignment, **kwargs):
     if len(assignment) != worker_group.world_size:
         raise ValueError(f"assignment has {len(assignment)} ranks, the worker group {worker_group.world_size}")
     shards = split_by_assignment(data, assignment)
+    for shard, rows in zip(shards, assignment):
+        shard.meta_info = {**shard.meta_info, ROWS_KEY: [int(r) for r in rows]}
     return (shards,), {k: [v] * worker_group.world_size for k, v in kwargs.items()}
 
 
@@ -77,7 +84,7 @@ def _collect(worker_group, outputs):
     if outputs and isinstance(outputs[0], ray.ObjectRef):
         return outputs  # non-blocking call: the caller waits on the refs (see AssignedFuture)
     parts = list(outputs)
-    rows = [p.meta_info.get("digenrl_rows", []) for p in parts]
+    rows = [p.meta_info.get(ROWS_KEY, []) for p in parts]
     return gather_in_sample_order(parts, rows)
 
 

@@ -47,6 +47,7 @@ from digenrl_verl.diffusion.rollout import Trajectory, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
+from digenrl_verl.workers.dispatch import ROWS_KEY, assigned_dispatch_mode
 from digenrl_verl.workers.weight_sync import CollectiveSpec, Collectives, state_checksum
 
 TRAJECTORY_KEYS = ("latents", "next_latents", "sigmas", "next_sigmas", "step_index")
@@ -124,6 +125,34 @@ class SamplingMixin:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.trainable().items()}
+
+    @register(dispatch_mode=assigned_dispatch_mode())
+    def evaluate(self, shard: DataProto) -> DataProto:
+        """Deterministic (ODE, noise 0) samples of the shard's prompts with the current weights, scored.
+
+        Called on a whole worker group as `wg.evaluate(batch, assignment)`: the DIGENRL_ASSIGNED dispatch
+        mode splits the batch by the assignment and gathers the results back in row order. Output keys:
+        `eval_reward` fp32 [B], `responses` uint8 [B, 3, H, W]."""
+        import dataclasses
+
+        nt = shard.non_tensor_batch
+        if len(shard) == 0:
+            return DataProto.from_dict(tensors={"eval_reward": torch.zeros(0)}, meta_info=dict(shard.meta_info))
+        keys = [SampleKey(-1, str(u), int(i)) for u, i in zip(nt["uid"], nt["sample_index"])]
+        cfg = dataclasses.replace(self.policy_spec.rollout, sde_type="ode", noise_level=0.0)
+        traj = rollout(self.adapter, self.adapter.encode_prompts(list(nt["raw_prompt"])), keys, cfg)
+        images = self.adapter.decode(traj.final_latents)
+        scorer = self._scorer()
+        extra = [{"data_source": ds, "extra_info": {"uid": u, "prompt": p}}
+                 for ds, u, p in zip(nt["data_source"], nt["uid"], nt["raw_prompt"])]
+        rewards = scorer(images, list(nt["raw_prompt"]), extra).to(torch.float32)
+        return DataProto.from_dict(tensors={"eval_reward": rewards, "responses": images},
+                                   meta_info={ROWS_KEY: shard.meta_info[ROWS_KEY]})
+
+    def _scorer(self):
+        if getattr(self, "scorer", None) is None:
+            self._build_scorer(self.reward_spec)
+        return self.scorer
 
     def load_weights(self, path: str, version: int) -> int:
         """Load the trainable weights of a checkpoint directory; the worker then holds `version`."""
@@ -260,6 +289,7 @@ class GeneratorWorker(_Base, SamplingMixin, ScoringMixin):
     def __init__(self, policy: PolicySpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__()
         self._build_policy(policy, torch_threads)
+        self.reward_spec = reward
         self._build_scorer(reward)
 
     def receive_weights(self, version: int) -> int:
@@ -287,8 +317,7 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
         self.scorer = None
 
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
-        if self.scorer is None:
-            self._build_scorer(self.reward_spec)
+        self._scorer()
         return super().score(sample_ids, *image_parts)
 
     def send_weights(self, version: int, generators: list[int]) -> int:

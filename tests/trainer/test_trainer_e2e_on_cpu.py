@@ -123,3 +123,19 @@ def test_tcss_run_keeps_its_invariants_and_still_learns(train_run):
     rewards = [h["reward/mean"] for h in t.reporter.history]
     # step means of 8 samples scatter by ~0.003 at this size, so 0.01 between 3-step means is > 5 sigma
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.01, rewards
+
+
+@pytest.mark.slow
+def test_assigned_dispatch_mode_splits_and_gathers_in_row_order(train_run):
+    from digenrl_verl.trainer.data import make_step_batch
+
+    t = train_run(*SMALL, "trainer.total_training_steps=1", "trainer.digenrl.mode=colocated",
+                  "trainer.digenrl.final_eval_prompts=3", name="dispatch")
+    assert np.isfinite(t.summary["eval/reward_ode"])
+    wg = t.worker_groups["colocated"]
+    prompts = ["a red apple", "a blue sky", "a green field", "a white wall", "a black cat"]
+    batch = make_step_batch(prompts, ["t"] * 5, list(range(5)), n=1, step=-1)
+    one_rank = wg.evaluate(batch, [[0, 1, 2, 3, 4], []]).batch["eval_reward"]
+    uneven = wg.evaluate(batch, [[4, 0], [2, 1, 3]]).batch["eval_reward"]
+    assert torch.allclose(one_rank, uneven, atol=1e-4), (one_rank, uneven)
+    assert len(set(one_rank.tolist())) > 1  # distinct prompts, distinct rewards: the order is really checked

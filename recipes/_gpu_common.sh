@@ -56,9 +56,9 @@ digenrl_need_model() {
   [[ -n "${MODEL_PATH:-}" ]] || { echo "recipe: set MODEL_PATH to a local diffusers directory of $1" >&2; exit 2; }
 }
 
-# digenrl_reward <name>: REWARD_OVERRIDES replacing the default reward mix by <name> alone (a dict key cannot be
-# replaced by a dict with other keys in Hydra's struct mode: delete, then add).
+# digenrl_reward <name>: REWARD_OVERRIDES selecting the reward function <name> alone (custom: only the file
+# given by reward.custom_reward_function.path).
 digenrl_reward() {
-  if [[ "$1" == custom ]]; then REWARD_OVERRIDES=("~reward.reward_functions" "+reward.reward_functions={}")
-  else REWARD_OVERRIDES=("~reward.reward_functions" "+reward.reward_functions={$1: 1.0}"); fi
+  if [[ "$1" == custom ]]; then REWARD_OVERRIDES=("reward.reward_functions=null")
+  else REWARD_OVERRIDES=("reward.reward_functions={$1: 1.0}"); fi
 }

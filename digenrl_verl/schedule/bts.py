@@ -337,11 +337,13 @@ class BtsSolver:
                 best = v
         return best, values[TAG], values[SKIP]
 
-    def solve(self, state: BtsState) -> BtsResult:
+    def solve(self, state: BtsState, *, tie_tag: bool = False) -> BtsResult:
         """Decide at a bubble: is inserting one TAG now strictly better than skipping?
 
         The state is first advanced to its decision point (an idle generator with pending work starts
         generating, ready micro-batches are updated); if that is not "now", the answer is skip.
+        ``tie_tag``: when both choices predict the same makespan (relative 1e-9), TAG instead of skip
+        (used by `BtsTag` while it decides on a cold-start prior; the values are unchanged).
         """
         self._states = self._pruned = 0
         self._budget_hit = False
@@ -363,11 +365,15 @@ class BtsSolver:
             skip_v = self._lookahead(st, SKIP)
         finally:
             sys.setrecursionlimit(old_limit)
-        tag_now = offset == 0 and tag_v is not None and tag_v < skip_v
+        if tag_v is None or offset != 0:
+            tag_now = False
+        elif tie_tag:
+            tag_now = tag_v <= skip_v * (1 + 1e-9) + 1e-9
+        else:
+            tag_now = tag_v < skip_v
         best = skip_v if tag_v is None else min(skip_v, tag_v)
         return BtsResult(tag_now, offset + best, None if tag_v is None else offset + tag_v,
                          offset + skip_v, self._states, self._pruned, self._budget_hit)
-
 
     def _lookahead(self, st: _State, choice: int) -> float:
         """``choice`` now, then the better of the no-TAG and static-TAG(x*) rollouts."""

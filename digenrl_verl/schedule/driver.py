@@ -468,14 +468,24 @@ class Driver:
         s_unit = self.profiler.unit_cost(TaskKind.SCORE, gen_cls)
         t_est = self.profiler.estimate(TaskKind.UPDATE, trn_cls, trn_work)
         tag_est = self.profiler.estimate(TaskKind.TAG_GEN, trn_cls, trn_work)
-        costs = None
-        if g_unit is not None and t_est is not None and tag_est is not None and g_unit > 0 and tag_est > 0:
-            rate_g = sum(1.0 / (g_unit * w) for w in lane_works)
-            rate_s = sum(1.0 / (s_unit * w) for w in lane_works) if s_unit else 0.0
-            costs = BtsCosts(gen=1.0 / rate_g, score=(1.0 / rate_s) if rate_s else 0.0, update=t_est,
-                             tag=tag_est)
+        costs = prior = None
+        if tag_est is not None and tag_est > 0:
+            g_known = g_unit is not None and g_unit > 0
+            # cold start (see `BtsTag`): an unfinished GEN has cost at least its elapsed time so far
+            g_bound = g_unit if g_unit is not None and g_known else max(
+                ((now - start) / task.work for task, start in self.in_flight.values() if task.kind == TaskKind.GEN),
+                default=0.0)
+            if g_bound > 0:
+                rate_g = sum(1.0 / (g_bound * w) for w in lane_works)
+                rate_s = sum(1.0 / (s_unit * w) for w in lane_works) if s_unit else 0.0
+                model = BtsCosts(gen=1.0 / rate_g, score=(1.0 / rate_s) if rate_s else 0.0,
+                                 update=t_est if t_est is not None else 0.0, tag=tag_est)
+                if g_known and t_est is not None:
+                    costs = model
+                else:
+                    prior = model
         return BubbleContext(now, st.step, len(st.pending), st.tags, self._bts_state(st, now), costs,
-                             tag_est is not None)
+                             tag_est is not None, prior)
 
     def _bts_state(self, st: _Step, now: float) -> BtsState:
         """Aggregate the generator lanes into the BTS model's single server (see `schedule.bts`)."""

@@ -16,7 +16,8 @@ Fault injection (``Fault``):
 * ``hang``: the matching task never completes (to exercise the driver's timeout).
 
 A fault matches the ``occurrence``-th submitted task with the given kind / step / microbatch / worker
-(``None`` matches anything).
+(``None`` matches anything); ``occurrence=None`` matches every such task (e.g. a micro-batch whose
+generation always raises).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Fault:
     step: int | None = None
     microbatch: int | None = None
     worker: str | None = None
-    occurrence: int = 1
+    occurrence: int | None = 1
     at: float | None = None
     fraction: float = 0.5
 
@@ -51,6 +52,9 @@ class Fault:
             raise ValueError(f"Fault.action={self.action!r} is invalid: use one of {list(FAULT_KINDS)}")
         if self.action == "kill" and self.worker is None:
             raise ValueError("Fault(action='kill') needs the worker that dies")
+        if self.occurrence is not None and (isinstance(self.occurrence, bool) or self.occurrence < 1):
+            raise ValueError(f"Fault.occurrence={self.occurrence!r} is invalid: use an integer >= 1, "
+                             "or None for every matching task")
 
     def matches(self, task: Task) -> bool:
         return ((self.task_kind is None or task.kind == self.task_kind)
@@ -150,7 +154,7 @@ class SimExecutor:
             if not fault.matches(run.task):
                 continue
             self._seen[i] += 1
-            if self._seen[i] != fault.occurrence:
+            if fault.occurrence is not None and self._seen[i] != fault.occurrence:
                 continue
             if fault.action in ("fail", "lose"):
                 run.ok, run.info = False, {"reason": "injected failure"}

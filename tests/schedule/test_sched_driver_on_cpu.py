@@ -146,3 +146,62 @@ def test_least_busy_selector_spreads_uneven_lanes():
     driver.run()
     assert check_run(cfg, driver.trace.completions) == []
     assert len(driver.lanes) == 3 and sorted(map(len, driver.lanes)) == [1, 2, 2]
+
+
+class _Bounded(SimExecutor):
+    """A simulator that refuses to run forever: a driver that re-issues a failing task without bound
+    fails the test (AssertionError) instead of hanging it."""
+
+    def submit(self, task) -> None:
+        assert len(self.submitted) < 1_000, "the driver keeps re-issuing tasks"
+        super().submit(task)
+
+
+@pytest.mark.parametrize("tag", ["off", "bts"])
+def test_a_microbatch_whose_generation_always_fails_stops_after_the_retry_bound(tag):
+    """Every GEN (and TAG) of s0 m1 raises on live workers: the driver retries it MAX_TASK_RETRIES times,
+    then stops with a ScheduleError naming the task, instead of re-issuing it forever."""
+    from digenrl_verl.schedule.driver import MAX_TASK_RETRIES
+
+    faults = (Fault("fail", TaskKind.GEN, step=0, microbatch=1, occurrence=None),
+              Fault("fail", TaskKind.TAG_GEN, step=0, microbatch=1, occurrence=None))
+    executor = _Bounded(CLUSTER, profile(), faults=faults)
+    with pytest.raises(ScheduleError) as err:
+        Driver(_cfg(tag=tag), executor).run()
+    attempts = [t for t in executor.submitted if t.step == 0 and t.microbatch == 1
+                and t.kind in (TaskKind.GEN, TaskKind.TAG_GEN)]
+    assert len(attempts) == MAX_TASK_RETRIES + 1
+    first_line = str(err.value).splitlines()[0]
+    assert f"s0 m1 (id {attempts[-1].task_id}) failed {MAX_TASK_RETRIES + 1} times on live workers" in first_line
+    assert "injected failure" in first_line and "<-- ERROR HERE" in str(err.value)
+
+
+def test_a_score_that_always_fails_stops_and_fewer_failures_recover():
+    from digenrl_verl.schedule.driver import MAX_TASK_RETRIES
+
+    executor = _Bounded(CLUSTER, profile(), faults=(Fault("fail", TaskKind.SCORE, step=1, microbatch=0,
+                                                          occurrence=None),))
+    with pytest.raises(ScheduleError, match=rf"SCORE s1 m0 \(id \d+\) failed {MAX_TASK_RETRIES + 1} times"):
+        Driver(_cfg(), executor).run()
+    # exactly MAX_TASK_RETRIES failures of one micro-batch: the run completes and trains every sample once
+    faults = tuple(Fault("fail", TaskKind.GEN, step=0, microbatch=1, occurrence=k)
+                   for k in range(1, MAX_TASK_RETRIES + 1))
+    cfg = _cfg(tag="off")
+    driver = Driver(cfg, SimExecutor(CLUSTER, profile(), faults=faults))
+    driver.run()
+    assert sum(not c.ok for c in driver.trace.completions) == MAX_TASK_RETRIES
+    assert check_run(cfg, driver.trace.completions) == []
+    _updated_once(driver, cfg)
+
+
+def test_mark_dead_excludes_lost_generators_and_refuses_lost_trainers():
+    cfg = _cfg(num_steps=2)
+    driver = Driver(cfg, SimExecutor(CLUSTER, profile()))
+    driver.mark_dead(["gen:3"])
+    assert all("gen:3" not in lane for lane in driver.lanes) and driver.lanes
+    driver.run()
+    assert all("gen:3" not in c.task.workers for c in driver.trace.completions)
+    assert check_run(cfg, driver.trace.completions) == []
+    _updated_once(driver, cfg)
+    with pytest.raises(ScheduleError, match=r"trn:1"):
+        Driver(cfg, SimExecutor(CLUSTER, profile())).mark_dead(["trn:1"])

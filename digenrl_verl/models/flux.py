@@ -16,7 +16,7 @@ from torch import nn
 
 from digenrl_verl.models.base import Conditioning
 from digenrl_verl.models.config import PIPELINE_KEY
-from digenrl_verl.models.pipeline_adapter import PipelineAdapter, calculate_shift
+from digenrl_verl.models.pipeline_adapter import PackedLatentAdapter
 from digenrl_verl.models.registry import register_adapter
 
 
@@ -43,7 +43,7 @@ def latent_image_ids(h: int, w: int) -> torch.Tensor:
 
 
 @register_adapter("FluxPipeline")
-class FluxAdapter(PipelineAdapter):
+class FluxAdapter(PackedLatentAdapter):
     timestep_scale = 1.0
     uses_true_cfg_scale = True
 
@@ -51,22 +51,6 @@ class FluxAdapter(PipelineAdapter):
         super()._validate_config(cfg)
         if cfg.max_sequence_length > 512:
             raise ValueError(f"{PIPELINE_KEY}.max_sequence_length={cfg.max_sequence_length} exceeds FLUX's 512")
-
-    @property
-    def do_true_cfg(self) -> bool:
-        return self.config.true_cfg_scale > 1
-
-    def _latent_hw(self) -> tuple[int, int]:
-        f = self.pipeline.vae_scale_factor
-        return 2 * (self.config.height // (f * 2)), 2 * (self.config.width // (f * 2))
-
-    def latent_shape(self) -> tuple[int, ...]:
-        h, w = self._latent_hw()
-        return ((h // 2) * (w // 2), self.denoiser.config.in_channels)
-
-    def _set_timesteps_kwargs(self, num_steps: int) -> dict[str, Any]:
-        mu = calculate_shift(self.latent_shape()[0], self.pipeline.scheduler.config)
-        return {"sigmas": self._linspace_sigmas(num_steps), "mu": mu}
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:

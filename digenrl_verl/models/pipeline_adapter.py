@@ -260,3 +260,24 @@ class PipelineAdapter(DiffusionAdapter):
             yield
         finally:
             self.transformer = policy
+
+
+class PackedLatentAdapter(PipelineAdapter):
+    """FLUX-style token latents: 2x2 patches of the VAE latent packed into tokens, dynamic shift from the token
+    count, linear σ schedule, optional true CFG (shared by FLUX.1 and Qwen-Image)."""
+
+    @property
+    def do_true_cfg(self) -> bool:
+        return self.config.true_cfg_scale > 1
+
+    def _latent_hw(self) -> tuple[int, int]:
+        f = self.pipeline.vae_scale_factor
+        return 2 * (self.config.height // (f * 2)), 2 * (self.config.width // (f * 2))
+
+    def latent_shape(self) -> tuple[int, ...]:
+        h, w = self._latent_hw()
+        return ((h // 2) * (w // 2), self.denoiser.config.in_channels)
+
+    def _set_timesteps_kwargs(self, num_steps: int) -> dict[str, Any]:
+        mu = calculate_shift(self.latent_shape()[0], self.pipeline.scheduler.config)
+        return {"sigmas": self._linspace_sigmas(num_steps), "mu": mu}

@@ -21,12 +21,12 @@ from torch import nn
 from digenrl_verl.models.base import Conditioning
 from digenrl_verl.models.config import PIPELINE_KEY
 from digenrl_verl.models.flux import unpack_latents
-from digenrl_verl.models.pipeline_adapter import PipelineAdapter, calculate_shift
+from digenrl_verl.models.pipeline_adapter import PackedLatentAdapter
 from digenrl_verl.models.registry import register_adapter
 
 
 @register_adapter("QwenImagePipeline")
-class QwenImageAdapter(PipelineAdapter):
+class QwenImageAdapter(PackedLatentAdapter):
     timestep_scale = 1.0
     uses_guidance_scale = False
     uses_true_cfg_scale = True
@@ -40,22 +40,6 @@ class QwenImageAdapter(PipelineAdapter):
         # The output is read from the image stream only: the last block's text-stream output layers are dead.
         last = f"transformer_blocks.{len(self.denoiser.transformer_blocks) - 1}"
         return (f"{last}.attn.to_add_out", f"{last}.txt_mlp.net.0.proj", f"{last}.txt_mlp.net.2")
-
-    @property
-    def do_true_cfg(self) -> bool:
-        return self.config.true_cfg_scale > 1
-
-    def _latent_hw(self) -> tuple[int, int]:
-        f = self.pipeline.vae_scale_factor
-        return 2 * (self.config.height // (f * 2)), 2 * (self.config.width // (f * 2))
-
-    def latent_shape(self) -> tuple[int, ...]:
-        h, w = self._latent_hw()
-        return ((h // 2) * (w // 2), self.denoiser.config.in_channels)
-
-    def _set_timesteps_kwargs(self, num_steps: int) -> dict[str, Any]:
-        mu = calculate_shift(self.latent_shape()[0], self.pipeline.scheduler.config)
-        return {"sigmas": self._linspace_sigmas(num_steps), "mu": mu}
 
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         length = self.config.max_sequence_length

@@ -1,11 +1,18 @@
 """PNG Gantt chart of a trace, like the paper's Fig. 1 (one row per worker, one colour per task kind).
 
+Bubbles are shown as numbers, not only as white space: each row is labelled with its worker's idle share
+(``gen:0 (idle 17%)``) and the title gives the makespan and the overall bubble fraction, all taken from
+`Trace.metrics` over the trace's span (first task start to last task end; a task that failed still
+occupied its worker, so it counts as busy).
+
 matplotlib is imported inside ``save_gantt`` (Agg backend), so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
-from digenrl_verl.schedule.trace import Trace
+from dataclasses import dataclass
+
+from digenrl_verl.schedule.trace import Trace, TraceMetrics
 from digenrl_verl.schedule.types import TaskKind, worker_pool
 
 COLOURS = {
@@ -14,17 +21,51 @@ COLOURS = {
 }
 
 
+@dataclass(frozen=True)
+class GanttInfo:
+    """What `save_gantt` drew: the row labels (top to bottom) and the title, as they appear in the PNG."""
+
+    labels: tuple[str, ...]
+    title: str
+
+
 def _worker_key(worker: str) -> tuple[int, str, int]:
     pool, _, index = worker.partition(":")
     order = {"gen": 0, "col": 0, "trn": 1}.get(pool, 2)
     return (order, pool, int(index) if index.isdigit() else 0)
 
 
-def save_gantt(trace: Trace, path: str, *, title: str = "", max_workers: int = 64, dpi: int = 110) -> None:
-    """Write ``trace`` as a PNG Gantt chart to ``path``.
+def _percent(fraction: float) -> str:
+    """17% / 2.9% / 0.0%: one decimal below 10% so that small bubbles stay visible."""
+    pct = 100.0 * fraction
+    return f"{pct:.0f}%" if pct >= 9.95 else f"{pct:.1f}%"
+
+
+def idle_share(metrics: TraceMetrics, worker: str) -> float:
+    """Fraction of the trace's span ``worker`` was idle (0 for an empty trace)."""
+    stats = metrics.per_worker.get(worker)
+    if stats is None or metrics.makespan <= 0:
+        return 0.0
+    return stats.idle / metrics.makespan
+
+
+def worker_label(metrics: TraceMetrics, worker: str) -> str:
+    """Row label, e.g. ``gen:0 (idle 17%)``."""
+    return f"{worker} (idle {_percent(idle_share(metrics, worker))})"
+
+
+def chart_title(metrics: TraceMetrics, title: str = "") -> str:
+    """``<title>`` and, on the next line, the makespan and the bubble fraction over every worker."""
+    summary = (f"makespan {metrics.makespan:.1f} s, bubble fraction {_percent(metrics.bubble_fraction)} "
+               f"(idle share of {len(metrics.per_worker)} workers)")
+    return f"{title}\n{summary}" if title else summary
+
+
+def save_gantt(trace: Trace, path: str, *, title: str = "", max_workers: int = 64, dpi: int = 110) -> GanttInfo:
+    """Write ``trace`` as a PNG Gantt chart to ``path``; returns the labels and title it drew.
 
     With more than ``max_workers`` workers only the first ranks of each pool are drawn (the rest run the
-    same tasks in lock-step within their lane or group).
+    same tasks in lock-step within their lane or group); the title's bubble fraction still covers all.
     """
     import matplotlib
 
@@ -33,6 +74,7 @@ def save_gantt(trace: Trace, path: str, *, title: str = "", max_workers: int = 6
     from matplotlib.patches import Patch
 
     events = trace.events
+    metrics = trace.metrics()
     workers = sorted({e.worker for e in events}, key=_worker_key)
     if len(workers) > max_workers:
         per_pool: dict[str, list[str]] = {}
@@ -41,21 +83,23 @@ def save_gantt(trace: Trace, path: str, *, title: str = "", max_workers: int = 6
         keep = max(1, max_workers // len(per_pool))
         workers = [w for ws in per_pool.values() for w in ws[:keep]]
     row = {w: i for i, w in enumerate(workers)}
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.28 * len(workers)))
-    for e in events:
-        if e.worker not in row:
-            continue
-        ax.barh(row[e.worker], e.end - e.start, left=e.start, height=0.8, color=COLOURS[e.kind],
-                edgecolor="black" if not e.ok else "none", hatch="//" if not e.ok else None, linewidth=0.3)
-    ax.set_yticks(range(len(workers)))
-    ax.set_yticklabels(workers, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("time (s)")
-    if title:
-        ax.set_title(title)
-    ax.legend(handles=[Patch(color=c, label=k.value) for k, c in COLOURS.items()], loc="upper center",
-              bbox_to_anchor=(0.5, -0.12 if len(workers) > 8 else -0.25), ncol=len(COLOURS), fontsize=7,
-              frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.28 * len(workers)))
+    try:
+        for e in events:
+            if e.worker not in row:
+                continue
+            ax.barh(row[e.worker], e.end - e.start, left=e.start, height=0.8, color=COLOURS[e.kind],
+                    edgecolor="black" if not e.ok else "none", hatch="//" if not e.ok else None, linewidth=0.3)
+        ax.set_yticks(range(len(workers)))
+        ax.set_yticklabels([worker_label(metrics, w) for w in workers], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("time (s)")
+        ax.set_title(chart_title(metrics, title), fontsize=9)
+        ax.legend(handles=[Patch(color=c, label=k.value) for k, c in COLOURS.items()], loc="upper center",
+                  bbox_to_anchor=(0.5, -0.12 if len(workers) > 8 else -0.25), ncol=len(COLOURS), fontsize=7,
+                  frameon=False)
+        fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
+        return GanttInfo(tuple(t.get_text() for t in ax.get_yticklabels()), ax.get_title())
+    finally:
+        plt.close(fig)

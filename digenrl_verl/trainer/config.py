@@ -384,6 +384,12 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     pipe = dict(_key(cfg, "actor_rollout_ref.rollout.pipeline", {}) or {})
     num_steps = pipe.get("num_inference_steps") or 10
     window = algo("sde_window_range")
+    if isinstance(window, str):  # verl-omni's recipes pass it quoted: sde_window_range="[0,5]"
+        try:
+            window = json.loads(window)
+        except json.JSONDecodeError:
+            raise ValueError(f"actor_rollout_ref.rollout.algo.sde_window_range={window!r}: give two ints, e.g. "
+                             "[0,5]") from None
     rollout_cfg = RolloutConfig(
         num_inference_steps=int(num_steps), sde_type=algo("sde_type", "sde"), noise_level=float(algo("noise_level", 0.7)),
         timestep_selection=algo("timestep_selection") or auto_selection(algorithm, algo("sde_window_size")),

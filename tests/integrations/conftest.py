@@ -35,3 +35,17 @@ def reward_dir(tmp_path_factory):
         for file, fn in recipe.reward_files.items():
             (d / file).write_text(_STAND_IN.format(name=fn))
     return str(d)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """train.parquet / test.parquet in verl's layout: chat-message prompts, data_source, reward_model.ground_truth."""
+    import pandas as pd
+
+    d = tmp_path_factory.mktemp("integ_data")
+    words = ["HELLO", "RL", "DIFFUSION", "GPU", "SCHEDULE", "PIPELINE"]
+    rows = [{"prompt": [{"role": "user", "content": f'A sign that reads "{w}"'}], "data_source": "ocr",
+             "reward_model": {"ground_truth": w, "style": "rule"}} for w in words]
+    for name in ("train", "test"):
+        pd.DataFrame(rows).to_parquet(d / f"{name}.parquet")
+    return str(d)

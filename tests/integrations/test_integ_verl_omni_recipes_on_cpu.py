@@ -24,27 +24,28 @@ def _quiet_build(cfg):
 
 
 @pytest.mark.parametrize("name", RECIPE_NAMES)
-def test_recipe_composes_unchanged_and_each_blocker_fails_naming_its_key(name, tiny_dirs, reward_dir):
+def test_recipe_composes_unchanged_and_each_blocker_fails_naming_its_key(name, tiny_dirs, reward_dir, data_dir):
     recipe = RECIPES[name]
     model = tiny_dirs[recipe.architecture]
     # The list as verl-omni ships it, plus the flag: Hydra accepts every key (no unknown-key error).
-    cfg = compose(recipe.render(model, reward_dir, extra=[DIGENRL_FLAG]))
+    cfg = compose(recipe.render(model, reward_dir, data_dir, extra=[DIGENRL_FLAG]))
     assert cfg.trainer.digenrl.mode == "disaggregated"
+    assert cfg.trainer.logger == ["console", "wandb"] or cfg.trainer.logger == ["console", "tensorboard"]
     with pytest.raises(ValueError):
         _quiet_build(cfg)
     # Each blocker alone (the others switched off) fails with a message that names it.
     for key in recipe.blockers:
         others = [k for k in recipe.blockers if k != key]
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            _quiet_build(compose(recipe.render(model, reward_dir, switch_off=others, extra=[DIGENRL_FLAG])))
+            _quiet_build(compose(recipe.render(model, reward_dir, data_dir, switch_off=others, extra=[DIGENRL_FLAG])))
 
 
 @pytest.mark.parametrize("name", RECIPE_NAMES)
-def test_recipe_with_blockers_off_validates_and_its_keys_take_effect(name, tiny_dirs, reward_dir):
+def test_recipe_with_blockers_off_validates_and_its_keys_take_effect(name, tiny_dirs, reward_dir, data_dir):
     recipe = RECIPES[name]
-    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, switch_off=True, extra=[DIGENRL_FLAG]))
+    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True, extra=[DIGENRL_FLAG]))
     spec = _quiet_build(cfg)
-    ov = dict(o.lstrip("+").split("=", 1) for o in recipe.render("M", "R", switch_off=True))
+    ov = {k: v.strip('"') for k, v in (o.lstrip("+").split("=", 1) for o in recipe.render("M", "R", switch_off=True))}
     a = "actor_rollout_ref"
     assert spec.schedule.mode == "disaggregated" and spec.architecture == recipe.architecture
     assert spec.n == int(ov[f"{a}.rollout.n"]) and spec.prompts_per_step == int(ov["data.train_batch_size"])
@@ -65,13 +66,17 @@ def test_recipe_with_blockers_off_validates_and_its_keys_take_effect(name, tiny_
         assert roll.num_inference_steps == int(ov[f"{a}.rollout.pipeline.num_inference_steps"])
     if "reward.custom_reward_function.path" in ov:
         assert spec.reward.custom_reward_function_path.endswith(ov["reward.custom_reward_function.path"][2:])
+    from digenrl_verl.trainer.data import load_prompts
+
+    prompts, _ = load_prompts(cfg.data.train_files, cfg.data.prompt_key)  # verl-style chat prompts → user text
+    assert prompts[0] == 'A sign that reads "HELLO"'
     if ov.get(f"{a}.actor.fsdp_config.model_dtype") == "bfloat16":
         assert spec.policy.dtype == "bfloat16" and spec.train.recompute_old_log_probs
 
 
-def test_dry_run_prints_the_plan_and_starts_nothing(tiny_dirs, reward_dir, capsys):
+def test_dry_run_prints_the_plan_and_starts_nothing(tiny_dirs, reward_dir, data_dir, capsys):
     recipe = RECIPES["sd35_flowgrpo_lora_v1_separate_async"]
-    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, switch_off=True,
+    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True,
                                 extra=[DIGENRL_FLAG, "trainer.digenrl.dry_run=true"]))
     assert run(cfg) == 0
     out = capsys.readouterr().out
@@ -79,9 +84,9 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tiny_dirs, reward_dir, capsy
     assert "sde_type=cps" in out and "dry run: config valid, no worker started" in out
 
 
-def test_no_effect_keys_warn_instead_of_being_ignored_silently(tiny_dirs, reward_dir):
+def test_no_effect_keys_warn_instead_of_being_ignored_silently(tiny_dirs, reward_dir, data_dir):
     recipe = RECIPES["qwen_image_flowgrpo_lora"]
-    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, switch_off=True, extra=[DIGENRL_FLAG]))
+    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True, extra=[DIGENRL_FLAG]))
     with pytest.warns(UserWarning) as record:
         build_run(cfg)
     text = " ".join(str(w.message) for w in record)
@@ -145,18 +150,18 @@ def _check_step(summary, stats, recipe):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen_image_flowgrpo_lora", "wan22_dancegrpo"])
-def test_tiny_recipe_runs_one_real_step_on_cpu(name, ray_session, tiny_dirs, reward_dir, tmp_path):
+def test_tiny_recipe_runs_one_real_step_on_cpu(name, ray_session, tiny_dirs, reward_dir, data_dir, tmp_path):
     from digenrl_verl.trainer.runner import DigenRLTrainer
 
     recipe = RECIPES[name]
-    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, switch_off=True, extra=[
+    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True, extra=[
         DIGENRL_FLAG, *recipe.tiny, f"trainer.digenrl.output_dir={tmp_path / name}", "trainer.logger=[console]"]))
     summary, stats = _fit_one_step(DigenRLTrainer(_quiet_build(cfg)))
     _check_step(summary, stats, recipe)
 
 
 @pytest.mark.slow
-def test_tiny_v1_recipe_runs_one_step_through_the_verl_omni_trainer_mode(ray_session, tiny_dirs, reward_dir, tmp_path):
+def test_tiny_v1_recipe_runs_one_step_through_the_verl_omni_trainer_mode(ray_session, tiny_dirs, reward_dir, data_dir, tmp_path):
     """The SD3.5 v1 recipe as verl-omni's task runner would drive it: `trainer.use_v1=true
     trainer.v1.trainer_mode=digenrl`, the config handed to the `digenrl` trainer-mode class, init, fit."""
     from digenrl_verl.integrations.verl_omni import (NOOP_AGENT_LOOP_MANAGER, DigenRLDiffusionTrainer,
@@ -164,7 +169,7 @@ def test_tiny_v1_recipe_runs_one_step_through_the_verl_omni_trainer_mode(ray_ses
 
     recipe = RECIPES["sd35_flowgrpo_lora_v1_separate_async"]
     blockers = [k for k in recipe.blockers if k != "trainer.use_v1"]
-    source = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, switch_off=blockers, extra=[
+    source = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=blockers, extra=[
         "trainer.v1.trainer_mode=digenrl", *recipe.tiny, f"trainer.digenrl.output_dir={tmp_path / 'v1'}",
         "trainer.logger=[console]"]))
     assert source.trainer.use_v1 is True

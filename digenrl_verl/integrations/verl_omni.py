@@ -1,6 +1,7 @@
 """DigenRL as a verl-omni trainer mode (`trainer.use_v1=true trainer.v1.trainer_mode=digenrl`).
 
-Written against verl-project/verl-omni at commit **a1139baf** (2026-08-22, version 0.2.0rc1), whose v1 entry
+Written against verl-project/verl-omni at commit **a1139baf** (a1139bafffb5b9711f0a6b6edff8ecaa60bfff30,
+2026-08-22, version 0.2.0rc1; its source was read, and its v1 task runner checked line by line), whose v1 entry
 point (`verl_omni.trainer.main_diffusion_v1`) runs a Ray `DiffusionTaskRunnerV1` that does, in order:
 `get_diffusion_trainer_cls(trainer.v1.trainer_mode)(config=config)`, `.init()`, builds an agent-loop manager
 (`rollout.agent.agent_loop_manager_class`, an FQN, or its default) from `.get_llm_client()` and
@@ -30,8 +31,8 @@ How DigenRL plugs in, and what it reuses of verl-omni (and what not):
 
 Launch (needs verl-omni installed): `python -m digenrl_verl.integrations.verl_omni <verl-omni overrides>`
 composes verl-omni's own config, registers the mode in the task-runner process and runs it. Launching
-through verl-omni's entry point instead needs the mode registered inside its task runner: that is what
-patches/verl-omni/ adds upstream (an import hook for trainer modules).
+through verl-omni's own entry point instead needs the mode resolvable inside its task runner: that is what
+patches/verl-omni-a1139baf/ proposes upstream (external trainer modes resolved by name on first use).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 VERL_OMNI_REPO = "https://github.com/verl-project/verl-omni"
-VERL_OMNI_COMMIT = "a1139baf"  # short hash as recorded when the source was read; version 0.2.0rc1
+VERL_OMNI_COMMIT = "a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"  # 2026-08-22, version 0.2.0rc1
 VERL_OMNI_VERSION = "0.2.0rc1"
 TRAINER_MODE = "digenrl"
 INSTALL_HINT = (f"verl-omni is not on PyPI: pip install 'verl-omni @ git+{VERL_OMNI_REPO}@{VERL_OMNI_COMMIT}' "

@@ -14,7 +14,8 @@ from digenrl_verl.integrations import verl_omni as vo
 
 def test_not_installed_says_how_to_install_and_which_commit(capsys):
     assert not vo.verl_omni_available()
-    with pytest.raises(vo.VerlOmniNotInstalled, match="pip install 'verl-omni @ git\\+.*@a1139baf'"):
+    commit = "a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"
+    with pytest.raises(vo.VerlOmniNotInstalled, match=f"pip install 'verl-omni @ git\\+.*@{commit}'"):
         vo.require_verl_omni()
     with pytest.raises(ImportError, match="a1139baf"):
         vo.register()

@@ -4,7 +4,8 @@ Same tiny FLUX model ("bench" size: 2+2 blocks, 64 latent tokens at 128 px), sam
 worker processes (colocated: 2 workers that generate, score, then train; disaggregated: 1 generator + 1
 trainer). Each configuration runs `--steps` global steps on one shared Ray instance; throughput counts the
 steps after `--warmup` (the first steps pay one-off costs), utilisation comes from the run's trace over the
-same window.
+same window. With `--repeat R` each configuration runs R times and the best run is reported (on a shared
+machine other processes only ever slow a run down); all throughputs are kept in the JSON.
 
 The ladder: colocated (per-timestep loop with verl-omni's old-log-prob recompute pass) → naive
 disaggregation (batch-axis split, full-batch barrier, per-timestep, recompute) → +GAP (one prompt group per
@@ -66,6 +67,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--num-inference-steps", type=int, default=8)
     p.add_argument("--only", nargs="*", default=None, help="subset of the ladder to run")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per configuration; the best throughput is reported (other processes on a shared "
+                        "machine only ever slow a run down), every run is kept in the JSON")
     args = p.parse_args(argv)
     if args.steps <= args.warmup:
         p.error("--steps must exceed --warmup")
@@ -92,22 +96,27 @@ def main(argv: list[str]) -> int:
     for name, overrides in LADDER:
         if args.only and name not in args.only:
             continue
-        cfg = compose([*base, *overrides, f"trainer.digenrl.output_dir={tmp / name}",
-                       f"trainer.experiment_name=bench_{name}"])
-        trainer = DigenRLTrainer(build_run(cfg))
-        t0 = time.perf_counter()
-        try:
-            trainer.fit()
-            row = {"config": name, **_measure(trainer, args.warmup), "run_s": time.perf_counter() - t0}
-        finally:
-            trainer.shutdown()
+        runs = []
+        for rep in range(args.repeat):
+            cfg = compose([*base, *overrides, f"trainer.digenrl.output_dir={tmp / name / str(rep)}",
+                           f"trainer.experiment_name=bench_{name}"])
+            trainer = DigenRLTrainer(build_run(cfg))
+            t0 = time.perf_counter()
+            try:
+                trainer.fit()
+                runs.append({**_measure(trainer, args.warmup), "run_s": time.perf_counter() - t0})
+            finally:
+                trainer.shutdown()
+        best = max(runs, key=lambda r: r["samples_per_s"])
+        row = {"config": name, **best, "samples_per_s_all": [r["samples_per_s"] for r in runs]}
         rows.append(row)
         print(f"{name:>22}: {row['samples_per_s']:7.2f} samples/s  utilisation {row['utilisation']:.1%}", flush=True)
     by = {r["config"]: r for r in rows}
     out = {"bench": "e2e", "rows": rows,
            "config": {"model": "FluxPipeline bench size (2+2 blocks, 64 tokens)", "workers": 2,
                       "prompts_per_step": args.prompts, "n": args.n, "num_inference_steps": args.num_inference_steps,
-                      "steps": args.steps, "warmup": args.warmup, "torch_threads_per_worker": 1,
+                      "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat,
+                      "torch_threads_per_worker": 1,
                       "cpu_count": os.cpu_count()}}
     if "colocated" in by and "+tcss" in by:
         out["ratio_full_vs_colocated"] = by["+tcss"]["samples_per_s"] / by["colocated"]["samples_per_s"]

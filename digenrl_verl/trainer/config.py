@@ -300,6 +300,20 @@ def _check_unsupported(cfg: DictConfig) -> None:
             warnings.warn(f"{dotted}={v!r} has no effect in digenrl_verl: {why}", UserWarning, stacklevel=3)
 
 
+def _device(cfg: DictConfig, digenrl: DigenRLConfig) -> str:
+    """cuda when `trainer.device` asks for it and every pool holds GPUs; all workers share one device kind (NCCL
+    or gloo spans both pools)."""
+    gpu = [digenrl.pools[r].use_gpu for r in digenrl.roles]
+    if _key(cfg, "trainer.device", "cpu") in ("cuda", "gpu"):
+        if not all(gpu):
+            raise ValueError("trainer.device=cuda needs GPUs in every pool: set trainer.digenrl.pools.<role>.use_gpu=true "
+                             f"for {[r for r in digenrl.roles if not digenrl.pools[r].use_gpu]}")
+        return "cuda"
+    if any(gpu):
+        raise ValueError("trainer.digenrl.pools.<role>.use_gpu=true needs trainer.device=cuda")
+    return "cpu"
+
+
 def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix."""
     from digenrl_verl.diffusion.advantages import AdvantageConfig
@@ -411,7 +425,8 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     if model_dtype not in dtype:
         raise ValueError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(dtype)}")
     policy = PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=rollout_cfg,
-                        dtype=dtype[model_dtype], start_version=start_step)
+                        dtype=dtype[model_dtype], start_version=start_step,
+                        device=_device(cfg, digenrl))
 
     actor = lambda k, d=None: _key(cfg, f"actor_rollout_ref.actor.{k}", d)  # noqa: E731
     loss = LossConfig(clip_ratio=float(actor("diffusion_loss.clip_ratio", 1e-4)),

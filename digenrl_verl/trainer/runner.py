@@ -112,13 +112,16 @@ class DigenRLTrainer:
         for role in d.roles:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
             wg = RayWorkerGroup(resource_pool=manager.pool_for("trainer" if role == "colocated" else role),
-                                ray_cls_with_init=cls, name_prefix=f"digenrl_{role}_{run_id}", device_name="cpu")
+                                ray_cls_with_init=cls, name_prefix=f"digenrl_{role}_{run_id}",
+                                device_name="cuda" if d.pools[role].use_gpu else "cpu")
             self.worker_groups[role] = wg
             for i, actor in enumerate(wg.workers):
                 self.workers[f"{ROLE_POOL[role]}:{i}"] = actor
         trainers = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         gens = self.worker_groups.get("generator")
-        spec = CollectiveSpec("127.0.0.1", free_port(), trainers.world_size, gens.world_size if gens else 0)
+        backend = "nccl" if self.run.policy.device == "cuda" else "gloo"
+        spec = CollectiveSpec("127.0.0.1", free_port(), trainers.world_size, gens.world_size if gens else 0,
+                              backend=backend)
         refs = [w.join.remote(spec) for w in trainers.workers] + ([w.join.remote(spec) for w in gens.workers]
                                                                   if gens else [])
         ray.get(refs)

@@ -82,7 +82,11 @@ class SamplingMixin:
 
         torch.set_num_threads(torch_threads)
         self.policy_spec = spec
-        self.adapter = load_adapter(spec.model_path, lora=spec.lora, pipeline=spec.pipeline,
+        if spec.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"{type(self).__name__} rank {self.rank} was asked for cuda but sees no GPU "
+                               "(is its pool declared with use_gpu=true?)")
+        self.device = torch.device(spec.device)
+        self.adapter = load_adapter(spec.model_path, lora=spec.lora, pipeline=spec.pipeline, device=self.device,
                                     dtype=getattr(torch, spec.dtype), keep_reference=keep_reference)
         self.version = spec.start_version
         self.busy_s = 0.0
@@ -102,6 +106,8 @@ class SamplingMixin:
         cond = self.adapter.encode_prompts(list(nt["raw_prompt"]))
         traj = rollout(self.adapter, cond, keys, self.policy_spec.rollout)
         images = self.adapter.decode(traj.final_latents)
+        traj = traj.to("cpu")  # results travel through Ray's object store
+        images = images.cpu()
         b = traj.batch_size
         ids = torch.as_tensor(sample_ids, dtype=torch.int64)
         tensors = {k: getattr(traj, k) for k in TRAJECTORY_KEYS}
@@ -207,7 +213,7 @@ class TrainingMixin:
         meta = traj_parts[0].meta_info
         tensors = {k: data.batch[k] for k in TRAJECTORY_KEYS}
         tensors.update(log_probs=data.batch["rollout_log_probs"], final_latents=data.batch["latents"][:, 0])
-        traj = Trajectory.from_tensors(tensors, meta["sde_type"], meta["noise_level"])
+        traj = Trajectory.from_tensors(tensors, meta["sde_type"], meta["noise_level"]).to(self.device)
         cond = self.adapter.encode_prompts(list(data.non_tensor_batch["raw_prompt"]))
         tsp_cfg = TSPConfig("batched", self.train_spec.tsp_chunk_size) if tsp else TSPConfig("per_timestep")
         old = traj.log_probs
@@ -216,7 +222,7 @@ class TrainingMixin:
             if bool(fresh.any()):
                 old = old.clone()
                 old[fresh] = compute_log_probs(self.adapter, cond, traj, tsp_cfg=tsp_cfg)[fresh]
-        stats = accumulate_gradients(self.adapter, cond, traj, advantages.to(torch.float32),
+        stats = accumulate_gradients(self.adapter, cond, traj, advantages.to(self.device, torch.float32),
                                      self.train_spec.loss, tsp_cfg, loss_denominator, old_log_probs=old)
         self.busy_s += time.perf_counter() - t0
         out = dict(vars(stats))

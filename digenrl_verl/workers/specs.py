@@ -20,6 +20,7 @@ class PolicySpec:
         rollout: SDE kind, noise level, timestep selection, seeds.
         dtype: model dtype ("float32"; the SDE math is fp32 whatever this is).
         start_version: policy version of the weights at start (the global step resumed from).
+        device: "cpu", or "cuda" for workers placed on GPU bundles (each sees its one GPU as cuda:0).
     """
 
     model_path: str
@@ -28,6 +29,7 @@ class PolicySpec:
     rollout: RolloutConfig
     dtype: str = "float32"
     start_version: int = 0
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)

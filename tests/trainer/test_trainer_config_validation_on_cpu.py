@@ -40,6 +40,7 @@ CASES = [
      ["trainer.digenrl.tag", "vllm_omni", "tag=off"]),
     ([DISAGG, "algorithm.global_std=true"], ["algorithm.global_std", "false"]),
     (["trainer.total_training_steps=0"], ["trainer.total_training_steps"]),
+    ([DISAGG, "trainer.digenrl.pools.generator.use_gpu=true"], ["use_gpu", "trainer.device=cuda"]),
 ]
 
 

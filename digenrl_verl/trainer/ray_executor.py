@@ -45,6 +45,13 @@ class _InFlight:
     result_refs: list               # refs whose values are the task's results (subset of refs)
     workers_of_ref: dict = field(default_factory=dict)  # ref -> worker id (failure attribution)
 
+    def add(self, ref, worker: str, *, result: bool = True) -> None:
+        """Track `ref` (a call on `worker`); `result`: its value is one of the task's results."""
+        self.refs.append(ref)
+        if result:
+            self.result_refs.append(ref)
+            self.workers_of_ref[ref] = worker
+
 
 class RayExecutor:
     """Executor protocol over verl worker groups.
@@ -172,9 +179,8 @@ class RayExecutor:
             for s in samples:
                 self._trajectories[(task.step, s)] = traj_ref
                 self._images[(task.step, s)] = img_ref
-            f.refs += [traj_ref, img_ref]
-            f.result_refs.append(img_ref)
-            f.workers_of_ref[img_ref] = worker
+            f.add(traj_ref, worker, result=False)
+            f.add(img_ref, worker)
         return f
 
     def _refs_for(self, store: dict, step: int, samples) -> list:
@@ -194,10 +200,8 @@ class RayExecutor:
         for worker, samples in task.assignment:
             if not samples:
                 continue
-            ref = self.workers[worker].score.remote(list(samples), *self._refs_for(self._images, task.step, samples))
-            f.refs.append(ref)
-            f.result_refs.append(ref)
-            f.workers_of_ref[ref] = worker
+            f.add(self.workers[worker].score.remote(list(samples), *self._refs_for(self._images, task.step, samples)),
+                  worker)
         return f
 
     def advantages(self, step: int, samples) -> torch.Tensor:
@@ -231,21 +235,15 @@ class RayExecutor:
         denominator = len(self.step_batch(task.step)) * self.rows_per_sample
         for worker, samples in task.assignment:
             adv = self.advantages(task.step, samples) if samples else torch.zeros(0)
-            ref = self.workers[worker].update.remote(
+            f.add(self.workers[worker].update.remote(
                 list(samples), adv, denominator, "tsp" in task.flags,
-                *(self._refs_for(self._trajectories, task.step, samples) if samples else []))
-            f.refs.append(ref)
-            f.result_refs.append(ref)
-            f.workers_of_ref[ref] = worker
+                *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
         return f
 
     def _opt_step(self, task: Task) -> _InFlight:
         f = _InFlight(task, self.now(), [], [])
         for worker in task.workers:
-            ref = self.workers[worker].opt_step.remote(task.version)
-            f.refs.append(ref)
-            f.result_refs.append(ref)
-            f.workers_of_ref[ref] = worker
+            f.add(self.workers[worker].opt_step.remote(task.version), worker)
         return f
 
     def _sync(self, task: Task) -> _InFlight:
@@ -253,12 +251,9 @@ class RayExecutor:
         generators = [int(w.partition(":")[2]) for w in task.workers if w.startswith("gen:")]
         for worker in task.workers:
             if worker.startswith("gen:"):
-                ref = self.workers[worker].receive_weights.remote(task.version)
+                f.add(self.workers[worker].receive_weights.remote(task.version), worker)
             else:
-                ref = self.workers[worker].send_weights.remote(task.version, generators)
-            f.refs.append(ref)
-            f.result_refs.append(ref)
-            f.workers_of_ref[ref] = worker
+                f.add(self.workers[worker].send_weights.remote(task.version, generators), worker)
         return f
 
 

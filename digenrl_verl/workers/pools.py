@@ -70,6 +70,7 @@ class PoolManager:
         """The `RayResourcePool` of a role (created once, then shared)."""
         name = self.mapping[role]
         if name not in self._pools:
+            check_placeable(self.specs[name], role)
             self._pools[name] = make_ray_pool(self.specs[name])
         return self._pools[name]
 
@@ -84,6 +85,26 @@ class PoolManager:
             for pg in pool.pgs or []:
                 remove_placement_group(pg)
         self._pools.clear()
+
+
+def check_placeable(spec: PoolSpec, role: str) -> None:
+    """Fail fast, naming the pool, when the Ray cluster cannot hold it (placement would wait forever)."""
+    import ray
+
+    have = ray.cluster_resources()
+    key = f"trainer.digenrl.pools.{role}"
+    needs = {"CPU": float(spec.world_size)}
+    if spec.use_gpu:
+        needs["GPU"] = float(spec.world_size)
+        if spec.accelerator_type:
+            needs[f"accelerator_type:{spec.accelerator_type}"] = 1e-3
+    if spec.custom_resource:
+        needs[spec.custom_resource] = 1e-3 * spec.world_size
+    for resource, amount in needs.items():
+        if have.get(resource, 0.0) < amount:
+            raise ValueError(f"{key}: the Ray cluster offers {have.get(resource, 0.0):g} of resource {resource!r}, "
+                             f"the pool needs {amount:g}; start Ray with that resource (e.g. ray start "
+                             f"--resources='{{\"{resource}\": 1}}') or change the pool")
 
 
 def make_ray_pool(spec: PoolSpec):

@@ -48,3 +48,11 @@ def test_step_batch_layout_matches_grpo_groups():
     assert b.non_tensor_batch["sample_index"].tolist() == [0, 1, 2, 0, 1, 2]
     assert b.meta_info["global_step"] == 2
     assert isinstance(b.non_tensor_batch["sample_index"], np.ndarray)
+
+
+def test_a_pool_the_cluster_cannot_place_fails_fast_naming_it(ray_session):
+    from digenrl_verl.workers.pools import PoolManager, PoolSpec
+
+    manager = PoolManager({"g": PoolSpec("g", (1,), custom_resource="no_such_kind")}, {"generator": "g"})
+    with pytest.raises(ValueError, match="trainer.digenrl.pools.generator.*no_such_kind"):
+        manager.pool_for("generator")

@@ -49,8 +49,8 @@ class DigenRLTrainer:
         self.cfg = run.cfg
         self.output_dir = run.output_dir
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        prompts, sources = load_prompts(self.cfg.data.train_files, self.cfg.data.prompt_key)
-        self._prompts, self._sources = prompts, sources
+        prompts, sources, extras = load_prompts(self.cfg.data.train_files, self.cfg.data.prompt_key, with_extras=True)
+        self._prompts, self._sources, self._extras = prompts, sources, extras
         self._batches: dict[int, Any] = {}
         self.metrics: dict[int, StepMetrics] = defaultdict(StepMetrics)
         self.worker_groups: dict[str, Any] = {}
@@ -68,8 +68,10 @@ class DigenRLTrainer:
             n_prompts = self.run.prompts_per_step
             stream = PromptStream(self._prompts, self._sources, n_prompts, seed=int(self.cfg.data.seed or 0),
                                   shuffle=bool(self.cfg.data.shuffle), cursor=step * n_prompts)
-            p, s, ids = stream.next_batch()
-            self._batches[step] = make_step_batch(p, s, ids, self.run.n, step)
+            picked = stream.next_indices()
+            self._batches[step] = make_step_batch(
+                [self._prompts[j] for _, j in picked], [self._sources[j] for _, j in picked], [c for c, _ in picked],
+                self.run.n, step, extras=[self._extras[j] for _, j in picked])
         return self._batches[step]
 
     # ----------------------------------------------------------------------------------- workers
@@ -298,7 +300,8 @@ class DigenRLTrainer:
             return {}
         wg = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         k = min(num_prompts, len(self._prompts))
-        batch = make_step_batch(self._prompts[:k], self._sources[:k], list(range(k)), n=1, step=-1)
+        batch = make_step_batch(self._prompts[:k], self._sources[:k], list(range(k)), n=1, step=-1,
+                                extras=self._extras[:k])
         assignment = [list(range(r, k, wg.world_size)) for r in range(wg.world_size)]
         out = wg.evaluate(batch, assignment)
         rewards = out.batch["eval_reward"]

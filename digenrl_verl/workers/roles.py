@@ -43,6 +43,7 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from digenrl_verl.diffusion.noise import SampleKey
+from digenrl_verl.trainer.data import EXTRA_COLUMNS
 from digenrl_verl.diffusion.rollout import Trajectory, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
 from digenrl_verl.rewards.compose import RewardConfig
@@ -57,6 +58,21 @@ def _rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def reward_extras(nt: dict, sample_ids: Sequence[int]) -> list[dict[str, Any]]:
+    """Per-sample `extra` dicts for the reward functions, after verl-omni's
+    compute_score(data_source, solution_image, ground_truth, extra_info) contract: `reward_model` (with its
+    `ground_truth`) from the prompt file, and `extra_info` = the file's extra_info plus uid, sample id, prompt."""
+    out = []
+    for row, sid in enumerate(sample_ids):
+        info = dict(nt["extra_info"][row]) if "extra_info" in nt else {}
+        info.update(uid=nt["uid"][row], sample_id=int(sid), prompt=nt["raw_prompt"][row])
+        extra = {"data_source": nt["data_source"][row], "extra_info": info}
+        if "reward_model" in nt:
+            extra["reward_model"] = dict(nt["reward_model"][row])
+        out.append(extra)
+    return out
 
 
 def _concat_rows(parts: Sequence[DataProto], sample_ids: Sequence[int]) -> DataProto:
@@ -117,7 +133,7 @@ class SamplingMixin:
         out = DataProto.from_dict(tensors=tensors, non_tensors=dict(nt), meta_info=meta)
         img = DataProto.from_dict(
             tensors={"responses": images, "sample_id": ids.clone()},
-            non_tensors={"raw_prompt": nt["raw_prompt"], "data_source": nt["data_source"], "uid": nt["uid"]},
+            non_tensors={k: nt[k] for k in ("raw_prompt", "data_source", "uid", *EXTRA_COLUMNS) if k in nt},
             meta_info={"global_step": step})
         self.busy_s += time.perf_counter() - t0
         return out, img
@@ -149,8 +165,7 @@ class SamplingMixin:
         traj = rollout(self.adapter, self.adapter.encode_prompts(list(nt["raw_prompt"])), keys, cfg)
         images = self.adapter.decode(traj.final_latents)
         scorer = self._scorer()
-        extra = [{"data_source": ds, "extra_info": {"uid": u, "prompt": p}}
-                 for ds, u, p in zip(nt["data_source"], nt["uid"], nt["raw_prompt"])]
+        extra = reward_extras(nt, list(range(len(shard))))
         rewards = scorer(images, list(nt["raw_prompt"]), extra).to(torch.float32)
         return DataProto.from_dict(tensors={"eval_reward": rewards, "responses": images},
                                    meta_info={ROWS_KEY: shard.meta_info[ROWS_KEY]})
@@ -181,9 +196,7 @@ class ScoringMixin:
         t0 = time.perf_counter()
         data = _concat_rows(image_parts, sample_ids)
         nt = data.non_tensor_batch
-        # verl-omni's compute_score(data_source, solution_image, ground_truth, extra_info) contract
-        extra = [{"data_source": ds, "extra_info": {"uid": u, "sample_id": int(i), "prompt": p}}
-                 for ds, u, i, p in zip(nt["data_source"], nt["uid"], data.batch["sample_id"], nt["raw_prompt"])]
+        extra = reward_extras(nt, [int(i) for i in data.batch["sample_id"]])
         scores = self.scorer(data.batch["responses"], list(nt["raw_prompt"]), extra)
         self.busy_s += time.perf_counter() - t0
         return {"sample_ids": list(sample_ids), "scores": [float(x) for x in scores]}

@@ -32,3 +32,20 @@ def test_stream_is_deterministic_and_resumes_from_its_cursor():
     assert [c.next_batch()[0] for _ in range(3)] == first[2:]
     # every prompt appears once per epoch
     assert sorted(sum(first, [])[: len(prompts)]) == sorted(prompts)
+
+
+def test_parquet_reward_model_and_extra_info_reach_the_step_batch(tmp_path):
+    from digenrl_verl.trainer.data import make_step_batch
+
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "a cat"}], [{"role": "user", "content": "a dog"}]],
+                  "reward_model": [{"ground_truth": "CAT"}, {"ground_truth": "DOG"}],
+                  "extra_info": [{"index": 0}, {"index": 1}]}).to_parquet(tmp_path / "p.parquet")
+    prompts, sources, extras = load_prompts(str(tmp_path / "p.parquet"), with_extras=True)
+    assert prompts == ["a cat", "a dog"]
+    assert extras == [{"reward_model": {"ground_truth": "CAT"}, "extra_info": {"index": 0}},
+                      {"reward_model": {"ground_truth": "DOG"}, "extra_info": {"index": 1}}]
+    b = make_step_batch(prompts, sources, [0, 1], n=2, step=0, extras=extras)
+    assert [r["ground_truth"] for r in b.non_tensor_batch["reward_model"]] == ["CAT", "CAT", "DOG", "DOG"]
+    text = tmp_path / "p.txt"
+    text.write_text("x\n")
+    assert load_prompts(str(text), with_extras=True)[2] == [{}]

@@ -139,3 +139,21 @@ def test_assigned_dispatch_mode_splits_and_gathers_in_row_order(train_run):
     uneven = wg.evaluate(batch, [[4, 0], [2, 1, 3]]).batch["eval_reward"]
     assert torch.allclose(one_rank, uneven, atol=1e-4), (one_rank, uneven)
     assert len(set(one_rank.tolist())) > 1  # distinct prompts, distinct rewards: the order is really checked
+
+
+@pytest.mark.slow
+def test_ground_truth_from_the_prompt_file_reaches_a_custom_reward(train_run, tmp_path):
+    import pandas as pd
+
+    data = tmp_path / "prompts.parquet"
+    pd.DataFrame({"prompt": ["a cat", "a dog"], "reward_model": [{"ground_truth": "0.25"}, {"ground_truth": "0.75"}]}
+                 ).to_parquet(data)
+    reward = tmp_path / "gt_reward.py"
+    reward.write_text("def compute_score(data_source, solution_image, ground_truth, extra_info):\n"
+                      "    assert extra_info['prompt'] in ('a cat', 'a dog')\n"
+                      "    return float(ground_truth)\n")
+    t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.total_training_steps=1",
+                  f"data.train_files={data}", "reward.reward_functions={}", f"reward.custom_reward_function.path={reward}",
+                  name="ground_truth")
+    assert t.reporter.history[0]["reward/mean"] == pytest.approx(0.5)
+    assert t.summary["eval/reward_ode"] == pytest.approx(0.5)

@@ -61,7 +61,11 @@ class _Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+_received: list[int] = []
+
+
 def _raise_interrupt(signum, _frame):
+    _received.append(signum)  # Ray may re-raise our exception as a plain KeyboardInterrupt: remember the signal
     raise _Interrupted(signum)
 
 
@@ -88,7 +92,7 @@ def run(cfg: DictConfig) -> int:
         trainer.fit(resume_from=ckpt)
         return EXIT_OK
     except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", signal.SIGINT)
+        signum = getattr(e, "signum", _received[0] if _received else signal.SIGINT)
         where = f"; checkpoint: {trainer.last_checkpoint}" if trainer.last_checkpoint else ""
         print(f"digenrl: interrupted by {signal.Signals(signum).name}: trace and metrics flushed to "
               f"{spec.output_dir}{where}; rerun the same command to resume", file=sys.stderr)

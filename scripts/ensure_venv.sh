@@ -9,12 +9,13 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   python3 -m venv "$VENV"
 fi
 # Reinstall when setup.py or the constraints change.
-want="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" "$ROOT/scripts/ensure_venv.sh" | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first: the CPU wheel of the pinned version; an unpinned torch pulls a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[test]"
+  # the test extra, and the ocr extra: its weights ship in the wheel, so the OCR reward and recipe are tested too
+  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[test,ocr]"
   echo "$want" > "$STAMP"
 fi
 VENV_PY="$VENV/bin/python"

@@ -449,11 +449,20 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     reward = RewardConfig(reward_functions=reward_fns, aggregation=_key(cfg, "reward.aggregation", "weighted_sum"),
                           custom_reward_function_path=custom.get("path"),
                           custom_reward_function_name=custom.get("name") or "compute_score")
-    from digenrl_verl.rewards.base import get_reward
+    from digenrl_verl.rewards.base import get_reward, reward_names
 
     for name in reward.weights():
-        if name != "custom":
+        if name == "custom":
+            continue
+        if name not in reward_names():
             get_reward(name)  # ValueError listing the valid reward names
+        if name == "ocr":  # checked without loading the OCR models (that happens on the generators)
+            import importlib.util
+
+            from digenrl_verl.rewards.ocr import INSTALL_HINT
+
+            if importlib.util.find_spec("rapidocr_onnxruntime") is None:
+                raise ValueError(f"reward.reward_functions names 'ocr': {INSTALL_HINT}")
     if reward.custom_reward_function_path and not Path(reward.custom_reward_function_path).is_file():
         raise ValueError(f"reward.custom_reward_function.path={reward.custom_reward_function_path!r} is not a file")
 

@@ -78,3 +78,13 @@ def test_dry_run_validates_prints_the_plan_and_pools_and_starts_nothing(tiny_flu
 def test_bad_config_through_the_entry_point_exits_2_with_the_message(tiny_flux_dir, capsys):
     assert main([f"actor_rollout_ref.model.path={tiny_flux_dir}", "trainer.digenrl.staleness=3", DISAGG]) == 2
     assert "trainer.digenrl.staleness" in capsys.readouterr().err
+
+
+def test_ocr_reward_without_its_extra_says_how_to_install_it(tiny_flux_dir, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "rapidocr_onnxruntime" else real(name, *a))
+    with pytest.raises(ValueError, match=r"reward.reward_functions.*pip install digenrl-verl\[ocr\]"):
+        _build(tiny_flux_dir, "reward.reward_functions={ocr: 1.0}")

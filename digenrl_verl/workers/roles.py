@@ -225,6 +225,8 @@ class TrainingMixin:
         data = _concat_rows(traj_parts, sample_ids)
         meta = traj_parts[0].meta_info
         tensors = {k: data.batch[k] for k in TRAJECTORY_KEYS}
+        # final_latents are not shipped to the trainer (only the scorer needs the clean sample); training never
+        # reads them, so a placeholder of the right shape fills the field
         tensors.update(log_probs=data.batch["rollout_log_probs"], final_latents=data.batch["latents"][:, 0])
         traj = Trajectory.from_tensors(tensors, meta["sde_type"], meta["noise_level"]).to(self.device)
         cond = self.adapter.encode_prompts(list(data.non_tensor_batch["raw_prompt"]))

@@ -94,10 +94,10 @@ def save_gantt(trace: Trace, path: str, *, title: str = "", max_workers: int = 6
         ax.set_yticklabels([worker_label(metrics, w) for w in workers], fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel("time (s)")
-        ax.set_title(chart_title(metrics, title), fontsize=9)
-        ax.legend(handles=[Patch(color=c, label=k.value) for k, c in COLOURS.items()], loc="upper center",
-                  bbox_to_anchor=(0.5, -0.12 if len(workers) > 8 else -0.25), ncol=len(COLOURS), fontsize=7,
-                  frameon=False)
+        ax.set_title(chart_title(metrics, title), fontsize=9, pad=16)
+        # the legend sits between the title and the chart, so it never covers the x-axis label
+        ax.legend(handles=[Patch(color=c, label=k.value) for k, c in COLOURS.items()], loc="lower center",
+                  bbox_to_anchor=(0.5, 1.0), ncol=len(COLOURS), fontsize=7, frameon=False)
         fig.tight_layout()
         fig.savefig(path, dpi=dpi)
         return GanttInfo(tuple(t.get_text() for t in ax.get_yticklabels()), ax.get_title())

@@ -103,7 +103,7 @@ class DigenRLTrainer:
         from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
         from digenrl_verl.workers.pools import PoolManager, PoolSpec
-        from digenrl_verl.workers.weight_sync import CollectiveSpec, free_port
+        from digenrl_verl.workers.weight_sync import CollectiveSpec
 
         d = self.run.digenrl
         run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
@@ -122,8 +122,10 @@ class DigenRLTrainer:
         trainers = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         gens = self.worker_groups.get("generator")
         backend = "nccl" if self.run.policy.device == "cuda" else "gloo"
-        spec = CollectiveSpec("127.0.0.1", free_port(), trainers.world_size, gens.world_size if gens else 0,
-                              backend=backend)
+        # rendezvous on trainer rank 0's node, at the free port verl picked there for this worker group (the
+        # workers never start verl's own process group, so the port is ours)
+        spec = CollectiveSpec(str(trainers.master_address), int(trainers.master_port), trainers.world_size,
+                              gens.world_size if gens else 0, backend=backend)
         refs = [w.join.remote(spec) for w in trainers.workers] + ([w.join.remote(spec) for w in gens.workers]
                                                                   if gens else [])
         ray.get(refs)
@@ -226,6 +228,7 @@ class DigenRLTrainer:
                 self.results.append(result)
                 log = self.step_log(result)
                 self.reporter.log_step(result.step, log)
+                self._batches.pop(result.step, None)  # finished: no task reads it again
                 self.check_finite(result.step, log)
             if save:
                 self.save_checkpoint(end)

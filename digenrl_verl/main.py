@@ -55,6 +55,17 @@ def resume_point(cfg: DictConfig):
     return path, int(read_meta(path)["global_step"])
 
 
+def check_resumable(path, spec) -> None:
+    """The checkpoint must match the run's batch shape (the data cursor and groups depend on it)."""
+    from digenrl_verl.trainer.checkpoint import read_meta
+
+    meta = read_meta(path)
+    for key, name in (("prompts_per_step", "data.train_batch_size"), ("n", "actor_rollout_ref.rollout.n")):
+        if meta.get(key) != getattr(spec, key):
+            raise ValueError(f"checkpoint {path} was written with {name}={meta.get(key)}, this run sets "
+                             f"{getattr(spec, key)}; use the same value, or trainer.resume_mode=disable")
+
+
 class _Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -65,6 +76,8 @@ _received: list[int] = []
 
 
 def _raise_interrupt(signum, _frame):
+    if _received:  # already shutting down (checkpoint, flush): a second Ctrl-C must not break that
+        return
     _received.append(signum)  # Ray may re-raise our exception as a plain KeyboardInterrupt: remember the signal
     raise _Interrupted(signum)
 
@@ -77,6 +90,8 @@ def run(cfg: DictConfig) -> int:
     try:
         ckpt, start = resume_point(cfg)
         spec = build_run(cfg, start_step=start)
+        if ckpt is not None:
+            check_resumable(ckpt, spec)
     except ValueError as e:
         print(f"digenrl: invalid config: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -87,6 +102,7 @@ def run(cfg: DictConfig) -> int:
         print("dry run: config valid, no worker started")
         return EXIT_OK
     trainer = DigenRLTrainer(spec)
+    _received.clear()
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         trainer.fit(resume_from=ckpt)
@@ -106,6 +122,9 @@ def run(cfg: DictConfig) -> int:
     except NonFiniteError as e:
         print(f"digenrl: stopped: {e}", file=sys.stderr)
         return EXIT_FAILED
+    except ValueError as e:  # e.g. a pool the Ray cluster cannot place, found when the pools are built
+        print(f"digenrl: invalid config: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -212,6 +212,12 @@ class Driver:
         """Run every remaining step."""
         return list(self.iter_steps())
 
+    def continue_from(self, previous: "Driver") -> None:
+        """Carry over what an earlier driver of the same run knew: dead workers and the task-id counter (ids
+        stay unique in a shared trace)."""
+        self._task_ids = max(self._task_ids, previous._task_ids)
+        self.mark_dead(sorted(previous.dead))
+
     def mark_dead(self, workers: Sequence[str]) -> None:
         """Workers already lost before this driver started (e.g. in an earlier segment of the same run)."""
         new = set(workers) - self.dead

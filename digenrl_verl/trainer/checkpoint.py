@@ -99,7 +99,8 @@ def load_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Par
         state.setdefault(int(i), {})[name] = t
     optimizer.state.clear()
     for i, s in state.items():
-        optimizer.state[params[i]] = {k: v.clone() for k, v in s.items()}
+        p = params[i]  # moments live with their parameter (GPU); AdamW keeps `step` on the CPU
+        optimizer.state[p] = {k: v.clone() if k == "step" else v.to(p.device, copy=True) for k, v in s.items()}
     for group, saved in zip(optimizer.param_groups, meta["param_groups"]):
         group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
     torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_cpu"])
@@ -126,16 +127,37 @@ class CheckpointWriter:
             json.dump(dict(meta), f, indent=1, default=str)
             f.flush()
             os.fsync(f.fileno())
+        for path in tmp.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
         final = checkpoint_dir(self.root, step)
-        if final.exists():  # re-saving a step (e.g. interrupt right after a periodic save)
-            shutil.rmtree(final)
+        old = None
+        if final.exists():  # re-saving a step: move the old one aside first, so a complete one always exists
+            old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(final, old)
         os.replace(tmp, final)
-        self._prune()
+        _fsync_dir(self.root)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self._prune(keep_path=final)
         return final
 
-    def _prune(self) -> None:
+    def _prune(self, keep_path: Path) -> None:
+        """Keep the last `keep` checkpoints by step (never the one just written); drop leftovers of failed saves."""
+        for p in self.root.iterdir():
+            if (".tmp-" in p.name or ".old-" in p.name) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
         if not self.keep or self.keep < 1:
             return
         done = sorted((int(m.group(1)), p) for p in self.root.iterdir() if (m := STEP_DIR.match(p.name)))
         for _, p in done[: max(0, len(done) - self.keep)]:
-            shutil.rmtree(p, ignore_errors=True)
+            if p != keep_path:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -7,7 +7,7 @@ The driver (`schedule.driver`) decides; this class only interprets its tasks:
 | GEN       | `generate(shard, version)` on each generator in the assignment (2 returns)        |
 | TAG_GEN   | the same method on trainer workers (their current, not yet stepped weights)       |
 | SCORE     | `score(sample_ids, *image_refs)` on the generator(s) named by the task            |
-| UPDATE    | `update(sample_ids, advantages, denominator, tsp, *trajectory_refs)` per trainer  |
+| UPDATE    | `update(sample_ids, advantages, denominator, tsp, version, *trajectory_refs)`     |
 | OPT_STEP  | `opt_step(version)` on every trainer (gradients all-reduced inside)               |
 | SYNC      | `send_weights(version, gens)` on trainers + `receive_weights(version)` on gens    |
 
@@ -93,44 +93,53 @@ class RayExecutor:
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            done = [f for f in self._inflight.values() if self._ready(f)]
+            done, waiting = [], []
+            for f in self._inflight.values():
+                not_ready = self._not_ready(f)
+                if not_ready:
+                    waiting += not_ready
+                else:
+                    done.append(f)
             if done:
                 return [self._complete(f) for f in done]
-            pending = [r for f in self._inflight.values() for r in f.refs]
-            if not pending:
+            if not waiting:
                 return []
-            # wait in short slices so Python signal handlers (Ctrl-C, SIGTERM) run promptly
-            left = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
-            ready, _ = ray.wait(pending, num_returns=1, timeout=left)
-            if not ready and deadline is not None and time.monotonic() >= deadline:
+            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if left <= 0:
                 return []
+            # only refs not yet ready (finished refs of unfinished tasks would return at once: a busy loop);
+            # short slices so Python signal handlers (Ctrl-C, SIGTERM) run promptly
+            ray.wait(waiting, num_returns=1, timeout=left)
 
     # -- bookkeeping ----------------------------------------------------------------------------
     @staticmethod
-    def _ready(f: _InFlight) -> bool:
+    def _not_ready(f: _InFlight) -> list:
         import ray
 
         if not f.refs:
-            return True
-        ready, _ = ray.wait(f.refs, num_returns=len(f.refs), timeout=0)
-        return len(ready) == len(f.refs)
+            return []
+        _, not_ready = ray.wait(f.refs, num_returns=len(f.refs), timeout=0)
+        return not_ready
 
     def _complete(self, f: _InFlight) -> Completion:
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import ObjectLostError, RayActorError
 
         del self._inflight[f.task.task_id]
         end = self.now()
         try:
             values = ray.get(f.result_refs)
-        except RayActorError as e:
+        except Exception as e:
+            # ray.get raises the first error in list order, which may hide a dead actor behind another
+            # worker's error: probe every call
             dead = tuple(sorted({w for r, w in f.workers_of_ref.items() if _raises(r, RayActorError)}))
+            info: dict[str, Any] = {"reason": f"{type(e).__name__}: {e}"}
+            if dead:
+                info["dead_workers"] = dead
+            if isinstance(e, ObjectLostError) or any(_raises(r, ObjectLostError) for r in f.refs):
+                info["data_lost"] = True  # the inputs are gone (e.g. their node died): generate again
             self._forget_outputs(f.task)
-            return Completion(f.task, f.start, end, ok=False,
-                              info={"dead_workers": dead, "reason": f"worker died: {type(e).__name__}: {e}"})
-        except Exception as e:  # a worker raised: the task failed, its workers are alive
-            self._forget_outputs(f.task)
-            return Completion(f.task, f.start, end, ok=False, info={"reason": f"{type(e).__name__}: {e}"})
+            return Completion(f.task, f.start, end, ok=False, info=info)
         info = self._absorb(f.task, values)
         if self.on_result is not None:
             self.on_result(f.task, values)
@@ -143,6 +152,8 @@ class RayExecutor:
                 for sid, r in zip(v["sample_ids"], v["scores"]):
                     self._scores[task.step][int(sid)] = float(r)
                     rewards.append(float(r))
+            for s in task.samples:  # only SCORE reads the decoded samples: free them now
+                self._images.pop((task.step, s), None)
             finite = [r for r in rewards if math.isfinite(r)]
             return {"reward_mean": float(np.mean(finite)) if finite else float("nan"),
                     "nonfinite_rewards": len(rewards) - len(finite)}
@@ -225,7 +236,7 @@ class RayExecutor:
         finite = [i for i in pool if math.isfinite(scores[i])]
         adv = {i: 0.0 for i in pool}
         if finite:
-            res = normalize_rewards(torch.tensor([scores[i] for i in finite], dtype=torch.float32),
+            res = normalize_rewards(torch.tensor([scores[i] for i in finite], dtype=torch.float64),
                                     [uids[i] for i in finite], self.advantage_cfg)
             adv.update({i: float(a) for i, a in zip(finite, res.advantages)})
         return torch.tensor([adv[s] if math.isfinite(adv[s]) else 0.0 for s in samples], dtype=torch.float32)
@@ -236,7 +247,7 @@ class RayExecutor:
         for worker, samples in task.assignment:
             adv = self.advantages(task.step, samples) if samples else torch.zeros(0)
             f.add(self.workers[worker].update.remote(
-                list(samples), adv, denominator, "tsp" in task.flags,
+                list(samples), adv, denominator, "tsp" in task.flags, task.version,
                 *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
         return f
 

@@ -10,6 +10,7 @@ the Ray executor interprets. Nothing here decides what runs when.
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ class StepMetrics:
     ratio_min: float = float("inf")
     ratio_max: float = float("-inf")
     opt: dict[str, float] = field(default_factory=dict)
+
+
+INTERRUPT_SAVE_TIMEOUT_S = 120.0
 
 
 class NonFiniteError(RuntimeError):
@@ -113,7 +117,7 @@ class DigenRLTrainer:
         self.pool_manager = manager = PoolManager(specs, {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles})
         for role in d.roles:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
-            wg = RayWorkerGroup(resource_pool=manager.pool_for("trainer" if role == "colocated" else role),
+            wg = RayWorkerGroup(resource_pool=manager.pool_for("trainer" if role == "colocated" else role, role),
                                 ray_cls_with_init=cls, name_prefix=f"digenrl_{role}_{run_id}",
                                 device_name="cuda" if d.pools[role].use_gpu else "cpu")
             self.worker_groups[role] = wg
@@ -157,7 +161,7 @@ class DigenRLTrainer:
         config = dataclasses.replace(self.run.schedule, start_step=start_step, num_steps=num_steps)
         driver = Driver(config, executor, profiler=profiler, trace=trace)
         if previous is not None:
-            driver.mark_dead(sorted(previous.dead))
+            driver.continue_from(previous)
         return driver
 
     def on_result(self, task: Task, values: list) -> None:
@@ -247,24 +251,29 @@ class DigenRLTrainer:
                 "and the learning rate")
 
     # ------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, step: int | None = None) -> Path:
-        """Checkpoint the trainer state; `step` None = whatever version the trainer holds now."""
+    def save_checkpoint(self, step: int | None = None, timeout_s: float | None = None) -> Path:
+        """Checkpoint the trainer state of `step`; None = the version the trainer holds now (interrupts).
+
+        The trainer actor runs calls in order, so once it answers, every task the driver submitted before is
+        done and its weights, optimizer and version are consistent. An interrupt right after a periodic save
+        finds that checkpoint already complete and keeps it instead of writing it again."""
         import ray
 
-        from digenrl_verl.trainer.checkpoint import CheckpointWriter
+        from digenrl_verl.trainer.checkpoint import CheckpointWriter, checkpoint_dir
 
-        writer = CheckpointWriter(self.cfg.trainer.default_local_dir, keep=self.cfg.trainer.max_ckpt_to_keep)
-        tmp = writer.begin(step if step is not None else 0)
-        trainers = [a for w, a in self.workers.items() if w.startswith(("trn:", "col:"))]
-        version = ray.get(trainers[0].save_checkpoint.remote(str(tmp)))
-        if step is not None and version != step:
+        root = self.cfg.trainer.default_local_dir
+        writer = CheckpointWriter(root, keep=self.cfg.trainer.max_ckpt_to_keep)
+        trainer0 = next(a for w, a in self.workers.items() if w.startswith(("trn:", "col:")))
+        if step is None:
+            step = int(ray.get(trainer0.checksum.remote(), timeout=timeout_s)["version"])
+            existing = checkpoint_dir(root, step)
+            if (existing / "meta.json").is_file():
+                self.last_checkpoint = existing
+                return existing
+        tmp = writer.begin(step)
+        version = ray.get(trainer0.save_checkpoint.remote(str(tmp)), timeout=timeout_s)
+        if version != step:
             raise RuntimeError(f"checkpoint of step {step} found the trainer at version {version}")
-        if step is None:  # the directory name must say which step this is
-            import shutil
-
-            shutil.rmtree(tmp)
-            tmp = writer.begin(version)
-            ray.get(trainers[0].save_checkpoint.remote(str(tmp)))
         meta = {
             "global_step": version, "policy_version": version,
             "data_cursor": version * self.run.prompts_per_step,
@@ -373,7 +382,10 @@ class DigenRLTrainer:
             self.interrupted = True
             self.t_end = self.executor.now()
             if self.driver is not None:
-                self.save_checkpoint(None)
+                try:  # bounded: if the run hung in a collective, the trainer would never answer
+                    self.save_checkpoint(None, timeout_s=INTERRUPT_SAVE_TIMEOUT_S)
+                except Exception as e:  # a dead or hung trainer must not replace the interrupt
+                    print(f"digenrl: no checkpoint written on interrupt: {type(e).__name__}: {e}", file=sys.stderr)
                 self.finish()
             raise
         return self.finish()

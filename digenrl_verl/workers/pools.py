@@ -66,11 +66,12 @@ class PoolManager:
                     f"declared pools: {sorted(self.specs)}"
                 )
 
-    def pool_for(self, role: str):
-        """The `RayResourcePool` of a role (created once, then shared)."""
+    def pool_for(self, role: str, label: str | None = None):
+        """The `RayResourcePool` of a role (created once, then shared); `label` names it in errors
+        (`trainer.digenrl.pools.<label>`, default the role)."""
         name = self.mapping[role]
         if name not in self._pools:
-            check_placeable(self.specs[name], role)
+            check_placeable(self.specs[name], label or role)
             self._pools[name] = make_ray_pool(self.specs[name])
         return self._pools[name]
 
@@ -88,10 +89,13 @@ class PoolManager:
 
 
 def check_placeable(spec: PoolSpec, role: str) -> None:
-    """Fail fast, naming the pool, when the Ray cluster cannot hold it (placement would wait forever)."""
+    """Fail fast, naming the pool, when the Ray cluster cannot hold it now (placement would wait forever).
+
+    Checked against what is still available, so pools already placed (their placement groups hold their
+    resources) count against this one."""
     import ray
 
-    have = ray.cluster_resources()
+    have = ray.available_resources()
     key = f"trainer.digenrl.pools.{role}"
     needs = {"CPU": float(spec.world_size)}
     if spec.use_gpu:
@@ -102,7 +106,7 @@ def check_placeable(spec: PoolSpec, role: str) -> None:
         needs[spec.custom_resource] = 1e-3 * spec.world_size
     for resource, amount in needs.items():
         if have.get(resource, 0.0) < amount:
-            raise ValueError(f"{key}: the Ray cluster offers {have.get(resource, 0.0):g} of resource {resource!r}, "
+            raise ValueError(f"{key}: the Ray cluster has {have.get(resource, 0.0):g} of resource {resource!r} left, "
                              f"the pool needs {amount:g}; start Ray with that resource (e.g. ray start "
                              f"--resources='{{\"{resource}\": 1}}') or change the pool")
 

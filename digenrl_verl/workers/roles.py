@@ -219,8 +219,10 @@ class TrainingMixin:
         self.skipped_steps = 0
 
     def update(self, sample_ids: list[int], advantages: torch.Tensor, loss_denominator: float, tsp: bool,
-               *traj_parts: DataProto) -> dict[str, float]:
-        """Forward/backward over this rank's share of one micro-batch; gradients accumulate."""
+               version: int, *traj_parts: DataProto) -> dict[str, float]:
+        """Forward/backward over this rank's share of one micro-batch with weights `version`; grads accumulate."""
+        if version != self.version:
+            raise RuntimeError(f"trainer rank {self.rank} holds version {self.version}, the UPDATE expects {version}")
         t0 = time.perf_counter()
         data = _concat_rows(traj_parts, sample_ids)
         meta = traj_parts[0].meta_info
@@ -342,11 +344,17 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
         return super().score(sample_ids, *image_parts)
 
     def send_weights(self, version: int, generators: list[int]) -> int:
+        """Rank 0 sends to each listed generator in turn; a failed pair does not stop the others (its
+        generator's own receive_weights call reports the failure, or its death)."""
         if version != self.version:
             raise RuntimeError(f"trainer rank {self.rank} holds version {self.version}, asked to send {version}")
         t0 = time.perf_counter()
-        if self.rank == 0 and generators:
-            self.collectives.send_weights(self.trainable(), generators)
+        if self.rank == 0:
+            for g in generators:
+                try:
+                    self.collectives.send_weights(self.trainable(), [g])
+                except RuntimeError as e:  # gloo/NCCL error towards a generator that died mid-sync
+                    self.failed_sends = getattr(self, "failed_sends", []) + [(version, g, str(e))]
         self.busy_s += time.perf_counter() - t0
         return version
 

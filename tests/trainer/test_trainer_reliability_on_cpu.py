@@ -73,6 +73,8 @@ def test_generator_killed_mid_step_is_replaced_and_every_sample_trains_once(trai
     after = [c for c in completions if c.start >= failed[0].end and c.task.kind == TaskKind.GEN]
     assert after and all("gen:0" not in c.task.workers for c in after)
     assert t.reporter.history[-1]["workers/dead"] == 1  # also across the checkpoint segment boundary
+    ids = [c.task.task_id for c in completions]
+    assert len(ids) == len(set(ids))  # task ids stay unique across segments sharing one trace
     trn = ray.get(t.workers["trn:0"].checksum.remote())
     assert ray.get(t.workers["gen:1"].checksum.remote())["checksum"] == trn["checksum"]
 

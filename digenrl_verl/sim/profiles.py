@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from digenrl_verl.schedule.types import TaskKind
+from digenrl_verl.sim.registry import NamedRegistry
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,12 @@ def _hunyuan(steps: int, frac: float) -> CostProfile:
                            decode=10.0, reward=3.0, opt_step=4.0, sync=8.0, tsp_factor=0.35)
 
 
-PROFILES: dict[str, CostProfile] = {}
+PROFILES: NamedRegistry[CostProfile] = NamedRegistry("cost profile")
 
 
 def register_profile(profile: CostProfile) -> CostProfile:
     """Add a profile; names are unique."""
-    if profile.name in PROFILES:
-        raise ValueError(f"cost profile {profile.name!r} is already registered")
-    PROFILES[profile.name] = profile
-    return profile
+    return PROFILES.register(profile.name, profile)
 
 
 for _steps in (20, 30, 40):
@@ -120,7 +118,4 @@ register_profile(CostProfile("synthetic-scale", gen=10.0, score=0.1, update_loop
 
 
 def get_profile(name: str) -> CostProfile:
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ValueError(f"unknown cost profile {name!r}; valid names: {sorted(PROFILES)}") from None
+    return PROFILES.lookup(name)

@@ -32,6 +32,7 @@ from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.executor import Fault, SimExecutor
 from digenrl_verl.sim.profiles import CostProfile, get_profile
+from digenrl_verl.sim.registry import NamedRegistry
 
 TCSS_FRACTION = 0.25
 
@@ -57,14 +58,11 @@ class Scenario:
     paper_speedup: str | None = None
 
 
-SCENARIOS: dict[str, Scenario] = {}
+SCENARIOS: NamedRegistry[Scenario] = NamedRegistry("scenario")
 
 
 def register_scenario(s: Scenario) -> Scenario:
-    if s.name in SCENARIOS:
-        raise ValueError(f"scenario {s.name!r} is already registered")
-    SCENARIOS[s.name] = s
-    return s
+    return SCENARIOS.register(s.name, s)
 
 
 for _steps in (20, 30, 40):
@@ -82,10 +80,7 @@ LADDER = ("colocated", "naive", "+GAP", "+TSP", "+TAG static", "+TAG BTS", "+TCS
 
 
 def get_scenario(name: str) -> Scenario:
-    try:
-        return SCENARIOS[name]
-    except KeyError:
-        raise ValueError(f"unknown scenario {name!r}; valid names: {sorted(SCENARIOS)}") from None
+    return SCENARIOS.lookup(name)
 
 
 def step_costs(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfile) -> StepCosts:

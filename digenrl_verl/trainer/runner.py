@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.schedule.types import Task, TaskKind
 from digenrl_verl.trainer.config import RunSpec
 from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batch
@@ -32,9 +33,7 @@ class StepMetrics:
     """Per-step accumulators fed by completed tasks."""
 
     rewards: dict[int, float] = field(default_factory=dict)
-    loss: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    ratio_min: float = float("inf")
-    ratio_max: float = float("-inf")
+    loss: LossStats = field(default_factory=LossStats)
     opt: dict[str, float] = field(default_factory=dict)
 
 
@@ -171,13 +170,7 @@ class DigenRLTrainer:
                 m.rewards.update({int(s): float(r) for s, r in zip(v["sample_ids"], v["scores"])})
         elif task.kind == TaskKind.UPDATE:
             for v in values:
-                for k, x in v.items():
-                    if k == "ratio_min":
-                        m.ratio_min = min(m.ratio_min, x)
-                    elif k == "ratio_max":
-                        m.ratio_max = max(m.ratio_max, x)
-                    else:
-                        m.loss[k] += x
+                m.loss = m.loss + LossStats(**v)
         elif task.kind == TaskKind.OPT_STEP:
             m.opt = dict(values[0])
 
@@ -185,18 +178,12 @@ class DigenRLTrainer:
         m = self.metrics.pop(result.step)
         r_all = np.array(list(m.rewards.values()), dtype=np.float64)
         r = r_all[np.isfinite(r_all)]
-        rows = max(m.loss.get("rows", 0.0), 1.0)
         samples = self.run.prompts_per_step * self.run.n
         out = {
             "reward/mean": float(r.mean()) if r.size else float("nan"),
             "reward/std": float(r.std()) if r.size else float("nan"),
             "reward/nonfinite_samples": int(r_all.size - r.size),
-            "actor/pg_loss": m.loss.get("pg_sum", 0.0) / rows,
-            "actor/kl_loss": m.loss.get("kl_sum", 0.0) / rows,
-            "actor/pg_clipfrac": m.loss.get("clipped", 0.0) / rows,
-            "actor/approx_kl": 0.5 * m.loss.get("sq_log_ratio_sum", 0.0) / rows,
-            "actor/ratio_mean": m.loss.get("ratio_sum", 0.0) / rows,
-            "actor/ratio_min": m.ratio_min, "actor/ratio_max": m.ratio_max,
+            **m.loss.metrics("actor/"),
             "actor/grad_norm": m.opt.get("grad_norm", float("nan")),
             "actor/skipped_step": m.opt.get("skipped", 0.0),
             "timing/step_s": result.end - result.start,

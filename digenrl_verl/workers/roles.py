@@ -242,9 +242,7 @@ class TrainingMixin:
         stats = accumulate_gradients(self.adapter, cond, traj, advantages.to(self.device, torch.float32),
                                      self.train_spec.loss, tsp_cfg, loss_denominator, old_log_probs=old)
         self.busy_s += time.perf_counter() - t0
-        out = dict(vars(stats))
-        out["stale_rows"] = float((data.batch["policy_version"] < self.version).sum()) * traj.num_steps
-        return out
+        return dict(vars(stats))  # LossStats sums: the driver side merges them across micro-batches and ranks
 
     def save_checkpoint(self, path: str) -> int:
         """Rank 0 writes weights, optimizer moments and RNG into `path`; returns the version saved.

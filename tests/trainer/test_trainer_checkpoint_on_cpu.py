@@ -16,12 +16,15 @@ def _model_and_opt(seed):
     return m, opt
 
 
+def _save(writer, m, opt, step):
+    tmp = writer.begin(step)
+    ckpt.save_trainer_state(tmp, dict(m.named_parameters()), opt)
+    return writer.commit(tmp, step, {"global_step": step})
+
+
 def test_round_trip_restores_weights_optimizer_and_rng(tmp_path):
     m, opt = _model_and_opt(0)
-    writer = ckpt.CheckpointWriter(tmp_path)
-    tmp = writer.begin(1)
-    ckpt.save_trainer_state(tmp, dict(m.named_parameters()), opt)
-    path = writer.commit(tmp, 1, {"global_step": 1})
+    path = _save(ckpt.CheckpointWriter(tmp_path), m, opt, 1)
     rng_after_save = torch.rand(3)
     m2, opt2 = _model_and_opt(1)
     ckpt.load_trainer_state(path, dict(m2.named_parameters()), opt2)
@@ -37,9 +40,7 @@ def test_keep_last_n_and_latest(tmp_path):
     m, opt = _model_and_opt(0)
     writer = ckpt.CheckpointWriter(tmp_path, keep=2)
     for step in (2, 4, 6):
-        tmp = writer.begin(step)
-        ckpt.save_trainer_state(tmp, dict(m.named_parameters()), opt)
-        writer.commit(tmp, step, {"global_step": step})
+        _save(writer, m, opt, step)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_4", "global_step_6"]
     assert ckpt.latest_checkpoint(tmp_path).name == "global_step_6"
 
@@ -47,9 +48,7 @@ def test_keep_last_n_and_latest(tmp_path):
 def test_a_crash_mid_write_leaves_the_previous_checkpoint_as_latest(tmp_path, monkeypatch):
     m, opt = _model_and_opt(0)
     writer = ckpt.CheckpointWriter(tmp_path)
-    tmp = writer.begin(2)
-    ckpt.save_trainer_state(tmp, dict(m.named_parameters()), opt)
-    writer.commit(tmp, 2, {"global_step": 2})
+    _save(writer, m, opt, 2)
     calls = []
 
     def dying_save(tensors, filename):
@@ -69,10 +68,7 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint_as_latest(tmp_path, mo
 
 def test_loading_into_another_model_names_the_mismatch(tmp_path):
     m, opt = _model_and_opt(0)
-    writer = ckpt.CheckpointWriter(tmp_path)
-    tmp = writer.begin(1)
-    ckpt.save_trainer_state(tmp, dict(m.named_parameters()), opt)
-    path = writer.commit(tmp, 1, {"global_step": 1})
+    path = _save(ckpt.CheckpointWriter(tmp_path), m, opt, 1)
     other = torch.nn.Sequential(torch.nn.Linear(3, 2))
     with pytest.raises(ValueError, match="does not match the model"):
         ckpt.load_trainer_state(path, dict(other.named_parameters()), None)

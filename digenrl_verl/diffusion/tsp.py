@@ -87,6 +87,7 @@ def accumulate_gradients(
     loss_denominator: float,
     *,
     old_log_probs: torch.Tensor | None = None,
+    min_passes: int = 0,
 ) -> LossStats:
     """Forward + backward over every (sample, trained step) row of a micro-batch; gradients accumulate.
 
@@ -99,6 +100,10 @@ def accumulate_gradients(
         tsp_cfg: `per_timestep` or `batched` (+ chunk size).
         loss_denominator: total rows (samples × trained steps) of the whole global step.
         old_log_probs: [B, K] log-probs of the old policy; default the rollout ones (`traj.log_probs`).
+        min_passes: run at least this many forward/backward passes; the extra ones repeat row (0, 0) with the
+            loss scaled by 0 (no gradient, no stats). Sharded (FSDP2) trainer ranks must run the same number of
+            passes, since every pass is a collective; ranks holding fewer rows pad up to the largest share
+            (`count_passes`).
     Returns:
         LossStats summed over the micro-batch's rows.
     """
@@ -110,7 +115,8 @@ def accumulate_gradients(
                          f"{list(old.shape)} and {list(advantages.shape)}")
     kind = get_sde_kind(traj.sde_type)
     stats = LossStats()
-    for b, k in row_groups(b_total, k_total, tsp_cfg):
+
+    def one_pass(b: torch.Tensor, k: torch.Tensor, scale: float) -> LossStats:
         rows = _gather(traj, b, k)
         sub = cond.index_select(b)
         ref_mean = None
@@ -126,27 +132,46 @@ def accumulate_gradients(
         loss, s = policy_loss(out.log_prob, old[b.to(old.device), k.to(old.device)].to(dev),
                               advantages[b.to(advantages.device)].to(dev), loss_cfg, loss_denominator,
                               mean=out.mean, ref_mean=ref_mean, std_dev_t=out.std_dev_t, std=out.std)
-        loss.backward()
-        stats = stats + s
+        (loss * scale if scale != 1.0 else loss).backward()
+        return s
+
+    passes = 0
+    for b, k in row_groups(b_total, k_total, tsp_cfg):
+        stats = stats + one_pass(b, k, 1.0)
+        passes += 1
+    for _ in range(passes, min_passes):  # lock-step padding (see the docstring): same collectives, no gradient
+        one_pass(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 0.0)
     return stats
+
+
+def count_passes(batch_size: int, num_steps: int, cfg: TSPConfig) -> int:
+    """Forward passes `accumulate_gradients` / `compute_log_probs` run for `batch_size` samples."""
+    return sum(1 for _ in row_groups(batch_size, num_steps, cfg))
 
 
 @torch.no_grad()
 def compute_log_probs(adapter: DiffusionAdapter, cond: Conditioning, traj: Trajectory, *,
-                      tsp_cfg: TSPConfig = TSPConfig(), reference: bool = False) -> torch.Tensor:
+                      tsp_cfg: TSPConfig = TSPConfig(), reference: bool = False, min_passes: int = 0) -> torch.Tensor:
     """Log-probs [B, K] of the recorded steps under the current policy (or the reference), without grad.
 
     This is the optional recompute pass for `old_log_probs`; on-policy, it equals `traj.log_probs` up to fp32
-    rounding (the on-policy check: max |exp(recomputed − rollout) − 1|).
+    rounding (the on-policy check: max |exp(recomputed − rollout) − 1|). `min_passes`: lock-step padding, as
+    in `accumulate_gradients` (extra forwards of row (0, 0), discarded).
     """
     _check(cond, traj)
     out = torch.zeros(traj.batch_size, traj.num_steps, dtype=torch.float32, device=traj.log_probs.device)
     ctx = adapter.reference() if reference else contextlib.nullcontext()
     with ctx:
+        passes = 0
         for b, k in row_groups(traj.batch_size, traj.num_steps, tsp_cfg):
             rows = _gather(traj, b, k)
             v = adapter.velocity(rows["x"], rows["sigma"], cond.index_select(b))
             step = sde_step(traj.sde_type, v, rows["x"], rows["sigma"], rows["sigma_next"], traj.noise_level,
                             prev_sample=rows["prev"])
             out[b.to(out.device), k.to(out.device)] = step.log_prob.to(out.device)
+            passes += 1
+        for _ in range(passes, min_passes):
+            first = torch.zeros(1, dtype=torch.long)
+            rows = _gather(traj, first, first)
+            adapter.velocity(rows["x"], rows["sigma"], cond.index_select(first))
     return out

@@ -30,7 +30,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -55,19 +55,37 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return json.loads((Path(path) / "meta.json").read_text())
 
 
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _copy_to(like: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    return value.to(device=like.device, dtype=like.dtype, copy=True)
+
+
 def save_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Parameter],
-                       optimizer: torch.optim.Optimizer) -> None:
-    """Weights, optimizer moments and RNG of one trainer rank into `path` (an existing directory)."""
+                       optimizer: torch.optim.Optimizer, *, full: Callable[[torch.Tensor], torch.Tensor] = _identity,
+                       write: bool = True) -> None:
+    """Weights, optimizer moments and RNG of a trainer into `path` (an existing directory).
+
+    Args:
+        full: the whole value of a parameter or moment (`GradientSync.full`: a collective under FSDP2, so every
+            trainer rank calls this function; only the one with `write=True` writes). The files always hold
+            whole tensors, whatever the strategy that wrote them.
+        write: write the files (trainer rank 0) or only take part in the gathers.
+    """
     path = Path(path)
     names = list(named_params)
-    save_file({k: v.detach().cpu().contiguous() for k, v in named_params.items()}, str(path / "model.safetensors"))
+    weights = {k: full(v.detach()).cpu().contiguous() for k, v in named_params.items()}
     index = {id(p): i for i, p in enumerate(named_params.values())}
     tensors: dict[str, torch.Tensor] = {}
-    for p, state in optimizer.state.items():
-        i = index[id(p)]
-        for key, value in state.items():
-            t = value if torch.is_tensor(value) else torch.tensor(value)
-            tensors[f"{i}.{key}"] = t.detach().cpu().contiguous()
+    for p in named_params.values():  # parameter order: the same gathers on every rank
+        for key, value in sorted(optimizer.state.get(p, {}).items()):
+            t = full(value) if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"{index[id(p)]}.{key}"] = t.detach().cpu().contiguous()
+    if not write:
+        return
+    save_file(weights, str(path / "model.safetensors"))
     save_file(tensors, str(path / "optimizer.safetensors"))
     groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     (path / "optimizer.json").write_text(json.dumps({"param_names": names, "param_groups": groups}, default=list))
@@ -75,8 +93,11 @@ def save_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Par
 
 
 def load_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Parameter],
-                       optimizer: torch.optim.Optimizer | None) -> None:
-    """Inverse of `save_trainer_state` (weights always; optimizer and RNG when an optimizer is given)."""
+                       optimizer: torch.optim.Optimizer | None, *,
+                       place: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _copy_to) -> None:
+    """Inverse of `save_trainer_state` (weights always; optimizer and RNG when an optimizer is given).
+
+    `place(like, whole)` lays a whole tensor out like `like` (`GradientSync.place`: its shard under FSDP2)."""
     path = Path(path)
     weights = load_file(str(path / "model.safetensors"))
     if set(weights) != set(named_params):
@@ -85,7 +106,7 @@ def load_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Par
                          "(was it written for another model or LoRA config?)")
     with torch.no_grad():
         for k, p in named_params.items():
-            p.copy_(weights[k])
+            p.copy_(place(p, weights[k]))
     if optimizer is None:
         return
     meta = json.loads((path / "optimizer.json").read_text())
@@ -99,8 +120,8 @@ def load_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Par
         state.setdefault(int(i), {})[name] = t
     optimizer.state.clear()
     for i, s in state.items():
-        p = params[i]  # moments live with their parameter (GPU); AdamW keeps `step` on the CPU
-        optimizer.state[p] = {k: v.clone() if k == "step" else v.to(p.device, copy=True) for k, v in s.items()}
+        p = params[i]  # moments live with their parameter (GPU, and sharded like it); AdamW keeps `step` on the CPU
+        optimizer.state[p] = {k: v.clone() if k == "step" else place(p, v) for k, v in s.items()}
     for group, saved in zip(optimizer.param_groups, meta["param_groups"]):
         group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
     torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_cpu"])

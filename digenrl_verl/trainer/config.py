@@ -314,6 +314,48 @@ def _device(cfg: DictConfig, digenrl: DigenRLConfig) -> str:
     return "cpu"
 
 
+def _sharding(cfg: DictConfig, digenrl: DigenRLConfig, n: int) -> "ShardingSpec":
+    """`actor_rollout_ref.actor.strategy` → how the trainer pool splits its model (see `workers.sharding`).
+
+    FSDP2 applies to the trainer pool of a disaggregated run with more than one rank. A single trainer rank has
+    nothing to shard with; colocated ranks sample their own micro-batches, which sharded forwards (collectives
+    over all ranks) cannot do, so they keep a whole model each (the data-parallel baseline)."""
+    import warnings
+
+    from digenrl_verl.workers.sharding import STRATEGIES, STRATEGY_KEY, ShardingSpec
+
+    strategy = _key(cfg, STRATEGY_KEY, "fsdp")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"{STRATEGY_KEY}={strategy!r}; valid: {list(STRATEGIES)} (fsdp and fsdp2 both mean FSDP2 "
+                         "fully_shard over the trainer pool; ddp keeps a whole model per trainer rank)")
+    if strategy == "ddp":
+        return ShardingSpec("ddp")
+    if digenrl.mode != "disaggregated":
+        if strategy == "fsdp2" and digenrl.pools["colocated"].size > 1:
+            warnings.warn(f"{STRATEGY_KEY}=fsdp2 in trainer.digenrl.mode=colocated: colocated ranks keep a whole "
+                          "model each and all-reduce gradients (FSDP2 applies to the trainer pool of mode="
+                          "disaggregated)", UserWarning, stacklevel=3)
+        return ShardingSpec("ddp")
+    trainers = digenrl.pools["trainer"].size
+    fsdp_size = _key(cfg, "actor_rollout_ref.actor.fsdp_config.fsdp_size", -1)
+    if fsdp_size not in (-1, None, trainers):
+        raise ValueError(f"actor_rollout_ref.actor.fsdp_config.fsdp_size={fsdp_size}: hybrid sharding is not "
+                         f"implemented; use -1 (shard over the whole trainer pool, {trainers} ranks)")
+    if trainers == 1:
+        return ShardingSpec("ddp")
+    if n < trainers:
+        raise ValueError(f"{STRATEGY_KEY}={strategy} shards the model over {trainers} trainer ranks, which run every "
+                         f"forward together, so each needs a sample of every micro-batch, but actor_rollout_ref."
+                         f"rollout.n={n} < {trainers}: raise rollout.n, shrink trainer.digenrl.pools.trainer, or set "
+                         f"{STRATEGY_KEY}=ddp")
+    prefixes = _key(cfg, "actor_rollout_ref.model.fsdp_layer_prefixes")
+    if isinstance(prefixes, str):
+        prefixes = [prefixes]
+    wrap = _key(cfg, "actor_rollout_ref.actor.fsdp_config.wrap_policy", {}) or {}
+    return ShardingSpec(strategy, tuple(prefixes) if prefixes else None, int(wrap.get("min_num_params") or 0),
+                        bool(_key(cfg, "actor_rollout_ref.actor.fsdp_config.reshard_after_forward", True)))
+
+
 def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix."""
     from digenrl_verl.diffusion.advantages import AdvantageConfig
@@ -439,7 +481,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics
         recompute = backend != "diffusers" or policy.dtype != "float32"
     train = TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp_chunk_size,
-                      recompute_old_log_probs=bool(recompute))
+                      recompute_old_log_probs=bool(recompute), sharding=_sharding(cfg, digenrl, int(n)))
 
     custom = dict(_key(cfg, "reward.custom_reward_function", {}) or {})
     reward_fns = _key(cfg, "reward.reward_functions")

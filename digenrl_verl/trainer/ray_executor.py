@@ -7,7 +7,7 @@ The driver (`schedule.driver`) decides; this class only interprets its tasks:
 | GEN       | `generate(shard, version)` on each generator in the assignment (2 returns)        |
 | TAG_GEN   | the same method on trainer workers (their current, not yet stepped weights)       |
 | SCORE     | `score(sample_ids, *image_refs)` on the generator(s) named by the task            |
-| UPDATE    | `update(sample_ids, advantages, denominator, tsp, version, *trajectory_refs)`     |
+| UPDATE    | `update(sample_ids, advantages, denominator, tsp, version, max_share, *traj_refs)`|
 | OPT_STEP  | `opt_step(version)` on every trainer (gradients all-reduced inside)               |
 | SYNC      | `send_weights(version, gens)` on trainers + `receive_weights(version)` on gens    |
 
@@ -244,10 +244,11 @@ class RayExecutor:
     def _update(self, task: Task) -> _InFlight:
         f = _InFlight(task, self.now(), [], [])
         denominator = len(self.step_batch(task.step)) * self.rows_per_sample
+        max_share = max(len(samples) for _, samples in task.assignment)
         for worker, samples in task.assignment:
             adv = self.advantages(task.step, samples) if samples else torch.zeros(0)
             f.add(self.workers[worker].update.remote(
-                list(samples), adv, denominator, "tsp" in task.flags, task.version,
+                list(samples), adv, denominator, "tsp" in task.flags, task.version, max_share,
                 *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
         return f
 

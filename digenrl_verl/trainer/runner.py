@@ -250,15 +250,16 @@ class DigenRLTrainer:
 
         root = self.cfg.trainer.default_local_dir
         writer = CheckpointWriter(root, keep=self.cfg.trainer.max_ckpt_to_keep)
-        trainer0 = next(a for w, a in self.workers.items() if w.startswith(("trn:", "col:")))
+        trainers = [a for w, a in self.workers.items() if w.startswith(("trn:", "col:"))]
         if step is None:
-            step = int(ray.get(trainer0.checksum.remote(), timeout=timeout_s)["version"])
+            step = int(ray.get(trainers[0].current_version.remote(), timeout=timeout_s))
             existing = checkpoint_dir(root, step)
             if (existing / "meta.json").is_file():
                 self.last_checkpoint = existing
                 return existing
         tmp = writer.begin(step)
-        version = ray.get(trainer0.save_checkpoint.remote(str(tmp)), timeout=timeout_s)
+        # every trainer rank is called (sharded ranks gather whole tensors together); rank 0 writes
+        version = ray.get([a.save_checkpoint.remote(str(tmp)) for a in trainers], timeout=timeout_s)[0]
         if version != step:
             raise RuntimeError(f"checkpoint of step {step} found the trainer at version {version}")
         meta = {
@@ -340,15 +341,27 @@ class DigenRLTrainer:
         (self.output_dir / "summary.json").write_text(json.dumps({"summary": summary, "workers": workers}, indent=1))
         return summary
 
+    def trainable_state(self, worker: str) -> dict[str, torch.Tensor]:
+        """The whole trainable weights `worker` holds (CPU tensors). Sharded trainer ranks gather them together,
+        so the call goes to every trainer rank and returns the asked one's answer."""
+        import ray
+
+        if worker.startswith("trn:") and self.run.train.sharding.sharded:
+            ranks = sorted((w for w in self.workers if w.startswith("trn:")), key=lambda w: int(w.partition(":")[2]))
+            states = ray.get([self.workers[w].trainable_state.remote() for w in ranks])
+            return states[ranks.index(worker)]
+        return ray.get(self.workers[worker].trainable_state.remote())
+
     def worker_stats(self) -> dict[str, dict[str, Any]]:
         """checksum() of every worker; a dead worker reports version -1 and no memory figure."""
         import ray
         from ray.exceptions import RayActorError
 
         out = {}
-        for w, actor in self.workers.items():
+        refs = {w: actor.checksum.remote() for w, actor in self.workers.items()}  # all first: a collective on FSDP2
+        for w, ref in refs.items():
             try:
-                out[w] = ray.get(actor.checksum.remote(), timeout=60)
+                out[w] = ray.get(ref, timeout=60)
             except (RayActorError, ray.exceptions.GetTimeoutError):
                 out[w] = {"version": -1, "checksum": "", "rss_mb": float("nan"), "busy_s": float("nan"), "dead": True}
         return out

@@ -45,10 +45,12 @@ from verl.single_controller.base.decorator import Dispatch, register
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.trainer.data import EXTRA_COLUMNS
 from digenrl_verl.diffusion.rollout import Trajectory, rollout
-from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
+from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs, count_passes
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
 from digenrl_verl.workers.dispatch import ROWS_KEY, assigned_dispatch_mode
+from digenrl_verl.workers.sharding import (FullyShardedDataParallel, GradientSync, ReplicatedDataParallel,
+                                           full_state)
 from digenrl_verl.workers.weight_sync import CollectiveSpec, Collectives, state_checksum
 
 TRAJECTORY_KEYS = ("latents", "next_latents", "sigmas", "next_sigmas", "step_index")
@@ -108,7 +110,26 @@ class SamplingMixin:
         self.busy_s = 0.0
 
     def trainable(self) -> dict[str, torch.Tensor]:
+        """The trainable parameters as this rank holds them (shards under FSDP2)."""
         return {n: p for n, p in self.adapter.transformer.named_parameters() if p.requires_grad}
+
+    def full_trainable(self) -> dict[str, torch.Tensor]:
+        """The whole trainable weights, detached (a collective on sharded trainers: every trainer rank calls it)."""
+        sync = getattr(self, "grad_sync", None)
+        if sync is None:
+            return {k: v.detach() for k, v in self.trainable().items()}
+        return full_state(sync, self.trainable())
+
+    @property
+    def lockstep(self) -> bool:
+        """True on sharded (FSDP2) trainers: every forward is a collective over the trainer ranks."""
+        sync = getattr(self, "grad_sync", None)
+        return bool(sync is not None and sync.lockstep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def current_version(self) -> int:
+        """The policy version held (never a collective, unlike `checksum`)."""
+        return self.version
 
     def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto]:
         """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`."""
@@ -141,12 +162,12 @@ class SamplingMixin:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def checksum(self) -> dict[str, Any]:
         """Version and sha256 of the trainable weights (weight-sync checks), plus peak RSS."""
-        return {"version": self.version, "checksum": state_checksum(self.trainable()), "rss_mb": _rss_mb(),
+        return {"version": self.version, "checksum": state_checksum(self.full_trainable()), "rss_mb": _rss_mb(),
                 "busy_s": self.busy_s}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.trainable().items()}
+        return {k: v.cpu().clone() for k, v in self.full_trainable().items()}
 
     @register(dispatch_mode=assigned_dispatch_mode())
     def evaluate(self, shard: DataProto) -> DataProto:
@@ -159,6 +180,9 @@ class SamplingMixin:
 
         nt = shard.non_tensor_batch
         if len(shard) == 0:
+            if self.lockstep:  # the other trainer ranks' forwards are collectives: take part with a dummy sample
+                pad = dataclasses.replace(self.policy_spec.rollout, sde_type="ode", noise_level=0.0)
+                rollout(self.adapter, self.adapter.encode_prompts([""]), [SampleKey(-1, "pad", 0)], pad)
             return DataProto.from_dict(tensors={"eval_reward": torch.zeros(0)}, meta_info=dict(shard.meta_info))
         keys = [SampleKey(-1, str(u), int(i)) for u, i in zip(nt["uid"], nt["sample_index"])]
         cfg = dataclasses.replace(self.policy_spec.rollout, sde_type="ode", noise_level=0.0)
@@ -210,17 +234,32 @@ class TrainingMixin:
     collectives: Collectives
 
     def _build_training(self, spec: TrainSpec) -> None:
+        """Keep the spec; the model is sharded and the optimizer built in `_build_parallel`, once the trainer
+        process group exists (FSDP2 needs it, and the optimizer must see the sharded parameters)."""
         self.train_spec = spec
+        self.optimizer = None
+        self.grad_sync: GradientSync | None = None
+        self.skipped_steps = 0
+
+    def _build_parallel(self, collectives: Collectives) -> None:
+        spec = self.train_spec
+        if spec.sharding.sharded:
+            self.grad_sync = FullyShardedDataParallel(self.adapter.transformer, self.adapter.denoiser,
+                                                      collectives.trainer_group, spec.sharding, self.device)
+        else:
+            self.grad_sync = ReplicatedDataParallel(collectives)
         o = spec.optim
         params = list(self.trainable().values())
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                            weight_decay=o.weight_decay)
         self.optimizer.zero_grad(set_to_none=True)
-        self.skipped_steps = 0
 
     def update(self, sample_ids: list[int], advantages: torch.Tensor, loss_denominator: float, tsp: bool,
-               version: int, *traj_parts: DataProto) -> dict[str, float]:
-        """Forward/backward over this rank's share of one micro-batch with weights `version`; grads accumulate."""
+               version: int, max_share: int, *traj_parts: DataProto) -> dict[str, float]:
+        """Forward/backward over this rank's share of one micro-batch with weights `version`; grads accumulate.
+
+        `max_share`: the largest share of this micro-batch over the trainer ranks; sharded ranks pad their
+        passes up to it (lock-step, see `workers.sharding`)."""
         if version != self.version:
             raise RuntimeError(f"trainer rank {self.rank} holds version {self.version}, the UPDATE expects {version}")
         t0 = time.perf_counter()
@@ -233,32 +272,35 @@ class TrainingMixin:
         traj = Trajectory.from_tensors(tensors, meta["sde_type"], meta["noise_level"]).to(self.device)
         cond = self.adapter.encode_prompts(list(data.non_tensor_batch["raw_prompt"]))
         tsp_cfg = TSPConfig("batched", self.train_spec.tsp_chunk_size) if tsp else TSPConfig("per_timestep")
+        passes = count_passes(max_share, traj.num_steps, tsp_cfg) if self.lockstep else 0
         old = traj.log_probs
         if self.train_spec.recompute_old_log_probs:
             fresh = data.batch["policy_version"] == self.version
-            if bool(fresh.any()):
+            if bool(fresh.any()) or self.lockstep:  # lock-step ranks all run the pass, needed or not
                 old = old.clone()
-                old[fresh] = compute_log_probs(self.adapter, cond, traj, tsp_cfg=tsp_cfg)[fresh]
+                old[fresh] = compute_log_probs(self.adapter, cond, traj, tsp_cfg=tsp_cfg, min_passes=passes)[fresh]
         stats = accumulate_gradients(self.adapter, cond, traj, advantages.to(self.device, torch.float32),
-                                     self.train_spec.loss, tsp_cfg, loss_denominator, old_log_probs=old)
+                                     self.train_spec.loss, tsp_cfg, loss_denominator, old_log_probs=old,
+                                     min_passes=passes)
         self.busy_s += time.perf_counter() - t0
         return dict(vars(stats))  # LossStats sums: the driver side merges them across micro-batches and ranks
 
     def save_checkpoint(self, path: str) -> int:
-        """Rank 0 writes weights, optimizer moments and RNG into `path`; returns the version saved.
+        """Rank 0 writes weights, optimizer moments and RNG into `path`; returns the version saved. Every
+        trainer rank is called (sharded ranks take part in the gathers of whole tensors).
 
         Actor calls run one at a time, so this sees the state after the last completed optimizer step
         (gradients accumulated since are transient and not saved)."""
-        if self.rank == 0:
-            from digenrl_verl.trainer.checkpoint import save_trainer_state
+        from digenrl_verl.trainer.checkpoint import save_trainer_state
 
-            save_trainer_state(path, self.trainable(), self.optimizer)
+        if self.rank == 0 or self.lockstep:
+            save_trainer_state(path, self.trainable(), self.optimizer, full=self.grad_sync.full, write=self.rank == 0)
         return self.version
 
     def load_checkpoint(self, path: str, version: int) -> int:
         from digenrl_verl.trainer.checkpoint import load_trainer_state
 
-        load_trainer_state(path, self.trainable(), self.optimizer)
+        load_trainer_state(path, self.trainable(), self.optimizer, place=self.grad_sync.place)
         self.optimizer.zero_grad(set_to_none=True)
         self.version = version
         return version
@@ -269,22 +311,24 @@ class TrainingMixin:
             raise RuntimeError(f"trainer rank {self.rank} at version {self.version} asked to produce version {version}")
         t0 = time.perf_counter()
         params = list(self.trainable().values())
-        self.collectives.all_reduce_grads(params)
+        self.grad_sync.reduce_grads(params)
         grads = [p.grad for p in params if p.grad is not None]
-        finite = all(bool(torch.isfinite(g).all()) for g in grads)
         clip = self.train_spec.optim.grad_clip
+        norm = 0.0
+        if grads:
+            # the global norm (all-reduced over shards under FSDP2) is finite iff every gradient is: every rank
+            # takes the same decision. A non-finite norm leaves the gradients unscaled, and no step is taken.
+            total = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
+            norm = float(self.grad_sync.full(total))
+        finite = math.isfinite(norm)
         if grads and finite:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf))
-        else:
-            norm = float("nan") if grads else 0.0
-        if grads and finite and math.isfinite(norm):
             self.optimizer.step()
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.version = version
         self.busy_s += time.perf_counter() - t0
-        return {"grad_norm": norm, "skipped": float(not (grads and finite and math.isfinite(norm))),
+        return {"grad_norm": norm, "skipped": float(not (grads and finite)),
                 "version": float(version)}
 
 
@@ -293,8 +337,11 @@ class _Base(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join(self, spec: CollectiveSpec) -> int:
-        """Join the process group spanning both pools (collective: every worker must call it)."""
+        """Join the process group spanning both pools (collective: every worker must call it); trainers then
+        shard their model (FSDP2) or not, and build their optimizer."""
         self.collectives = Collectives(spec, "generator" if self.role == "generator" else "trainer", self.rank)
+        if hasattr(self, "train_spec"):
+            self._build_parallel(self.collectives)
         return self.collectives.global_rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -347,10 +394,11 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
         if version != self.version:
             raise RuntimeError(f"trainer rank {self.rank} holds version {self.version}, asked to send {version}")
         t0 = time.perf_counter()
+        weights = self.full_trainable() if self.rank == 0 or self.lockstep else {}
         if self.rank == 0:
             for g in generators:
                 try:
-                    self.collectives.send_weights(self.trainable(), [g])
+                    self.collectives.send_weights(weights, [g])
                 except RuntimeError as e:  # gloo/NCCL error towards a generator that died mid-sync
                     self.failed_sends = getattr(self, "failed_sends", []) + [(version, g, str(e))]
         self.busy_s += time.perf_counter() - t0

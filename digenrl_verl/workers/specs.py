@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
+from digenrl_verl.workers.sharding import ShardingSpec
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,11 @@ class TrainSpec:
         recompute_old_log_probs: recompute old log-probs with the trainer's weights before the update
             (verl-omni's extra forward) instead of using the rollout ones. Only samples generated with the
             trainer's current version are recomputed; stale samples keep their behaviour log-probs.
+        sharding: replicated data parallel or FSDP2 over the trainer ranks (`workers.sharding`).
     """
 
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimSpec = field(default_factory=OptimSpec)
     tsp_chunk_size: int | None = None
     recompute_old_log_probs: bool = False
+    sharding: ShardingSpec = field(default_factory=ShardingSpec)

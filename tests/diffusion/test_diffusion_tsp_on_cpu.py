@@ -4,7 +4,7 @@ import torch
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
-from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
+from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs, count_passes
 
 PROMPTS = ["a red cube", "a blue sphere", "a green cone"]
 CFGS = {
@@ -100,6 +100,36 @@ def test_partition_invariance_of_the_normalisation(make_tiny_adapter):
         accumulate_gradients(adapter, cond.index_select(i), traj.index_select(i), adv[i], loss_cfg, tsp,
                              2 * len(idx) * traj.num_steps)
     assert _max_rel_err(_grads(adapter), whole) > 1e-3
+    _zero(adapter)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_lockstep_padding_passes_run_the_model_but_add_no_gradient(make_tiny_adapter, kl_coef):
+    adapter = make_tiny_adapter(seed=3)
+    cond, traj = _sample(adapter, CFGS["flow_grpo"], group=1)  # 3 samples
+    _perturb(adapter)
+    adv, loss_cfg, tsp = torch.tensor([1.0, -1.0, 0.5]), LossConfig(clip_ratio=1e-2, kl_coef=kl_coef), TSPConfig("batched", 2)
+    denom = traj.batch_size * traj.num_steps
+    own = count_passes(traj.batch_size, traj.num_steps, tsp)
+    assert own == -(-traj.batch_size * traj.num_steps // 2)
+    plain = accumulate_gradients(adapter, cond, traj, adv, loss_cfg, tsp, denom)
+    ref = _grads(adapter)
+    _zero(adapter)
+    calls = []
+    hook = adapter.transformer.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        padded = accumulate_gradients(adapter, cond, traj, adv, loss_cfg, tsp, denom, min_passes=own + 3)
+        forwards = len(calls)
+        calls.clear()
+        old = compute_log_probs(adapter, cond, traj, tsp_cfg=tsp, min_passes=own + 2)
+        assert len(calls) == own + 2
+    finally:
+        hook.remove()
+    # every pass is a policy forward (the KL term's reference forwards run on the frozen copy, not hooked here)
+    assert forwards == own + 3
+    assert all(torch.equal(g, r) for g, r in zip(_grads(adapter), ref))  # padding adds exactly nothing
+    assert padded.rows == plain.rows and padded.metrics() == plain.metrics()
+    assert torch.equal(old, compute_log_probs(adapter, cond, traj, tsp_cfg=tsp))
     _zero(adapter)
 
 

@@ -41,6 +41,11 @@ CASES = [
     ([DISAGG, "algorithm.global_std=true"], ["algorithm.global_std", "false"]),
     (["trainer.total_training_steps=0"], ["trainer.total_training_steps"]),
     ([DISAGG, "trainer.digenrl.pools.generator.use_gpu=true"], ["use_gpu", "trainer.device=cuda"]),
+    (["actor_rollout_ref.actor.strategy=megatron"], ["actor_rollout_ref.actor.strategy", "fsdp2", "ddp"]),
+    ([DISAGG, "trainer.digenrl.pools.trainer.workers_per_node=3", "actor_rollout_ref.rollout.n=2"],
+     ["actor_rollout_ref.actor.strategy=fsdp", "rollout.n=2 < 3", "strategy=ddp"]),
+    ([DISAGG, "trainer.digenrl.pools.trainer.workers_per_node=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1"],
+     ["fsdp_config.fsdp_size=1", "hybrid sharding", "-1"]),
 ]
 
 
@@ -88,3 +93,29 @@ def test_ocr_reward_without_its_extra_says_how_to_install_it(tiny_flux_dir, monk
                         lambda name, *a: None if name == "rapidocr_onnxruntime" else real(name, *a))
     with pytest.raises(ValueError, match=r"reward.reward_functions.*pip install digenrl-verl\[ocr\]"):
         _build(tiny_flux_dir, "reward.reward_functions={ocr: 1.0}")
+
+
+@pytest.mark.parametrize("overrides,want", [
+    ([DISAGG, "trainer.digenrl.pools.trainer.workers_per_node=2"], "fsdp"),  # verl-omni's default key value
+    ([DISAGG, "trainer.digenrl.pools.trainer.workers_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2"], "fsdp2"),
+    ([DISAGG, "trainer.digenrl.pools.trainer.workers_per_node=2", "actor_rollout_ref.actor.strategy=ddp"], "ddp"),
+    ([DISAGG], "ddp"),  # one trainer rank: nothing to shard with
+    (["trainer.digenrl.mode=colocated"], "ddp"),  # colocated ranks sample on their own: whole model each
+])
+def test_strategy_resolves_per_layout(tiny_flux_dir, overrides, want):
+    sharding = _build(tiny_flux_dir, *overrides).train.sharding
+    assert sharding.strategy == want
+
+
+def test_fsdp_wrap_keys_reach_the_sharding_spec(tiny_flux_dir):
+    spec = _build(tiny_flux_dir, DISAGG, "trainer.digenrl.pools.trainer.workers_per_node=2",
+                  "actor_rollout_ref.model.fsdp_layer_prefixes=[single_transformer_blocks.]",
+                  "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=10",
+                  "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false").train.sharding
+    assert (spec.layer_prefixes, spec.min_num_params, spec.reshard_after_forward) == (
+        ("single_transformer_blocks.",), 10, False)
+
+
+def test_fsdp2_in_colocated_mode_warns_that_ranks_keep_whole_models(tiny_flux_dir):
+    with pytest.warns(UserWarning, match="colocated ranks keep a whole model"):
+        _build(tiny_flux_dir, "trainer.digenrl.mode=colocated", "actor_rollout_ref.actor.strategy=fsdp2")

@@ -1,12 +1,16 @@
 """vLLM-Omni generator backend (`actor_rollout_ref.rollout.name=vllm_omni`): GPU only.
 
-Status, honestly: **written, never run.** vLLM-Omni has no CPU execution path (see
-/work/shared/reference/vllm-omni.md §1: its platforms are cuda/rocm/npu/xpu/musa, sleep mode needs the
-CUDA allocator), and no GPU was available while this module was written. The vLLM-facing glue
-(`make_pipeline_class`, `DigenRLWorkerExtension`, `VllmOmniGenerator`) follows the API names of the
-`vllm-omni` 0.30.0 wheel and of verl-omni at commit a1139baf as *read*, not executed; expect to adjust
-names on first contact. The parts that do not touch vLLM — request building, the trajectory pipeline core
-and the output → DataProto mapping — run on CPU and are tested there (tests/integrations).
+Status, honestly: the parts that touch vLLM — `make_pipeline_class`, the `AsyncOmni` engine of
+`VllmOmniGenerator`, `collective_rpc` as vLLM-Omni implements it — are **written, never run**: vLLM-Omni has no
+CPU execution path (see /work/shared/reference/vllm-omni.md §1: its platforms are cuda/rocm/npu/xpu/musa, sleep
+mode needs the CUDA allocator), and no GPU was available while this module was written. They follow the API
+names of the `vllm-omni` 0.30.0 wheel and of verl-omni at commit a1139baf as *read*, not executed; expect to adjust
+names on first contact. Everything else runs on CPU and is tested there: request building, the trajectory
+pipeline core and its `pipeline_output` record, the output → DataProto mapping, the worker extension's weight
+path, and the generator worker of this backend (`workers.omni_generator.OmniGeneratorWorker`) end to end in a
+Ray run, on `InProcessOmniEngine` — a vLLM-free engine with the `AsyncOmni` interface the generator uses, which
+runs the same pipeline core in-process (tests/trainer/test_trainer_vllm_omni_backend_on_cpu.py: same rewards and
+weights as the diffusers backend, weights delivered through the extension at every step).
 
 Importing this module is cheap and safe everywhere: it imports neither `vllm` nor `vllm_omni` at module
 level. `build_run` calls `require_vllm_omni()` when the backend is selected, which fails on CPU (or when the
@@ -282,6 +286,37 @@ def outputs_to_batch(requests: Sequence[OmniRequest], outputs: Sequence[Mapping[
     return tensors, torch.cat(images)[inverse]
 
 
+def pipeline_output(core: TrajectoryPipelineCore, prompt: str, num_outputs: int,
+                    extra_args: Mapping[str, Any]) -> tuple["torch.Tensor", dict[str, Any]]:
+    """What the pipeline returns for one request: (images uint8, `rl` record). `rl` holds the Trajectory tensors
+    on the CPU plus `policy_version`, `sample_indices`, `sde_type`, `noise_level`; it travels in vLLM-Omni's
+    `DiffusionOutput.multimodal_output["metadata"]["rl"]` (the in-process engine passes it the same way)."""
+    out = core.run(prompt, num_outputs, extra_args)
+    traj = out["trajectory"]
+    rl: dict[str, Any] = {k: v.cpu() for k, v in traj.tensors().items()}
+    rl.update(policy_version=out["policy_version"], sample_indices=out["sample_indices"],
+              sde_type=traj.sde_type, noise_level=traj.noise_level)
+    return out["images"].cpu(), rl
+
+
+def build_core(custom_args: Mapping[str, Any], device: str, *, register: bool = True) -> TrajectoryPipelineCore:
+    """The pipeline core a vLLM-Omni worker builds from `custom_pipeline_args` (see `VllmOmniGenerator`)."""
+    import torch
+
+    from digenrl_verl.models.config import PipelineConfig
+    from digenrl_verl.models.registry import load_adapter
+
+    args = dict(custom_args)
+    lora = args.get("lora")
+    if lora is not None:
+        from digenrl_verl.models.config import LoraConfig
+
+        lora = LoraConfig(**lora)
+    adapter = load_adapter(args["model"], lora=lora, pipeline=PipelineConfig.from_dict(args.get("pipeline", {})),
+                           dtype=getattr(torch, args.get("dtype", "bfloat16")), device=device, keep_reference=False)
+    return TrajectoryPipelineCore(adapter, version=int(args.get("start_version", 0)), register=register)
+
+
 # ------------------------------------------------------------------------------------------ vLLM glue (GPU)
 def make_pipeline_class():
     """The vLLM-Omni custom pipeline class (imports vllm_omni: GPU machines only). UNTESTED.
@@ -295,9 +330,6 @@ def make_pipeline_class():
     import torch
     from vllm_omni.outputs import DiffusionOutput  # noqa: F401  (API name per vllm-omni 0.30.0; unverified)
 
-    from digenrl_verl.models.config import PipelineConfig
-    from digenrl_verl.models.registry import load_adapter
-
     class _DigenRLOmniPipeline(torch.nn.Module):
         """vLLM-Omni pipeline: one request = one prompt × num_outputs_per_prompt trajectories."""
 
@@ -306,23 +338,17 @@ def make_pipeline_class():
         def __init__(self, od_config: Any, **kwargs: Any) -> None:
             super().__init__()
             args = dict(getattr(od_config, "custom_pipeline_args", None) or {})
-            adapter = load_adapter(args.get("model", getattr(od_config, "model", None)),
-                                   pipeline=PipelineConfig.from_dict(args.get("pipeline", {})),
-                                   dtype=getattr(torch, args.get("dtype", "bfloat16")), device="cuda",
-                                   keep_reference=False)
-            self.core = TrajectoryPipelineCore(adapter, version=int(args.get("start_version", 0)))
+            args.setdefault("model", getattr(od_config, "model", None))
+            self.core = build_core(args, "cuda")
 
         @torch.no_grad()
         def forward(self, req: Any) -> Any:
             from vllm_omni.outputs import DiffusionOutput
 
             params = req.sampling_params
-            out = self.core.run(req.prompt, int(params.num_outputs_per_prompt), dict(params.extra_args or {}))
-            traj = out["trajectory"]
-            rl = {k: v.cpu() for k, v in traj.tensors().items()}
-            rl.update(policy_version=out["policy_version"], sample_indices=out["sample_indices"],
-                      sde_type=traj.sde_type, noise_level=traj.noise_level)
-            return DiffusionOutput(images=out["images"], trajectory_latents=rl["next_latents"],
+            images, rl = pipeline_output(self.core, req.prompt, int(params.num_outputs_per_prompt),
+                                         dict(params.extra_args or {}))
+            return DiffusionOutput(images=images, trajectory_latents=rl["next_latents"],
                                    trajectory_timesteps=rl["sigmas"], trajectory_log_probs=rl["log_probs"],
                                    multimodal_output={"metadata": {"rl": rl}})
 
@@ -337,7 +363,8 @@ def __getattr__(name: str) -> Any:  # `DigenRLOmniPipeline` resolves lazily (vLL
 
 class DigenRLWorkerExtension:
     """Mixed into vLLM-Omni's worker (`worker_extension_cls=WORKER_EXTENSION_CLASS`); called through
-    `collective_rpc`. UNTESTED on vLLM; the weight path itself is `workers.weight_sync` (tested on CPU/gloo).
+    `collective_rpc`. UNTESTED inside vLLM; the same methods run on CPU under `InProcessOmniEngine` (weights over
+    gloo from the trainer, staged, then used by the next request).
 
     The extension finds the pipeline core of its process through the module registry, so it does not depend
     on vLLM-Omni's worker internals.
@@ -350,16 +377,36 @@ class DigenRLWorkerExtension:
         self._digenrl_collectives = Collectives(spec, "generator", generator_rank)
         return self._digenrl_collectives.global_rank
 
+    def _digenrl_active_core(self) -> TrajectoryPipelineCore:
+        core = getattr(self, "_digenrl_core", None)  # set by the in-process engine; vLLM workers use the registry
+        return core if core is not None else _active_core()
+
     def digenrl_receive_weights(self, version: int) -> int:
         """Receive the trainable weights broadcast by trainer rank 0 and stage them as `version`."""
-        core = _active_core()
+        core = self._digenrl_active_core()
         buffers = {k: v.detach().clone() for k, v in core.adapter.trainable_state(device=None).items()}
         self._digenrl_collectives.receive_weights(buffers)
         core.stage_weights(buffers, version)
         return version
 
     def digenrl_version(self) -> int:
-        return _active_core().version
+        return self._digenrl_active_core().version
+
+    def digenrl_trainable_state(self) -> dict[str, "torch.Tensor"]:
+        """The weights the next request will use (staged ones applied first when idle), on the CPU."""
+        core = self._digenrl_active_core()
+        with core._lock:
+            if core._in_flight == 0:
+                core._apply_staged()
+            return {"version": core.version, "state": core.adapter.trainable_state(device="cpu")}
+
+    def digenrl_load_weights(self, path: str, version: int) -> int:
+        """Stage the trainable weights of a checkpoint directory as `version` (resume)."""
+        from safetensors.torch import load_file
+
+        core = self._digenrl_active_core()
+        core.stage_weights(load_file(f"{path}/model.safetensors"), version)
+        return version
 
 
 def _active_core() -> TrajectoryPipelineCore:
@@ -369,40 +416,55 @@ def _active_core() -> TrajectoryPipelineCore:
 
 
 class VllmOmniGenerator:
-    """Driver side of the backend: owns an `AsyncOmni` engine and turns shards into trajectories. UNTESTED.
+    """Driver side of the backend: owns an engine and turns shards into trajectories. With `engine="vllm_omni"`
+    (AsyncOmni) UNTESTED; with `engine="inprocess"` tested on CPU through `OmniGeneratorWorker`.
 
     Args:
         model_path: the diffusers directory (`actor_rollout_ref.model.path`).
         pipeline / rollout: the run's `PipelineConfig` / `RolloutConfig`.
         engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni` (e.g. max_num_seqs, step_execution).
         dtype: rollout dtype (`actor_rollout_ref.rollout.dtype`).
+        start_version: the policy version of the weights the engine loads.
+        lora: the policy's LoRA config (the engine's model must have the trainer's trainable parameters).
+        engine: `vllm_omni` (AsyncOmni) or `inprocess` (`InProcessOmniEngine`).
+        device: where the in-process engine runs (vLLM-Omni places its own workers).
     """
 
     def __init__(self, model_path: str, pipeline: "PipelineConfig", rollout: "RolloutConfig",
-                 engine_kwargs: Mapping[str, Any] | None = None, dtype: str = "bfloat16", start_version: int = 0):
-        require_vllm_omni()
-        from vllm_omni import AsyncOmni  # API name per vllm-omni 0.30.0 (unverified here)
-
+                 engine_kwargs: Mapping[str, Any] | None = None, dtype: str = "bfloat16", start_version: int = 0,
+                 *, lora: Any = None, engine: str = "vllm_omni", device: str = "cuda"):
         self.pipeline, self.rollout = pipeline, rollout
         custom = {"pipeline_class": PIPELINE_CLASS, "model": model_path, "dtype": dtype,
-                  "start_version": start_version,
+                  "start_version": start_version, "lora": asdict(lora) if lora is not None else None,
                   "pipeline": {k: v for k, v in asdict(pipeline).items() if v is not None}}
         kwargs = {"max_num_seqs": 8, **dict(engine_kwargs or {})}
-        self.engine = AsyncOmni(model=model_path, enable_dummy_pipeline=True, custom_pipeline_args=custom,
-                                worker_extension_cls=WORKER_EXTENSION_CLASS, **kwargs)
+        if engine == "inprocess":
+            self.engine: Any = InProcessOmniEngine(model=model_path, custom_pipeline_args=custom, device=device)
+            self.params_cls: Any = SamplingParams
+        elif engine == "vllm_omni":
+            require_vllm_omni()
+            from vllm_omni import AsyncOmni  # API name per vllm-omni 0.30.0 (unverified here)
+            from vllm_omni.inputs.data import OmniDiffusionSamplingParams  # unverified path
+
+            self.engine = AsyncOmni(model=model_path, enable_dummy_pipeline=True, custom_pipeline_args=custom,
+                                    worker_extension_cls=WORKER_EXTENSION_CLASS, **kwargs)
+            self.params_cls = OmniDiffusionSamplingParams
+        else:
+            raise ValueError(f"unknown vLLM-Omni engine {engine!r}; valid: ['vllm_omni', 'inprocess']")
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()  # one loop for every call: an async engine binds to the first one
 
     async def generate(self, prompts: Sequence[str], uids: Sequence[str], sample_indices: Sequence[int],
                        sample_ids: Sequence[int], *, step: int, version: int):
         """All requests of a shard concurrently; returns (tensors, images) in shard order."""
         import asyncio
 
-        from vllm_omni.inputs.data import OmniDiffusionSamplingParams  # unverified path
-
         requests = build_requests(prompts, uids, sample_indices, step=step, version=version,
                                   pipeline=self.pipeline, rollout=self.rollout)
 
         async def one(req: OmniRequest) -> Mapping[str, Any]:
-            params = OmniDiffusionSamplingParams(**req.sampling, extra_args=req.extra_args)
+            params = self.params_cls(**req.sampling, extra_args=req.extra_args)
             final = None
             async for out in self.engine.generate({"prompt": req.prompt, "negative_prompt": req.negative_prompt},
                                                   params, request_id=req.request_id):
@@ -417,8 +479,75 @@ class VllmOmniGenerator:
         outputs = await asyncio.gather(*(one(r) for r in requests))
         return outputs_to_batch(requests, outputs, sample_ids, len(prompts))
 
-    def join(self, spec: Any, generator_rank: int) -> None:
-        self.engine.collective_rpc("digenrl_join", args=(spec, generator_rank))
+    def generate_sync(self, *args: Any, **kwargs: Any):
+        """`generate` run to completion on this generator's event loop."""
+        return self.loop.run_until_complete(self.generate(*args, **kwargs))
 
-    def receive_weights(self, version: int) -> None:
-        self.engine.collective_rpc("digenrl_receive_weights", args=(version,))
+    def rpc(self, method: str, *args: Any) -> Any:
+        """`collective_rpc` into the worker extension; the answer of the engine's first worker."""
+        import inspect
+
+        out = self.engine.collective_rpc(method, args=args)
+        if inspect.isawaitable(out):  # AsyncOmni's collective_rpc may be a coroutine
+            out = self.loop.run_until_complete(_await(out))
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+    def join(self, spec: Any, generator_rank: int) -> int:
+        return self.rpc("digenrl_join", spec, generator_rank)
+
+    def receive_weights(self, version: int) -> int:
+        return self.rpc("digenrl_receive_weights", version)
+
+
+async def _await(x: Any) -> Any:
+    return await x
+
+
+# ------------------------------------------------------------------------------------------ in-process engine
+@dataclass
+class SamplingParams:
+    """The fields of vLLM-Omni's `OmniDiffusionSamplingParams` the DigenRL pipeline reads."""
+
+    height: int | None = None
+    width: int | None = None
+    num_frames: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    true_cfg_scale: float | None = None
+    seed: int | None = None
+    num_outputs_per_prompt: int = 1
+    output_type: str = "pt"
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class InProcessOutput:
+    """What the in-process engine streams per request (the `DiffusionOutput` fields the generator reads)."""
+
+    images: Any
+    multimodal_output: dict[str, Any]
+
+
+class InProcessOmniEngine:
+    """A vLLM-free engine with the interface `VllmOmniGenerator` uses from `AsyncOmni`: `generate` streams one
+    output per request, `collective_rpc` calls the `DigenRLWorkerExtension`. It runs the same pipeline core and
+    the same `pipeline_output` record as the vLLM-Omni pipeline, one request at a time, in this process.
+
+    It is the reference engine of the backend on machines without vLLM-Omni (CPU tests of everything between
+    the generator worker and the pipeline: requests, extra args, the rl record, the row mapping, per-sample
+    versions, weight staging through the extension). It is not selectable from the config; vLLM's request
+    scheduling and its process layout are exactly what it does not exercise.
+    """
+
+    def __init__(self, model: str, custom_pipeline_args: Mapping[str, Any], device: str = "cpu") -> None:
+        self.core = build_core({"model": model, **dict(custom_pipeline_args)}, device, register=False)
+        self.extension = DigenRLWorkerExtension()
+        self.extension._digenrl_core = self.core
+
+    async def generate(self, prompt: Mapping[str, Any], params: SamplingParams, request_id: str):
+        images, rl = pipeline_output(self.core, prompt["prompt"], int(params.num_outputs_per_prompt),
+                                     dict(params.extra_args or {}))
+        yield InProcessOutput(images=images, multimodal_output={"metadata": {"rl": rl}})
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
+        return [getattr(self.extension, method)(*args)]

@@ -15,10 +15,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from digenrl_verl.workers.specs import ROLLOUT_BACKENDS
+
 MODES = ("colocated", "disaggregated")
 DEFAULT_REWARD = {"brightness": 1.0}
 ALGORITHMS = ("flow_grpo", "dance_grpo")
-ROLLOUT_BACKENDS = ("diffusers", "vllm_omni")
 
 # verl-omni keys we accept so its recipes parse, but whose features we do not implement: enabling one
 # fails with the message (never silently ignored). The first element tells when the feature is ON: a value
@@ -365,7 +366,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     from digenrl_verl.models.config import LoraConfig, PipelineConfig
     from digenrl_verl.models.registry import get_adapter_class, read_model_index
     from digenrl_verl.rewards.compose import RewardConfig
-    from digenrl_verl.workers.specs import OptimSpec, PolicySpec, TrainSpec
+    from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
 
     _check_unsupported(cfg)
     digenrl = DigenRLConfig.from_cfg(cfg)
@@ -466,9 +467,12 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     model_dtype = _key(cfg, "actor_rollout_ref.actor.fsdp_config.model_dtype", "fp32")
     if model_dtype not in dtype:
         raise ValueError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(dtype)}")
+    engine = RolloutEngineSpec(name=backend, dtype=str(_key(cfg, "actor_rollout_ref.rollout.dtype", "bfloat16")),
+                               engine_kwargs=dict(_key(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm_omni", {})
+                                                  or {}))
     policy = PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=rollout_cfg,
                         dtype=dtype[model_dtype], start_version=start_step,
-                        device=_device(cfg, digenrl))
+                        device=_device(cfg, digenrl), engine=engine)
 
     actor = lambda k, d=None: _key(cfg, f"actor_rollout_ref.actor.{k}", d)  # noqa: E731
     loss = LossConfig(clip_ratio=float(actor("diffusion_loss.clip_ratio", 1e-4)),

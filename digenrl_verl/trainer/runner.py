@@ -88,8 +88,13 @@ class DigenRLTrainer:
             init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads)
 
     def worker_class(self, role: str):
+        """The verl Worker class of a pool; generators follow `actor_rollout_ref.rollout.name`."""
         from digenrl_verl.workers import roles
 
+        if role == "generator" and self.run.policy.engine.name == "vllm_omni":
+            from digenrl_verl.workers.omni_generator import OmniGeneratorWorker
+
+            return OmniGeneratorWorker
         return {"colocated": roles.ColocatedWorker, "generator": roles.GeneratorWorker,
                 "trainer": roles.TrainerWorker}[role]
 

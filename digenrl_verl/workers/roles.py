@@ -87,6 +87,25 @@ def _concat_rows(parts: Sequence[DataProto], sample_ids: Sequence[int]) -> DataP
     return merged.select_idxs(np.asarray([pos[int(s)] for s in sample_ids], dtype=np.int64))
 
 
+def generation_batches(tensors: dict[str, torch.Tensor], images: torch.Tensor, shard: DataProto,
+                       sample_ids: Sequence[int], sde_type: str, noise_level: float) -> tuple[DataProto, DataProto]:
+    """The two DataProtos a `generate` call returns (keys in the module docstring), from the trajectory tensors
+    of the shard's rows (`TRAJECTORY_KEYS`, `rollout_log_probs`, `policy_version`) and their decoded images.
+    Shared by every generation backend, so the trainer cannot tell them apart."""
+    nt = shard.non_tensor_batch
+    step = int(shard.meta_info["global_step"])
+    ids = torch.as_tensor(list(sample_ids), dtype=torch.int64)
+    batch = {k: tensors[k] for k in (*TRAJECTORY_KEYS, "rollout_log_probs", "policy_version")}
+    batch["sample_id"] = ids
+    meta = {"sde_type": sde_type, "noise_level": noise_level, "global_step": step}
+    out = DataProto.from_dict(tensors=batch, non_tensors=dict(nt), meta_info=meta)
+    img = DataProto.from_dict(
+        tensors={"responses": images, "sample_id": ids.clone()},
+        non_tensors={k: nt[k] for k in ("raw_prompt", "data_source", "uid", *EXTRA_COLUMNS) if k in nt},
+        meta_info={"global_step": step})
+    return out, img
+
+
 class SamplingMixin:
     """Holds the policy (a `DiffusionAdapter`) and samples trajectories with it."""
 
@@ -144,20 +163,12 @@ class SamplingMixin:
         traj = rollout(self.adapter, cond, keys, self.policy_spec.rollout)
         images = self.adapter.decode(traj.final_latents)
         traj = traj.to("cpu")  # results travel through Ray's object store
-        images = images.cpu()
-        b = traj.batch_size
-        ids = torch.as_tensor(sample_ids, dtype=torch.int64)
-        tensors = {k: getattr(traj, k) for k in TRAJECTORY_KEYS}
-        tensors.update(rollout_log_probs=traj.log_probs, sample_id=ids,
-                       policy_version=torch.full((b,), self.version, dtype=torch.int64))
-        meta = {"sde_type": traj.sde_type, "noise_level": traj.noise_level, "global_step": step}
-        out = DataProto.from_dict(tensors=tensors, non_tensors=dict(nt), meta_info=meta)
-        img = DataProto.from_dict(
-            tensors={"responses": images, "sample_id": ids.clone()},
-            non_tensors={k: nt[k] for k in ("raw_prompt", "data_source", "uid", *EXTRA_COLUMNS) if k in nt},
-            meta_info={"global_step": step})
+        tensors = traj.tensors()
+        tensors.update(rollout_log_probs=traj.log_probs,
+                       policy_version=torch.full((traj.batch_size,), self.version, dtype=torch.int64))
+        out = generation_batches(tensors, images.cpu(), shard, sample_ids, traj.sde_type, traj.noise_level)
         self.busy_s += time.perf_counter() - t0
-        return out, img
+        return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def checksum(self) -> dict[str, Any]:

@@ -102,3 +102,26 @@ def test_fsdp2_checkpoint_resume_reaches_the_uninterrupted_weights(train_run, ti
     finally:
         resumed.shutdown()
     assert _max_rel_diff(got, want) <= 1e-5
+
+
+@pytest.mark.slow
+def test_fsdp2_with_lora_bf16_and_the_kl_term(train_run):
+    # LoRA's reference policy is the adapter disabled: under FSDP2 that is one more sharded (collective) forward
+    # per pass, on every rank; bf16 parameters are sharded and gathered in bf16
+    lora = [*RUN, "trainer.total_training_steps=1", "actor_rollout_ref.model.lora_rank=4",
+            "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
+            "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"]
+    ddp = train_run(*lora, "actor_rollout_ref.actor.strategy=ddp", name="lora_ddp")
+    fsdp = train_run(*lora, "actor_rollout_ref.actor.strategy=fsdp2", trainer_cls=ShardCheckingTrainer,
+                     name="lora_fsdp2")
+    assert fsdp.sharded == [["DTensor"], ["DTensor"]]
+    state = fsdp.trainable_state("trn:0")
+    # peft keeps the adapter weights in fp32 over the bf16 base (a mixed-precision LoRA)
+    assert state and all("lora_" in k for k in state) and {v.dtype for v in state.values()} == {torch.float32}
+    frozen = ray.get(fsdp.workers["trn:1"].__ray_call__.remote(
+        lambda w: sorted({str(p.dtype) for p in w.adapter.transformer.parameters() if not p.requires_grad})))
+    assert frozen == ["torch.bfloat16"]
+    snapshot = fsdp.seen[-1]
+    assert len({s["checksum"] for s in snapshot.values()}) == 1 and {s["version"] for s in snapshot.values()} == {1}
+    (n_ddp,), (n_fsdp,) = ([h["actor/grad_norm"] for h in t.reporter.history] for t in (ddp, fsdp))
+    assert n_ddp > 0 and abs(n_fsdp - n_ddp) <= 1e-2 * n_ddp, (n_ddp, n_fsdp)  # bf16 forwards: looser than fp32

@@ -7,9 +7,10 @@ Run on a GPU machine: `bash tests/gpu/run_gpu_checks.sh`. Written without a GPU:
 * per architecture, a rollout on CUDA in fp32 and bf16, the trainer's recomputed log-probs against the rollout's
   (on-policy ratio), and a TSP backward with finite gradients;
 * NCCL weight sync between two processes on two GPUs with the plugin's `Collectives` (trainer → generator);
-* one real disaggregated step through the entry point with GPU pools (`use_gpu=true`, `trainer.device=cuda`).
-  Note: the workers receive GPU bundles, but as of this writing `workers/roles.py` loads its adapter on the
-  default device (CPU): this test shows placement and the loop, not GPU numerics (the adapter tests do).
+* one real disaggregated step through the entry point with GPU pools (`use_gpu=true`, `trainer.device=cuda`;
+  every worker loads its adapter on its GPU, `PolicySpec.device`);
+* with three GPUs or more: an FSDP2 trainer pool of two ranks over NCCL against `ddp` (same grad norm);
+* with vLLM-Omni installed and two GPUs: one step with `actor_rollout_ref.rollout.name=vllm_omni`.
 """
 
 from __future__ import annotations
@@ -144,3 +145,45 @@ def test_one_disaggregated_step_with_gpu_pools(gpu_tiny_dirs, tmp_path):
         trainer.shutdown()
         if started:
             ray.shutdown()
+
+
+def _gpu_run(gpu_tiny_dirs, tmp_path, *overrides):
+    import ray
+
+    from digenrl_verl.main import compose
+    from digenrl_verl.trainer.config import build_run
+    from digenrl_verl.trainer.ray_runtime import init_local_ray
+    from digenrl_verl.trainer.runner import DigenRLTrainer
+
+    cfg = compose([f"actor_rollout_ref.model.path={gpu_tiny_dirs['FluxPipeline']}", "trainer.device=cuda",
+                   "trainer.digenrl.mode=disaggregated", "trainer.digenrl.pools.generator.use_gpu=true",
+                   "trainer.digenrl.pools.trainer.use_gpu=true", "data.train_batch_size=2",
+                   "trainer.total_training_steps=1", "trainer.logger=[console]",
+                   f"trainer.digenrl.output_dir={tmp_path}", *overrides])
+    if not ray.is_initialized():
+        init_local_ray(num_cpus=max(4, os.cpu_count() or 4))
+    trainer = DigenRLTrainer(build_run(cfg))
+    try:
+        summary = trainer.fit()
+        stats = ray.get([w.checksum.remote() for w in trainer.workers.values()])
+    finally:
+        trainer.shutdown()
+    assert summary["steps"] == 1 and len({s["checksum"] for s in stats}) == 1  # whole weights reached the generator
+    return trainer
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="FSDP2 over NCCL: 1 generator + 2 trainer GPUs")
+def test_fsdp2_trainer_over_nccl_matches_ddp(gpu_tiny_dirs, tmp_path):
+    common = ["actor_rollout_ref.rollout.n=2", "trainer.digenrl.pools.trainer.workers_per_node=2"]
+    norms = [_gpu_run(gpu_tiny_dirs, tmp_path / s, *common, f"actor_rollout_ref.actor.strategy={s}")
+             .reporter.history[0]["actor/grad_norm"] for s in ("ddp", "fsdp2")]
+    assert norms[0] > 0 and abs(norms[1] - norms[0]) <= 1e-4 * norms[0], norms
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="vLLM-Omni generator + trainer: two GPUs")
+def test_one_step_with_the_vllm_omni_backend(gpu_tiny_dirs, tmp_path):
+    pytest.importorskip("vllm_omni")
+    _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=vllm_omni",
+             "trainer.digenrl.tag=off")

@@ -25,7 +25,8 @@ from verl import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 
 from digenrl_verl.rewards.compose import RewardConfig
-from digenrl_verl.workers.roles import ScoringMixin, _Base, _rss_mb, generation_batches
+from digenrl_verl.workers.roles import (ScoringMixin, _Base, _rss_mb, check_generation_version,
+                                        generation_batches)
 from digenrl_verl.workers.specs import PolicySpec
 from digenrl_verl.workers.weight_sync import CollectiveSpec, state_checksum
 
@@ -66,9 +67,7 @@ class OmniGeneratorWorker(_Base, ScoringMixin):
 
     def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto]:
         """One request per prompt of the shard to the engine, which must hold `version`."""
-        if version != self.version:
-            raise RuntimeError(f"{type(self).__name__} rank {self.rank} holds policy version {self.version} but the "
-                               f"schedule asked for version {version}: a trajectory must carry one version")
+        check_generation_version(self, version)
         t0 = time.perf_counter()
         nt = shard.non_tensor_batch
         tensors, images = self.generator.generate_sync(

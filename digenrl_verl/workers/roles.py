@@ -87,6 +87,13 @@ def _concat_rows(parts: Sequence[DataProto], sample_ids: Sequence[int]) -> DataP
     return merged.select_idxs(np.asarray([pos[int(s)] for s in sample_ids], dtype=np.int64))
 
 
+def check_generation_version(worker: Any, version: int) -> None:
+    """A GEN/TAG task names the version its trajectories must carry; the worker must hold exactly that one."""
+    if version != worker.version:
+        raise RuntimeError(f"{type(worker).__name__} rank {worker.rank} holds policy version {worker.version} but the "
+                           f"schedule asked for version {version}: a trajectory must carry one version")
+
+
 def generation_batches(tensors: dict[str, torch.Tensor], images: torch.Tensor, shard: DataProto,
                        sample_ids: Sequence[int], sde_type: str, noise_level: float) -> tuple[DataProto, DataProto]:
     """The two DataProtos a `generate` call returns (keys in the module docstring), from the trajectory tensors
@@ -152,9 +159,7 @@ class SamplingMixin:
 
     def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto]:
         """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`."""
-        if version != self.version:
-            raise RuntimeError(f"{type(self).__name__} rank {self.rank} holds policy version {self.version} but the "
-                               f"schedule asked for version {version}: a trajectory must carry one version")
+        check_generation_version(self, version)
         t0 = time.perf_counter()
         nt = shard.non_tensor_batch
         step = int(shard.meta_info["global_step"])

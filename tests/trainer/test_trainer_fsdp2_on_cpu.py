@@ -45,8 +45,7 @@ class ShardCheckingTrainer(DigenRLTrainer):
 
     def step_log(self, result):
         out = super().step_log(result)
-        stats = ray.get([w.checksum.remote() for w in self.workers.values()])
-        self.seen = getattr(self, "seen", []) + [dict(zip(self.workers, stats))]
+        self.seen = getattr(self, "seen", []) + [self.worker_stats()]
         return out
 
 

@@ -23,8 +23,7 @@ RUN = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.dige
 class SyncCheckingTrainer(DigenRLTrainer):
     def step_log(self, result):
         out = super().step_log(result)
-        stats = ray.get([w.checksum.remote() for w in self.workers.values()])
-        self.seen = getattr(self, "seen", []) + [dict(zip(self.workers, stats))]
+        self.seen = getattr(self, "seen", []) + [self.worker_stats()]
         return out
 
 

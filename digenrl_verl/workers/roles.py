@@ -332,8 +332,8 @@ class TrainingMixin:
         clip = self.train_spec.optim.grad_clip
         norm = 0.0
         if grads:
-            # the global norm (all-reduced over shards under FSDP2) is finite iff every gradient is: every rank
-            # takes the same decision. A non-finite norm leaves the gradients unscaled, and no step is taken.
+            # the global norm (all-reduced over shards under FSDP2) is finite iff every gradient is, so every rank
+            # takes the same decision; with a non-finite norm no step is taken and the gradients are dropped
             total = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
             norm = float(self.grad_sync.full(total))
         finite = math.isfinite(norm)
@@ -353,11 +353,8 @@ class _Base(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join(self, spec: CollectiveSpec) -> int:
-        """Join the process group spanning both pools (collective: every worker must call it); trainers then
-        shard their model (FSDP2) or not, and build their optimizer."""
+        """Join the process group spanning both pools (collective: every worker must call it)."""
         self.collectives = Collectives(spec, "generator" if self.role == "generator" else "trainer", self.rank)
-        if hasattr(self, "train_spec"):
-            self._build_parallel(self.collectives)
         return self.collectives.global_rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -399,6 +396,13 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
         self._build_training(train)
         self.reward_spec = reward
         self.scorer = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join(self, spec: CollectiveSpec) -> int:
+        """Join the process groups, then shard the model (FSDP2) or not, and build the optimizer."""
+        rank = super().join(spec)
+        self._build_parallel(self.collectives)
+        return rank
 
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
         self._scorer()

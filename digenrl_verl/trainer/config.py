@@ -272,6 +272,10 @@ class RunSpec:
             f"schedule: gap={s.gap} pipeline={s.pipeline} tsp={s.tsp} tag={s.tag}"
             f"{' k=' + str(s.static_k) if s.tag == 'static' else ''} staleness={s.staleness} "
             f"max_stale_fraction={s.max_stale_fraction} max_gen_futures={s.max_gen_futures}",
+            f"engines: generation {self.policy.engine.name} ({self.policy.dtype if self.policy.engine.name == 'diffusers' else self.policy.engine.dtype}"
+            f" on {self.policy.device}); trainer "
+            f"{'FSDP2 (fully_shard) over ' + str(self.digenrl.pools['trainer'].size) + ' ranks' if self.train.sharding.sharded else 'whole model per rank (ddp)'}"
+            f", model dtype {self.policy.dtype}",
             f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}; lr={self.train.optim.lr}; "
             f"old log-probs: {'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}",
             f"reward: {self.reward.weights()}"

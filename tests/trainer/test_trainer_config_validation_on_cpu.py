@@ -77,6 +77,7 @@ def test_dry_run_validates_prints_the_plan_and_pools_and_starts_nothing(tiny_flu
     out = capsys.readouterr().out
     assert "mode: disaggregated; pools: generator: 2 worker(s), trainer: 1 worker(s)" in out
     assert "tag=bts" in out and "dry run: config valid, no worker started" in out
+    assert "engines: generation diffusers (float32 on cpu); trainer whole model per rank (ddp)" in out
     assert not ray.is_initialized() or "digenrl" not in str(ray.util.list_named_actors())
 
 

@@ -368,6 +368,12 @@ class DigenRLWorkerExtension:
 
     The extension finds the pipeline core of its process through the module registry, so it does not depend
     on vLLM-Omni's worker internals.
+
+    Known gap (found in review, not run): a vLLM worker process has already initialised torch.distributed for
+    vLLM's own world, so `Collectives` would skip its `init_process_group` and build its subgroups on vLLM's
+    world instead of the trainer → generator group. A GPU run needs a separate (stateless) group for this link,
+    e.g. vLLM's `StatelessProcessGroup` + `PyNcclCommunicator`, as verl's checkpoint engine does. The in-process
+    engine does not have this problem (the generator actor has no other process group).
     """
 
     def digenrl_join(self, spec: Any, generator_rank: int) -> int:

@@ -91,13 +91,15 @@ def test_fsdp2_checkpoint_resume_reaches_the_uninterrupted_weights(train_run, ti
     assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in live.items()}
     straight.shutdown()
 
+    # one evaluation prompt for two sharded ranks: rank 1's empty share still takes part in the forwards
     overrides = [f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path / 'resumed'}",
-                 "trainer.logger=[console]", *fsdp]
+                 "trainer.logger=[console]", "trainer.digenrl.final_eval_prompts=1", *fsdp]
     resumed = DigenRLTrainer(build_run(compose(overrides), start_step=1))
     try:
-        resumed.fit(resume_from=ckpt)
+        summary = resumed.fit(resume_from=ckpt)
         got = _state(resumed, "trn:1")
         assert [r.step for r in resumed.results] == [1]
+        assert 0.0 <= summary["eval/reward_ode"] <= 1.0
     finally:
         resumed.shutdown()
     assert _max_rel_diff(got, want) <= 1e-5

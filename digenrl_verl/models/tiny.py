@@ -237,6 +237,17 @@ _BUILDERS: dict[str, Callable[[str], dict[str, Any]]] = {
 }
 TINY_ARCHITECTURES: tuple[str, ...] = tuple(_BUILDERS)
 
+#: Small sampling settings per tiny architecture, each with its guidance kind: `load_adapter(path,
+#: **TINY_PIPELINE_KWARGS[arch])` (64 px: 8x8 latents, 16 image tokens; 5 frames: 2 latent frames).
+TINY_PIPELINE_KWARGS: dict[str, dict] = {
+    "StableDiffusion3Pipeline": dict(height=64, width=64, guidance_scale=4.5, max_sequence_length=16),
+    "FluxPipeline": dict(height=64, width=64, guidance_scale=3.5, max_sequence_length=16),
+    "QwenImagePipeline": dict(height=64, width=64, true_cfg_scale=4.0, negative_prompt=" ", max_sequence_length=24),
+    "WanPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=4.5, max_sequence_length=16),
+    "HunyuanVideoPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=6.0, max_sequence_length=16),
+}
+assert set(TINY_PIPELINE_KWARGS) == set(TINY_ARCHITECTURES)
+
 
 def build_tiny_model_dir(architecture: str, path: str | Path, seed: int = 0, size: str = "unit") -> Path:
     """Write a tiny random diffusers model directory for `architecture` (a model_index.json `_class_name`).

@@ -12,17 +12,10 @@ from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
 from digenrl_verl.models import load_adapter
-from digenrl_verl.models.tiny import TINY_ARCHITECTURES, build_tiny_model_dir
+from digenrl_verl.models.tiny import TINY_ARCHITECTURES, TINY_PIPELINE_KWARGS, build_tiny_model_dir
 from digenrl_verl.rewards import get_reward
 
-# Small sampling settings (64 px → 8×8 latents; videos: 5 frames → 2 latent frames), each with its guidance.
-PIPELINE_KWARGS = {
-    "StableDiffusion3Pipeline": dict(height=64, width=64, guidance_scale=4.5, max_sequence_length=16),
-    "FluxPipeline": dict(height=64, width=64, guidance_scale=3.5, max_sequence_length=16),
-    "QwenImagePipeline": dict(height=64, width=64, true_cfg_scale=4.0, negative_prompt=" ", max_sequence_length=24),
-    "WanPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=4.5, max_sequence_length=16),
-    "HunyuanVideoPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=6.0, max_sequence_length=16),
-}
+
 # One selection/step kind per architecture, as their recipes use them.
 ROLLOUTS = {
     "StableDiffusion3Pipeline": RolloutConfig(num_inference_steps=4, sde_type="sde", noise_level=0.7,
@@ -38,7 +31,7 @@ ROLLOUTS = {
 }
 PROMPTS = ["a red dog on grass", "a photo of a cat"]
 
-assert set(PIPELINE_KWARGS) == set(TINY_ARCHITECTURES)
+assert set(TINY_PIPELINE_KWARGS) == set(TINY_ARCHITECTURES)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +65,7 @@ def _max_rel_err(a, b):
 @pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
 def test_on_policy_ratio_and_tsp_gradient(tiny_dirs, arch):
     torch.set_num_threads(2)
-    adapter = load_adapter(tiny_dirs[arch], **PIPELINE_KWARGS[arch])
+    adapter = load_adapter(tiny_dirs[arch], **TINY_PIPELINE_KWARGS[arch])
     cfg = ROLLOUTS[arch]
     cond, keys, traj = _sample(adapter, cfg)
     b, k = traj.batch_size, traj.num_steps

@@ -20,15 +20,10 @@ import os
 import pytest
 import torch
 
+from digenrl_verl.models.tiny import TINY_PIPELINE_KWARGS as ARCHS
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-ARCHS = {
-    "FluxPipeline": dict(height=64, width=64, guidance_scale=3.5, max_sequence_length=16),
-    "StableDiffusion3Pipeline": dict(height=64, width=64, guidance_scale=4.5, max_sequence_length=16),
-    "QwenImagePipeline": dict(height=64, width=64, true_cfg_scale=4.0, negative_prompt=" ", max_sequence_length=24),
-    "WanPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=4.5, max_sequence_length=16),
-    "HunyuanVideoPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=6.0, max_sequence_length=16),
-}
 # max |exp(lp_recomputed - lp_rollout) - 1| allowed: the same kernels recompute the same batch in fp32; bf16 rounds
 RATIO_TOL = {torch.float32: 1e-3, torch.bfloat16: 0.1}
 

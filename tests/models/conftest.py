@@ -11,24 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from digenrl_verl.models.tiny import TINY_ARCHITECTURES, build_tiny_model_dir
+from digenrl_verl.models.tiny import TINY_ARCHITECTURES, TINY_PIPELINE_KWARGS, build_tiny_model_dir
 
 torch.set_num_threads(2)
-
-# Small sampling settings per architecture (64 px: 8x8 latents, 16 image tokens; 5 frames: 2 latent frames).
-PIPELINE_KWARGS: dict[str, dict] = {
-    "StableDiffusion3Pipeline": dict(height=64, width=64, guidance_scale=4.5, max_sequence_length=16),
-    "FluxPipeline": dict(height=64, width=64, guidance_scale=3.5, max_sequence_length=16),
-    "QwenImagePipeline": dict(height=64, width=64, true_cfg_scale=4.0, negative_prompt=" ", max_sequence_length=24),
-    "WanPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=4.5, max_sequence_length=16),
-    "HunyuanVideoPipeline": dict(height=64, width=64, num_frames=5, guidance_scale=6.0, max_sequence_length=16),
-}
 
 
 @pytest.fixture(scope="session")
 def pipeline_kwargs() -> dict[str, dict]:
     """`load_adapter(path, **pipeline_kwargs[arch])` for a fast tiny run of each architecture."""
-    return PIPELINE_KWARGS
+    return TINY_PIPELINE_KWARGS
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +43,7 @@ def tiny_adapter(tiny_dirs: dict[str, Path]):
 
     def get(arch: str):
         if arch not in cache:
-            cache[arch] = load_adapter(tiny_dirs[arch], **PIPELINE_KWARGS[arch])
+            cache[arch] = load_adapter(tiny_dirs[arch], **TINY_PIPELINE_KWARGS[arch])
         return cache[arch]
 
     return get

@@ -15,14 +15,12 @@ import torch
 from torch import nn
 
 from digenrl_verl.models.base import Conditioning
-from digenrl_verl.models.config import PIPELINE_KEY
-from digenrl_verl.models.pipeline_adapter import PipelineAdapter
+from digenrl_verl.models.pipeline_adapter import VideoLatentAdapter
 from digenrl_verl.models.registry import register_adapter
 
 
 @register_adapter("HunyuanVideoPipeline")
-class HunyuanVideoAdapter(PipelineAdapter):
-    is_video = True
+class HunyuanVideoAdapter(VideoLatentAdapter):
     timestep_scale = 1000.0
     uses_true_cfg_scale = True
 
@@ -30,22 +28,8 @@ class HunyuanVideoAdapter(PipelineAdapter):
     def do_true_cfg(self) -> bool:
         return self.config.true_cfg_scale > 1
 
-    def _default_size(self) -> tuple[int, int]:
-        return self._call_default("height"), self._call_default("width")
-
     def _size_multiple(self) -> int:
         return self.pipeline.vae_scale_factor_spatial * self.denoiser.config.patch_size
-
-    def _validate_config(self, cfg: Any) -> None:
-        super()._validate_config(cfg)
-        ft = self.pipeline.vae_scale_factor_temporal
-        if (cfg.num_frames - 1) % ft:
-            raise ValueError(f"{PIPELINE_KEY}.num_frames={cfg.num_frames} must be 1 + k·{ft} for HunyuanVideo")
-
-    def latent_shape(self) -> tuple[int, ...]:
-        fs, ft = self.pipeline.vae_scale_factor_spatial, self.pipeline.vae_scale_factor_temporal
-        c = self.denoiser.config.in_channels
-        return (c, (self.config.num_frames - 1) // ft + 1, self.config.height // fs, self.config.width // fs)
 
     def _set_timesteps_kwargs(self, num_steps: int) -> dict[str, Any]:
         return {"sigmas": np.linspace(1.0, 0.0, num_steps + 1)[:-1]}

@@ -262,6 +262,27 @@ class PipelineAdapter(DiffusionAdapter):
             self.transformer = policy
 
 
+class VideoLatentAdapter(PipelineAdapter):
+    """Video pipelines whose VAE keeps the first frame and compresses the rest in time (Wan, HunyuanVideo):
+    latents [C, (F−1)/t + 1, H/s, W/s], so `num_frames` must be 1 + k·t; the size defaults are `__call__`'s."""
+
+    is_video = True
+
+    def _default_size(self) -> tuple[int, int]:
+        return self._call_default("height"), self._call_default("width")
+
+    def _validate_config(self, cfg: Any) -> None:
+        super()._validate_config(cfg)
+        ft = self.pipeline.vae_scale_factor_temporal
+        if (cfg.num_frames - 1) % ft:
+            raise ValueError(f"{PIPELINE_KEY}.num_frames={cfg.num_frames} must be 1 + k·{ft} for {self.architecture}")
+
+    def latent_shape(self) -> tuple[int, ...]:
+        fs, ft = self.pipeline.vae_scale_factor_spatial, self.pipeline.vae_scale_factor_temporal
+        c = self.denoiser.config.in_channels
+        return (c, (self.config.num_frames - 1) // ft + 1, self.config.height // fs, self.config.width // fs)
+
+
 class PackedLatentAdapter(PipelineAdapter):
     """FLUX-style token latents: 2x2 patches of the VAE latent packed into tokens, dynamic shift from the token
     count, linear σ schedule, optional true CFG (shared by FLUX.1 and Qwen-Image)."""

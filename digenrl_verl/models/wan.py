@@ -18,14 +18,12 @@ import torch
 from torch import nn
 
 from digenrl_verl.models.base import Conditioning
-from digenrl_verl.models.config import PIPELINE_KEY
-from digenrl_verl.models.pipeline_adapter import PipelineAdapter
+from digenrl_verl.models.pipeline_adapter import VideoLatentAdapter
 from digenrl_verl.models.registry import PATH_KEY, register_adapter
 
 
 @register_adapter("WanPipeline")
-class WanAdapter(PipelineAdapter):
-    is_video = True
+class WanAdapter(VideoLatentAdapter):
     timestep_scale = 1000.0
 
     def __init__(self, pipeline: Any, **kwargs: Any) -> None:
@@ -38,22 +36,8 @@ class WanAdapter(PipelineAdapter):
     def do_cfg(self) -> bool:
         return self.config.guidance_scale > 1
 
-    def _default_size(self) -> tuple[int, int]:
-        return self._call_default("height"), self._call_default("width")
-
     def _size_multiple(self) -> int:
         return self.pipeline.vae_scale_factor_spatial * self.denoiser.config.patch_size[1]
-
-    def _validate_config(self, cfg: Any) -> None:
-        super()._validate_config(cfg)
-        ft = self.pipeline.vae_scale_factor_temporal
-        if (cfg.num_frames - 1) % ft:
-            raise ValueError(f"{PIPELINE_KEY}.num_frames={cfg.num_frames} must be 1 + k·{ft} for Wan")
-
-    def latent_shape(self) -> tuple[int, ...]:
-        fs, ft = self.pipeline.vae_scale_factor_spatial, self.pipeline.vae_scale_factor_temporal
-        c = self.denoiser.config.in_channels
-        return (c, (self.config.num_frames - 1) // ft + 1, self.config.height // fs, self.config.width // fs)
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:

@@ -15,8 +15,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from digenrl_verl.workers.specs import ROLLOUT_BACKENDS
-
 MODES = ("colocated", "disaggregated")
 DEFAULT_REWARD = {"brightness": 1.0}
 ALGORITHMS = ("flow_grpo", "dance_grpo")
@@ -378,9 +376,11 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     algorithm = _key(cfg, "actor_rollout_ref.model.algorithm", "flow_grpo")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown actor_rollout_ref.model.algorithm={algorithm!r}; valid choices: {list(ALGORITHMS)}")
-    backend = _key(cfg, "actor_rollout_ref.rollout.name", "diffusers")
-    if backend not in ROLLOUT_BACKENDS:
-        raise ValueError(f"unknown actor_rollout_ref.rollout.name={backend!r}; valid choices: {list(ROLLOUT_BACKENDS)}")
+    engine = RolloutEngineSpec(  # validates actor_rollout_ref.rollout.name
+        name=_key(cfg, "actor_rollout_ref.rollout.name", "diffusers"),
+        dtype=str(_key(cfg, "actor_rollout_ref.rollout.dtype", "bfloat16")),
+        engine_kwargs=dict(_key(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm_omni", {}) or {}))
+    backend = engine.name
     tag = digenrl.schedule.get("tag", "bts")
     if backend == "vllm_omni" and digenrl.mode == "disaggregated" and tag != "off":
         raise ValueError(f"trainer.digenrl.tag={tag!r} needs trainer workers that can hold the rollout model, but "
@@ -471,9 +471,6 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     model_dtype = _key(cfg, "actor_rollout_ref.actor.fsdp_config.model_dtype", "fp32")
     if model_dtype not in dtype:
         raise ValueError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(dtype)}")
-    engine = RolloutEngineSpec(name=backend, dtype=str(_key(cfg, "actor_rollout_ref.rollout.dtype", "bfloat16")),
-                               engine_kwargs=dict(_key(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm_omni", {})
-                                                  or {}))
     policy = PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=rollout_cfg,
                         dtype=dtype[model_dtype], start_version=start_step,
                         device=_device(cfg, digenrl), engine=engine)

@@ -1,0 +1,88 @@
+"""The resolved plan (what `trainer.digenrl.dry_run=true` prints) of every recipe in recipes/ and of the three
+transcribed verl-omni recipes, checked against a golden file per recipe.
+
+The golden files were written before the typed-config refactor; a change of a plan is a change of behaviour and
+must be made on purpose: `DIGENRL_UPDATE_GOLDEN=1 bash scripts/test.sh tests/integrations/test_integ_plan_golden_on_cpu.py`
+rewrites them, and the diff goes into review.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from digenrl_verl.integrations.verl_omni_recipes import DIGENRL_FLAG, RECIPES
+from digenrl_verl.main import compose
+from digenrl_verl.trainer.config import build_run
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden_plans"
+UPDATE = os.environ.get("DIGENRL_UPDATE_GOLDEN") == "1"
+DRY_RUN_END = "dry run: config valid, no worker started"
+# shell recipe → the architecture of the tiny model directory it runs against
+SHELL_RECIPES = {
+    "run_tiny_cpu": "FluxPipeline",
+    "run_tiny_cpu_colocated": "FluxPipeline",
+    "run_flowgrpo_qwen_image_32gpu": "QwenImagePipeline",
+    "run_flowgrpo_qwen_image_32gpu_colocated": "QwenImagePipeline",
+    "run_flowgrpo_flux_32gpu": "FluxPipeline",
+    "run_flowgrpo_flux_32gpu_colocated": "FluxPipeline",
+    "run_flowgrpo_wan21_14b": "WanPipeline",
+    "run_flowgrpo_wan21_14b_colocated": "WanPipeline",
+    "run_dancegrpo_hunyuanvideo": "HunyuanVideoPipeline",
+    "run_dancegrpo_hunyuanvideo_colocated": "HunyuanVideoPipeline",
+    "run_dancegrpo_hunyuanvideo_hetero_16gpu": "HunyuanVideoPipeline",
+    "run_dancegrpo_hunyuanvideo_hetero_16gpu_colocated": "HunyuanVideoPipeline",
+    "run_flowgrpo_sd35_small": "StableDiffusion3Pipeline",
+    "run_flowgrpo_sd35_small_colocated": "StableDiffusion3Pipeline",
+}
+
+
+def _normalise(text: str, **paths: str) -> str:
+    for name, path in paths.items():
+        text = text.replace(path, f"<{name.upper()}>")
+    return text.strip() + "\n"
+
+
+def _check(name: str, plan: str) -> None:
+    golden = GOLDEN / f"{name}.txt"
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        golden.write_text(plan)
+    assert golden.is_file(), f"no golden plan for {name}: run with DIGENRL_UPDATE_GOLDEN=1 and review the file"
+    assert plan == golden.read_text(), f"the resolved plan of {name} changed (golden: {golden})"
+
+
+def test_every_recipe_has_a_golden_plan():
+    shell = {p.stem for p in (ROOT / "recipes").glob("run_*.sh")}
+    assert shell == set(SHELL_RECIPES), "a recipe was added or removed: list it in SHELL_RECIPES"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", sorted(SHELL_RECIPES))
+def test_shell_recipe_plan_matches_golden(stem, tiny_dirs, tmp_path):
+    model = tiny_dirs[SHELL_RECIPES[stem]]
+    env = {k: v for k, v in os.environ.items() if k not in ("MODE", "NGPUS", "GEN_SHARE", "GEN_ACCEL", "TRN_ACCEL")}
+    env.update(VENV_PY=sys.executable, MODEL_PATH=model, MODEL=model, DRY_RUN="1")
+    extra = ["trainer.digenrl.dry_run=true"] if stem.startswith("run_tiny_cpu") else []
+    p = subprocess.run(["bash", str(ROOT / "recipes" / f"{stem}.sh"), *extra], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert DRY_RUN_END in p.stdout
+    _check(stem, _normalise(p.stdout, model=model))
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_verl_omni_recipe_plan_matches_golden(name, tiny_dirs, reward_dir, data_dir):
+    recipe = RECIPES[name]
+    model = tiny_dirs[recipe.architecture]
+    cfg = compose(recipe.render(model, reward_dir, data_dir, switch_off=True, extra=[DIGENRL_FLAG]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        plan = build_run(cfg).describe()
+    _check(f"verl_omni_{name}", _normalise(plan, model=model, reward_dir=reward_dir, data_dir=data_dir))

@@ -1,7 +1,8 @@
 """One reverse step of a rectified flow, with the Gaussian log-probability of its transition.
 
-Conventions (see /work/shared/reference/diffusion-rl-math.md §0–3): x_σ = (1−σ)·x0 + σ·ε, the model
-predicts v ≈ ε − x0, a step goes from σ to σ' < σ with dt = σ' − σ < 0. Every quantity is per row:
+Conventions (rectified flow, as Flow-GRPO's `sde_step_with_logprob` and DanceGRPO write it):
+x_σ = (1−σ)·x0 + σ·ε, the model predicts v ≈ ε − x0, a step goes from σ to σ' < σ with dt = σ' − σ < 0.
+Every quantity is per row:
 `sigma` and `sigma_next` are fp32 [B] tensors, so one call may mix rows at different timesteps (TSP).
 All math runs in fp32 whatever the dtype of the model output.
 

@@ -11,7 +11,7 @@
 * ``Trace.metrics()`` -> per-worker busy/idle, utilisation, bubble fraction, makespan and, given a lower
   bound, efficiency = lower bound / makespan.
 
-The PNG Gantt chart lives in ``digenrl_verl.sim.gantt`` (matplotlib stays out of this package).
+The PNG Gantt chart lives in ``digenrl_verl.viz.gantt`` (matplotlib stays out of this package).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A cluster simulator for the scheduler: virtual-clock executor, cost profiles, cluster specs, scenarios.
 
-Imports neither torch nor ray; matplotlib is imported only by `sim.gantt`, when a PNG is written.
+Imports neither torch nor ray. The Gantt PNG is `digenrl_verl.viz.gantt` (shared with the runtime).
 """
 
 from digenrl_verl.sim.cluster import ClusterSpec

@@ -93,7 +93,7 @@ def _write_outputs(args: argparse.Namespace, outcome: RunOutcome) -> None:
         with open(args.schedule_text, "w") as fh:
             fh.write(trace.to_text())
     if args.png:
-        from digenrl_verl.sim.gantt import save_gantt
+        from digenrl_verl.viz.gantt import save_gantt
 
         save_gantt(trace, args.png, title=f"{outcome.label} ({outcome.cluster.describe()})")
 

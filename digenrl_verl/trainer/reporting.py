@@ -4,7 +4,7 @@ Every run writes into its output directory:
 - `metrics.jsonl`: one JSON object per global step (the same dict Tracking receives) plus a final
   `{"summary": ...}` line;
 - `trace.json`: the Chrome/Perfetto trace of every task each worker ran (`schedule.trace`);
-- `timeline.png`: the Gantt chart of that trace, with each worker's bubble time;
+- `timeline.png`: the Gantt chart of that trace, with each worker's bubble time (`viz.gantt`);
 - `tensorboard/` when `trainer.logger` includes tensorboard.
 """
 

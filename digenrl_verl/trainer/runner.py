@@ -24,6 +24,7 @@ from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.schedule.types import Task, TaskKind
 from digenrl_verl.trainer.config import RunSpec
 from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batch
+from digenrl_verl.viz.gantt import save_gantt
 
 ROLE_POOL = {"colocated": "col", "generator": "gen", "trainer": "trn"}
 
@@ -320,8 +321,6 @@ class DigenRLTrainer:
         trace.write_chrome(str(self.output_dir / "trace.json"))
         (self.output_dir / "schedule.txt").write_text(trace.to_text())
         metrics = trace.metrics(workers=list(self.workers))
-        from digenrl_verl.sim.gantt import save_gantt
-
         save_gantt(trace, str(self.output_dir / "timeline.png"), title=f"{self.run.schedule.mode} run")
         stats = self.worker_stats()
         wall = self.t_end - self.t_start

@@ -14,7 +14,7 @@ import pkgutil, importlib
 import digenrl_verl.schedule as pkg
 for mod in pkgutil.iter_modules(pkg.__path__):
     importlib.import_module('digenrl_verl.schedule.' + mod.name)
-import digenrl_verl.sim.cli, digenrl_verl.sim.scenarios, digenrl_verl.sim.gantt
+import digenrl_verl.sim.cli, digenrl_verl.sim.scenarios, digenrl_verl.viz.gantt
 print('ok')
 """
 

@@ -12,7 +12,7 @@ from digenrl_verl.schedule.trace import Trace
 from digenrl_verl.schedule.types import Completion, Task, TaskKind
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.executor import SimExecutor
-from digenrl_verl.sim.gantt import save_gantt
+from digenrl_verl.viz.gantt import save_gantt
 from digenrl_verl.sim.profiles import CostProfile
 
 LABEL = re.compile(r"^(?P<worker>\S+) \(idle (?P<pct>\d+(\.\d)?)%\)$")
@@ -50,7 +50,7 @@ def test_simulated_run_labels_match_trace_metrics(tmp_path):
     cluster = ClusterSpec.parse("gen=4xG,trn=2xT")
     profile = CostProfile("t", gen=4.0, score=0.5, update_loop=2.0, update_tsp=1.0, tag_overhead=1.2,
                           opt_step=0.5, sync=1.0)
-    cfg = ScheduleConfig(pools=cluster.pools, prompts_per_step=6, n=4, num_steps=2, tag="bts")
+    cfg = ScheduleConfig(mode="disaggregated", pools=cluster.pools, prompts_per_step=6, n=4, num_steps=2)
     driver = Driver(cfg, SimExecutor(cluster, profile))
     driver.run()
     metrics = driver.trace.metrics()

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from digenrl_verl.schedule.bts import BtsCosts, BtsSolver, BtsState, no_tag_policy, rollout, static_policy
-from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig
 
 GRID_B = (8, 32, 128)
 SCALE_B = (512, 1024)
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--scale", action="store_true", help="also B = 512 and 1024")
-    parser.add_argument("--max-states", type=int, default=ScheduleConfig().bts_max_states)
+    parser.add_argument("--max-states", type=int, default=TagConfig().bts_max_states)
     args = parser.parse_args(argv)
     sizes = GRID_B + (SCALE_B if args.scale else ())
     rows = [_row(b, r, args.repeat, args.max_states) for b in sizes for r in RATIOS]

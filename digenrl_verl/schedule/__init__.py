@@ -8,7 +8,8 @@ bounds (`bounds`). Executors live elsewhere: `digenrl_verl.sim` (virtual clock) 
 
 from digenrl_verl.schedule.bounds import Bound, StepCosts, colocated_lower_bound, run_lower_bound, step_lower_bound
 from digenrl_verl.schedule.bts import BtsCosts, BtsResult, BtsSolver, BtsState, GenPhase, exhaustive, rollout
-from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig
+from digenrl_verl.schedule.config import (PoolSpec, ScheduleConfig, ScheduleSettings, TagConfig, TcssConfig,
+                                          TspConfig)
 from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.driver import Driver, DriverStats, StepResult
 from digenrl_verl.schedule.plan import BatchAxisPlanner, GapPlanner, MicroBatch, Planner, make_planner
@@ -20,7 +21,7 @@ from digenrl_verl.schedule.types import Completion, Executor, ScheduleError, Tas
 __all__ = [
     "Bound", "StepCosts", "colocated_lower_bound", "run_lower_bound", "step_lower_bound",
     "BtsCosts", "BtsResult", "BtsSolver", "BtsState", "GenPhase", "exhaustive", "rollout",
-    "PoolSpec", "ScheduleConfig", "CostProfiler", "Driver", "DriverStats", "StepResult",
+    "PoolSpec", "ScheduleConfig", "ScheduleSettings", "TagConfig", "TcssConfig", "TspConfig", "CostProfiler", "Driver", "DriverStats", "StepResult",
     "BatchAxisPlanner", "GapPlanner", "MicroBatch", "Planner", "make_planner",
     "GenRequest", "StalenessPolicy",
     "BtsTag", "BubbleContext", "NoTag", "StaticTag", "TagDecision", "TagPolicy", "make_tag_policy",

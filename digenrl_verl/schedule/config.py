@@ -1,27 +1,172 @@
-"""`ScheduleConfig`: every scheduling knob, validated when built.
+"""The scheduling settings, one definition each: `ScheduleSettings` (what a user sets, under `trainer.digenrl` in
+the trainer's config and as flags of `digenrl-sim`) and `ScheduleConfig` (those settings plus the run's shape:
+pools, steps, batch; what the `Driver` runs).
 
-Users write these under ``trainer.digenrl`` (e.g. ``trainer.digenrl.tag=bts``); a bad value raises a
-``ValueError`` that names the key as written there, the bad value and the fix.
+The settings form a small tree: `tag` (trainer-assisted generation, BTS), `tcss` (staleness), `tsp` (time-step
+parallel updates). Every default lives here and nowhere else; every check sits next to its fields and raises a
+`ConfigError` naming the field's path inside this tree (the config layer prefixes the user's key).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Optional
 
-KEY_PREFIX = "trainer.digenrl"
+from digenrl_verl.errors import ConfigError
 
 MODES = ("colocated", "disaggregated")
 TAG_MODES = ("off", "static", "bts")
 POOL_NAMES = {"colocated": ("col",), "disaggregated": ("gen", "trn")}
 
 
-def _key(name: str) -> str:
-    return f"{KEY_PREFIX}.{name}"
+def _int_at_least(path: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(path, value, f"use an integer >= {low}")
 
 
-def _bad(name: str, value: Any, fix: str) -> ValueError:
-    return ValueError(f"{_key(name)}={value!r} is invalid: {fix}")
+def _boolean(path: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(path, value, "use true or false")
+
+
+@dataclass(frozen=True)
+class TagConfig:
+    """Trainer-assisted generation: idle trainer ranks generate a micro-batch when the policy says so.
+
+    Args:
+        policy: ``"off"``, ``"static"`` (``static_k`` TAG micro-batches per step, at the first bubbles) or
+            ``"bts"`` (bubble-aware tree search at every trainer bubble).
+        static_k: TAG micro-batches per step for ``policy="static"``.
+        probe: with ``policy="bts"``, run one TAG micro-batch at the first bubble to measure the trainer-side
+            generation cost (the paper's profiling run).
+        bts_max_states: search budget per BTS solve (states expanded); when exceeded, BTS decides by a one-step
+            lookahead over rollouts instead (the decision is marked ``budget_hit`` in the trace).
+    """
+
+    policy: str = "bts"
+    static_k: int = 0
+    probe: bool = True
+    bts_max_states: int = 2_000
+
+    def __post_init__(self) -> None:
+        if self.policy not in TAG_MODES:
+            raise ConfigError("tag.policy", self.policy, f"use one of {list(TAG_MODES)}")
+        _int_at_least("tag.static_k", self.static_k, 0)
+        _int_at_least("tag.bts_max_states", self.bts_max_states, 1)
+        _boolean("tag.probe", self.probe)
+        if self.policy == "static" and self.static_k == 0:
+            raise ConfigError("tag.static_k", self.static_k, "tag.policy=static needs static_k >= 1 (or use off)")
+
+
+@dataclass(frozen=True)
+class TcssConfig:
+    """Staleness-bounded generation across steps (TCSS).
+
+    Args:
+        staleness: the window W: 0 = synchronous (on-policy), 1 = generation of step s+1 may start with version s
+            while step s is still updating.
+        max_stale_fraction: at most this fraction of a step's samples may be generated stale.
+        guard: start a stale GEN only when its estimated end is before the weight SYNC it runs ahead of would start,
+            so TCSS never delays a SYNC (the schedule then depends on measured costs). False: start stale GENs
+            whenever the limits allow (deterministic given the limits).
+        max_gen_futures: at most this many GEN/TAG tasks in flight at once (None: no limit).
+    """
+
+    staleness: int = 0
+    max_stale_fraction: float = 0.0
+    guard: bool = True
+    max_gen_futures: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.staleness not in (0, 1) or isinstance(self.staleness, bool):
+            raise ConfigError("tcss.staleness", self.staleness, "use 0 (synchronous) or 1 (one-step TCSS)")
+        frac = self.max_stale_fraction
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
+            raise ConfigError("tcss.max_stale_fraction", frac, "use a number in [0, 1]")
+        if self.staleness == 0 and frac > 0:
+            raise ConfigError("tcss.max_stale_fraction", frac,
+                              "staleness=0 generates nothing stale; set it to 0 or set tcss.staleness=1")
+        _boolean("tcss.guard", self.guard)
+        if self.max_gen_futures is not None:
+            _int_at_least("tcss.max_gen_futures", self.max_gen_futures, 1)
+
+
+@dataclass(frozen=True)
+class TspConfig:
+    """Time-step parallel updates: all selected timesteps of a micro-batch in one batched forward/backward.
+
+    Args:
+        enabled: True / False; None = auto: on when disaggregated, off when colocated (verl-omni's loop).
+        chunk_size: rows per forward/backward chunk; 0 = all rows at once.
+    """
+
+    enabled: Optional[bool] = None
+    chunk_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.enabled is not None:
+            _boolean("tsp.enabled", self.enabled)
+        _int_at_least("tsp.chunk_size", self.chunk_size, 0)
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    """How a run is scheduled: the user's settings.
+
+    Args:
+        mode: ``"colocated"`` (verl-omni's layout: one pool generates the whole batch, scores it, then updates,
+            per step) or ``"disaggregated"`` (DigenRL: a generator pool and a trainer pool).
+        gap: generation-axis pipeline: a micro-batch is one prompt group whose n samples are spread over a lane of
+            generator ranks. False: the batch-axis split (each rank owns whole groups).
+        pipeline: update micro-batches as soon as they are scored. False: full-batch barrier (updates of a step wait
+            until every micro-batch of it is scored), i.e. naive disaggregation.
+        tsp / tag / tcss: see `TspConfig`, `TagConfig`, `TcssConfig`.
+        task_timeout_s: a task running longer than this fails the run (None: no timeout).
+    """
+
+    mode: str = "colocated"
+    gap: bool = True
+    pipeline: bool = True
+    tsp: TspConfig = field(default_factory=TspConfig)
+    tag: TagConfig = field(default_factory=TagConfig)
+    tcss: TcssConfig = field(default_factory=TcssConfig)
+    task_timeout_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError("mode", self.mode, f"use one of {list(MODES)}")
+        _boolean("gap", self.gap)
+        _boolean("pipeline", self.pipeline)
+        timeout = self.task_timeout_s
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or timeout <= 0):
+            raise ConfigError("task_timeout_s", timeout, "use a positive number of seconds, or null")
+        for name, cls in (("tsp", TspConfig), ("tag", TagConfig), ("tcss", TcssConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(name, getattr(self, name), f"use a {cls.__name__} (a section, e.g. "
+                                  f"{name}.{fields(cls)[0].name}=...)")
+
+    @property
+    def inert_in_colocated(self) -> list[str]:
+        """The settings that differ from their defaults but have no effect in colocated mode (TAG and TCSS need a
+        separate trainer pool); empty for disaggregated runs."""
+        if self.mode != "colocated":
+            return []
+        out = []
+        for name, default in (("tag", TagConfig()), ("tcss", TcssConfig())):
+            out += [f"{name}.{f.name}" for f in fields(default)
+                    if getattr(getattr(self, name), f.name) != getattr(default, f.name)]
+        return out
+
+    def for_mode(self) -> "ScheduleSettings":
+        """The settings as they apply to the mode: auto TSP resolved; colocated runs have no TAG and no TCSS."""
+        return replace(self, **self._sections_for_mode())
+
+    def _sections_for_mode(self) -> dict[str, Any]:
+        tsp = replace(self.tsp, enabled=self.mode == "disaggregated") if self.tsp.enabled is None else self.tsp
+        if self.mode == "colocated":
+            return {"tsp": tsp, "tag": TagConfig(policy="off"), "tcss": TcssConfig()}
+        return {"tsp": tsp, "tag": self.tag, "tcss": self.tcss}
 
 
 @dataclass(frozen=True)
@@ -39,128 +184,62 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
-class ScheduleConfig:
-    """How one training run is scheduled.
+class ScheduleConfig(ScheduleSettings):
+    """What the driver runs: the settings (resolved for the mode, see `ScheduleSettings.for_mode`) plus the run's
+    shape.
 
     Args:
-        mode: ``"disaggregated"`` (generator pool ``gen`` + trainer pool ``trn``) or ``"colocated"``
-            (one pool ``col``: generate the whole batch, score it, then update, per step).
-        gap: generation-axis pipeline: a micro-batch is one prompt group whose n samples are spread
-            over a lane of generator ranks. False: the batch-axis split (each rank owns whole groups).
-        pipeline: update micro-batches as soon as they are scored. False: full-batch barrier (updates
-            of a step wait until every micro-batch of it is scored), i.e. naive disaggregation.
-        tsp: run updates with time-step parallelism. The scheduler only passes the ``"tsp"`` flag on
-            UPDATE tasks; the executor decides how to run it (and the cost model sees its cost).
-        tag: trainer-assisted generation: ``"off"``, ``"static"`` (``static_k`` TAG micro-batches per
-            step, at the first bubbles) or ``"bts"`` (bubble-aware search at every trainer bubble).
-        static_k: TAG micro-batches per step for ``tag="static"``.
-        staleness: TCSS window W: 0 = synchronous (on-policy), 1 = generation of step s+1 may start
-            with version s while step s is still updating.
-        max_stale_fraction: at most this fraction of a step's samples may be generated stale.
-        max_gen_futures: at most this many GEN/TAG tasks in flight at once (None: no limit).
-        tcss_guard: start a stale GEN only when its estimated end is before the weight SYNC it runs ahead
-            of would start, so TCSS never delays a SYNC (the schedule then depends on measured costs).
-            False: start stale GENs whenever the TCSS limits allow (deterministic given the limits).
+        pools: pool name -> ``PoolSpec`` (``gen`` and ``trn``, or ``col``); plain dicts are accepted; None = 4
+            ranks per pool of the mode.
         num_steps: global steps to run.
         start_step: first global step (resume); the run starts with policy version ``start_step``.
         prompts_per_step: prompts per global step.
         n: samples per prompt (group size).
-        pools: pool name -> ``PoolSpec`` (``gen`` and ``trn``, or ``col``). Plain dicts are accepted.
-        task_timeout_s: a task running longer than this fails the run (None: no timeout).
-        probe_tag: with ``tag="bts"``, run one TAG micro-batch at the first bubble to measure the
-            trainer-side generation cost (the paper's profiling run).
-        bts_max_states: search budget per BTS solve (states expanded); when exceeded, BTS decides by a
-            one-step lookahead over rollouts instead (the decision is marked ``budget_hit`` in the trace).
+        checkpoint_every: a checkpoint barrier after every global step s with (s + 1) % k == 0 (the driver drains:
+            nothing of step s + 1 starts before the checkpoint ends); 0 = no barrier.
     """
 
-    mode: str = "disaggregated"
-    gap: bool = True
-    pipeline: bool = True
-    tsp: bool = True
-    tag: str = "bts"
-    static_k: int = 0
-    staleness: int = 0
-    max_stale_fraction: float = 0.0
-    max_gen_futures: int | None = None
-    tcss_guard: bool = True
+    pools: Optional[Mapping[str, PoolSpec]] = None
     num_steps: int = 1
     start_step: int = 0
     prompts_per_step: int = 8
     n: int = 8
-    pools: Mapping[str, PoolSpec] = field(
-        default_factory=lambda: {"gen": PoolSpec(4, "gen"), "trn": PoolSpec(4, "trn")}
-    )
-    task_timeout_s: float | None = None
-    probe_tag: bool = True
-    bts_max_states: int = 2_000
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
-        self._check_choices()
-        self._check_numbers()
-        object.__setattr__(self, "pools", self._normalised_pools())
-        self._check_mode_combinations()
-
-    # -- validation -------------------------------------------------------------------------------
-    def _check_choices(self) -> None:
-        if self.mode not in MODES:
-            raise _bad("mode", self.mode, f"use one of {list(MODES)}")
-        if self.tag not in TAG_MODES:
-            raise _bad("tag", self.tag, f"use one of {list(TAG_MODES)}")
-        for name in ("gap", "pipeline", "tsp", "probe_tag", "tcss_guard"):
-            if not isinstance(getattr(self, name), bool):
-                raise _bad(name, getattr(self, name), "use true or false")
-        if self.staleness not in (0, 1) or isinstance(self.staleness, bool):
-            raise _bad("staleness", self.staleness, "use 0 (synchronous) or 1 (one-step TCSS)")
-
-    def _check_numbers(self) -> None:
+        super().__post_init__()
+        for name, section in self._sections_for_mode().items():
+            object.__setattr__(self, name, section)
         for name, low in (("num_steps", 1), ("prompts_per_step", 1), ("n", 1), ("start_step", 0),
-                          ("static_k", 0), ("bts_max_states", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise _bad(name, value, f"use an integer >= {low}")
-        frac = self.max_stale_fraction
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
-            raise _bad("max_stale_fraction", frac, "use a number in [0, 1]")
-        futures = self.max_gen_futures
-        if futures is not None and (isinstance(futures, bool) or not isinstance(futures, int) or futures < 1):
-            raise _bad("max_gen_futures", futures, "use an integer >= 1, or null for no limit")
-        timeout = self.task_timeout_s
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or timeout <= 0):
-            raise _bad("task_timeout_s", timeout, "use a positive number of seconds, or null")
+                          ("checkpoint_every", 0)):
+            _int_at_least(name, getattr(self, name), low)
+        object.__setattr__(self, "pools", self._normalised_pools())
+
+    @classmethod
+    def of(cls, settings: ScheduleSettings, **shape: Any) -> "ScheduleConfig":
+        """The schedule of `settings` with the run's shape (`pools`, `num_steps`, ...)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(ScheduleSettings)}, **shape)
 
     def _normalised_pools(self) -> dict[str, PoolSpec]:
         want = POOL_NAMES[self.mode]
-        if not isinstance(self.pools, Mapping) or sorted(self.pools) != sorted(want):
-            got = sorted(self.pools) if isinstance(self.pools, Mapping) else self.pools
-            raise _bad("pools", got, f"mode={self.mode!r} needs exactly the pools {list(want)}")
+        pools = self.pools if self.pools is not None else {name: PoolSpec(4) for name in want}
+        if not isinstance(pools, Mapping) or sorted(pools) != sorted(want):
+            got = sorted(pools) if isinstance(pools, Mapping) else pools
+            raise ConfigError("pools", got, f"mode={self.mode!r} needs exactly the pools {list(want)}")
         out: dict[str, PoolSpec] = {}
         for name in want:
-            spec = self.pools[name]
+            spec = pools[name]
             if isinstance(spec, Mapping):
                 unknown = set(spec) - {"size", "worker_class"}
                 if unknown:
-                    raise _bad(f"pools.{name}", dict(spec), f"unknown keys {sorted(unknown)}; "
-                               "valid keys are ['size', 'worker_class']")
+                    raise ConfigError(f"pools.{name}", dict(spec), f"unknown keys {sorted(unknown)}; valid keys are "
+                                      "['size', 'worker_class']")
                 spec = PoolSpec(**spec)
             if not isinstance(spec, PoolSpec):
-                raise _bad(f"pools.{name}", spec, "use {size: <int>, worker_class: <str>}")
-            if isinstance(spec.size, bool) or not isinstance(spec.size, int) or spec.size < 1:
-                raise _bad(f"pools.{name}.size", spec.size, "use an integer >= 1")
+                raise ConfigError(f"pools.{name}", spec, "use {size: <int>, worker_class: <str>}")
+            _int_at_least(f"pools.{name}.size", spec.size, 1)
             out[name] = PoolSpec(spec.size, spec.worker_class or name)
         return out
-
-    def _check_mode_combinations(self) -> None:
-        if self.mode == "colocated":
-            if self.tag != "off":
-                raise _bad("tag", self.tag, "colocated mode has no separate trainer to assist; use 'off'")
-            if self.staleness != 0:
-                raise _bad("staleness", self.staleness, "colocated mode is synchronous; use 0")
-        if self.tag == "static" and self.static_k == 0:
-            raise _bad("static_k", self.static_k, "tag='static' needs static_k >= 1 (or use tag='off')")
-        if self.staleness == 0 and self.max_stale_fraction > 0:
-            raise _bad("max_stale_fraction", self.max_stale_fraction,
-                       "staleness=0 generates nothing stale; set it to 0 or set staleness=1")
 
     # -- derived ----------------------------------------------------------------------------------
     @property
@@ -171,6 +250,10 @@ class ScheduleConfig:
     def end_step(self) -> int:
         """One past the last global step of the run."""
         return self.start_step + self.num_steps
+
+    def is_checkpoint_step(self, step: int) -> bool:
+        """True if a checkpoint barrier follows global step `step`."""
+        return self.checkpoint_every > 0 and (step + 1) % self.checkpoint_every == 0
 
     def workers(self, pool: str) -> tuple[str, ...]:
         """Worker ids of a pool, in rank order."""
@@ -186,13 +269,3 @@ class ScheduleConfig:
     @property
     def trainer_pool(self) -> str:
         return "col" if self.mode == "colocated" else "trn"
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "ScheduleConfig":
-        """Build from a plain mapping (e.g. the ``trainer.digenrl`` node of an OmegaConf config)."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - names)
-        if unknown:
-            raise ValueError(f"unknown keys {[_key(k) for k in unknown]}; valid keys are "
-                             f"{sorted(_key(k) for k in names)}")
-        return cls(**dict(raw))

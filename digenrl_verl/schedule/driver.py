@@ -160,10 +160,8 @@ class Driver:
         self.config = config
         self.executor = executor
         self.colocated = config.mode == "colocated"
-        self.tag_policy = tag_policy or make_tag_policy(config.tag, config.static_k, config.probe_tag,
-                                                        config.bts_max_states)
-        self.staleness = staleness or StalenessPolicy(config.staleness, config.max_stale_fraction,
-                                                      config.max_gen_futures)
+        self.tag_policy = tag_policy or make_tag_policy(config.tag)
+        self.staleness = staleness or StalenessPolicy.of(config.tcss)
         self.planner = planner or make_planner(config.gap)
         self.profiler = profiler or CostProfiler()
         self.trace = trace or Trace()
@@ -350,7 +348,7 @@ class Driver:
             self._issue_score(lane)
             return True
         found = self._next_gen()
-        if (found is not None and self.gen_version < found[0].step and self.config.tcss_guard
+        if (found is not None and self.gen_version < found[0].step and self.config.tcss.guard
                 and not self._stale_gen_fits(found[0], lane)):
             found = None
         if found is None:
@@ -539,7 +537,7 @@ class Driver:
     def _issue_update(self, st: _Step, idx: int) -> None:
         m = st.mbs[idx]
         m.status = MbStatus.UPDATING
-        flags = {"tsp"} if self.config.tsp else set()
+        flags = {"tsp"} if self.config.tsp.enabled else set()
         self._submit(TaskKind.UPDATE, st.step, idx, tuple(self.trn_workers), self.trainer_version,
                      split_even(m.mb.samples, self.trn_workers), "", flags)
 

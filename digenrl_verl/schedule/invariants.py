@@ -107,8 +107,8 @@ def _versions(cfg: ScheduleConfig, ok: list[Completion]) -> list[str]:
         for w in t.workers:
             if held(w, c.start) != t.version:
                 out.append(f"{t.label} says version {t.version} but {w} held {held(w, c.start)}")
-        if t.version > t.step or t.step - t.version > cfg.staleness:
-            out.append(f"{t.label} uses version {t.version}: outside [step - W, step] with W={cfg.staleness}")
+        if t.version > t.step or t.step - t.version > cfg.tcss.staleness:
+            out.append(f"{t.label} uses version {t.version}: outside [step - W, step] with W={cfg.tcss.staleness}")
     return out
 
 
@@ -119,9 +119,9 @@ def _ordering(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion])
     for c in all_:
         t = c.task
         if t.kind in GEN_KINDS:
-            gate = t.step - 1 - cfg.staleness
+            gate = t.step - 1 - cfg.tcss.staleness
             if gate >= cfg.start_step and c.start < end_of.get((TaskKind.OPT_STEP, gate), math.inf) - EPS:
-                out.append(f"{t.label} starts before OPT_STEP of step {gate} ended (W={cfg.staleness})")
+                out.append(f"{t.label} starts before OPT_STEP of step {gate} ended (W={cfg.tcss.staleness})")
         if t.kind == TaskKind.UPDATE and t.step > cfg.start_step:
             if c.start < end_of.get((TaskKind.OPT_STEP, t.step - 1), math.inf) - EPS:
                 out.append(f"{t.label} starts before OPT_STEP of step {t.step - 1} ended")
@@ -129,7 +129,7 @@ def _ordering(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion])
             out.append(f"{t.label} ends after OPT_STEP of its step started")
         if t.kind == TaskKind.SYNC and c.start < end_of.get((TaskKind.OPT_STEP, t.step), math.inf) - EPS:
             out.append(f"SYNC of step {t.step} starts before its OPT_STEP ended")
-        if (cfg.staleness == 0 and cfg.mode == "disaggregated" and t.step > cfg.start_step
+        if (cfg.tcss.staleness == 0 and cfg.mode == "disaggregated" and t.step > cfg.start_step
                 and t.kind != TaskKind.SYNC
                 and c.start < end_of.get((TaskKind.SYNC, t.step - 1), math.inf) - EPS):
             out.append(f"{t.label} starts before SYNC of step {t.step - 1} ended (W=0)")
@@ -138,21 +138,21 @@ def _ordering(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion])
 
 def _limits(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
     out = []
-    cap = 0 if cfg.staleness == 0 else math.floor(cfg.max_stale_fraction * cfg.samples_per_step + 1e-9)
+    cap = 0 if cfg.tcss.staleness == 0 else math.floor(cfg.tcss.max_stale_fraction * cfg.samples_per_step + 1e-9)
     stale: dict[int, int] = defaultdict(int)
     for c in ok:
         if c.task.kind in GEN_KINDS and c.task.version < c.task.step:
             stale[c.task.step] += len(c.task.samples)
     out += [f"step {s}: {n} stale samples > cap {cap}" for s, n in stale.items() if n > cap]
-    if cfg.max_gen_futures is not None:
+    if cfg.tcss.max_gen_futures is not None:
         edges = sorted([(c.start, 1) for c in all_ if c.task.kind in GEN_KINDS]
                        + [(c.end, -1) for c in all_ if c.task.kind in GEN_KINDS])
         running = peak = 0
         for _, delta in edges:
             running += delta
             peak = max(peak, running)
-        if peak > cfg.max_gen_futures:
-            out.append(f"{peak} generation tasks ran at once > max_gen_futures={cfg.max_gen_futures}")
+        if peak > cfg.tcss.max_gen_futures:
+            out.append(f"{peak} generation tasks ran at once > max_gen_futures={cfg.tcss.max_gen_futures}")
     return out
 
 

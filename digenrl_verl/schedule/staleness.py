@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from digenrl_verl.schedule.config import TcssConfig
+
 
 @dataclass(frozen=True)
 class GenRequest:
@@ -38,11 +40,15 @@ class GenRequest:
 
 @dataclass(frozen=True)
 class StalenessPolicy:
-    """The TCSS limits (``trainer.digenrl.staleness``, ``.max_stale_fraction``, ``.max_gen_futures``)."""
+    """The TCSS limits of a `TcssConfig`: the window W, the stale fraction, the GEN futures in flight."""
 
     window: int = 0
     max_stale_fraction: float = 0.0
     max_gen_futures: int | None = None
+
+    @classmethod
+    def of(cls, config: TcssConfig) -> "StalenessPolicy":
+        return cls(config.staleness, config.max_stale_fraction, config.max_gen_futures)
 
     def stale_capacity(self, samples_per_step: int) -> int:
         """How many samples of one step may be generated stale."""

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from digenrl_verl.schedule.bts import BtsCosts, BtsResult, BtsSolver, BtsState, GenPhase
+from digenrl_verl.schedule.config import TagConfig
 
 
 @dataclass(frozen=True)
@@ -157,18 +158,13 @@ class BtsTag(TagPolicy):
         return result
 
 
-TAG_POLICIES = ("off", "static", "bts")
-
-
-def make_tag_policy(tag: str, static_k: int = 0, probe: bool = True, max_states: int = 2_000) -> TagPolicy:
-    """Build the policy named by ``trainer.digenrl.tag``."""
-    if tag == "off":
-        return NoTag()
-    if tag == "static":
-        return StaticTag(static_k)
-    if tag == "bts":
-        return BtsTag(probe=probe, max_states=max_states)
-    raise ValueError(f"trainer.digenrl.tag={tag!r} is invalid: use one of {list(TAG_POLICIES)}")
+def make_tag_policy(config: TagConfig) -> TagPolicy:
+    """The policy a `TagConfig` names (the config validated the name)."""
+    if config.policy == "static":
+        return StaticTag(config.static_k)
+    if config.policy == "bts":
+        return BtsTag(probe=config.probe, max_states=config.bts_max_states)
+    return NoTag()
 
 
 __all__ = ["BubbleContext", "TagDecision", "TagPolicy", "NoTag", "StaticTag", "BtsTag", "make_tag_policy",

@@ -3,12 +3,15 @@
 Examples::
 
     digenrl-sim --scenario hunyuanvideo-20-0.6                 # full DigenRL on one scenario
-    digenrl-sim --scenario wan2.1 --tag static --static-k 8 --png wan.png --trace wan.json
+    digenrl-sim --scenario wan2.1 --tag-policy static --tag-static-k 8 --png wan.png --trace wan.json
     digenrl-sim --suite ladder --scenario flux.1               # the ablation ladder of one scenario
     digenrl-sim --suite paper --json                           # every paper-like scenario x the ladder
     digenrl-sim --suite scale --json                           # 1024 GPUs, 1024 micro-batches per step
     digenrl-sim --list
 
+Schedule flags are generated from ``ScheduleSettings`` (the dataclass behind ``trainer.digenrl.*``): one flag per
+setting, ``--<section>-<field>`` (``--tag-policy``, ``--tcss-staleness``, ``--tsp-enabled`` / ``--no-tsp-enabled``,
+``--gap`` / ``--no-gap``, ...), applied on top of full DigenRL (``scenarios.FULL_DIGENRL_SETTINGS``).
 With ``--json`` the last line printed is one JSON object. Figures are simulated from modelled costs
 (``digenrl_verl.sim.profiles``); the paper's numbers are printed next to them for reference only.
 """
@@ -16,15 +19,17 @@ With ``--json`` the last line printed is one JSON object. Figures are simulated 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import typing
 from dataclasses import replace
 from typing import Any, Sequence
 
-from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.config import ScheduleConfig, ScheduleSettings, TcssConfig
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.profiles import PROFILES, get_profile
-from digenrl_verl.sim.scenarios import (LADDER, PAPER_SUITE, SCENARIOS, TCSS_FRACTION, RunOutcome, Scenario,
+from digenrl_verl.sim.scenarios import (FULL_DIGENRL_SETTINGS, LADDER, PAPER_SUITE, SCENARIOS, RunOutcome, Scenario,
                                         get_scenario, run_config, run_ladder)
 
 EFFICIENCY_TARGET = 0.95
@@ -39,15 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", choices=("paper", "ladder", "scale"), help="run a suite instead of one config")
     p.add_argument("--profile", help="override the scenario's cost profile")
     p.add_argument("--cluster", help="override the cluster, e.g. 'gen=8xH800,trn=8xH800' or 'col=16xH800'")
-    p.add_argument("--tag", choices=("off", "static", "bts"), default="bts")
-    p.add_argument("--static-k", type=int, default=0)
-    p.add_argument("--staleness", type=int, choices=(0, 1), default=1)
-    p.add_argument("--max-stale-fraction", type=float, default=TCSS_FRACTION)
-    p.add_argument("--no-gap", action="store_true", help="batch-axis micro-batches")
-    p.add_argument("--no-pipeline", action="store_true", help="full-batch barrier before updates")
-    p.add_argument("--no-tsp", action="store_true", help="per-timestep update loop")
-    p.add_argument("--no-tcss-guard", action="store_true",
-                   help="start stale GENs whenever TCSS allows, even if they delay the weight SYNC")
+    _add_settings_flags(p)
     p.add_argument("--prompts", type=int, help="prompts per step")
     p.add_argument("--n", type=int, help="samples per prompt")
     p.add_argument("--steps", type=int, help="global steps")
@@ -59,6 +56,62 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule-text", help="write the schedule's text form here")
     p.add_argument("--list", action="store_true", help="list scenarios and profiles")
     return p
+
+
+def _setting_paths(cls: type = ScheduleSettings, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted path, type) of every leaf setting of `cls`, sections expanded (``tag.policy``, ``gap``, ...)."""
+    out: list[tuple[str, Any]] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            out += _setting_paths(kind, f"{prefix}{f.name}.")
+        elif f.name != "mode":  # the cluster decides the mode
+            out.append((prefix + f.name, kind))
+    return out
+
+
+def _flag(path: str) -> str:
+    return "--" + path.replace(".", "-").replace("_", "-")
+
+
+def _parse_optional(kind: Any):
+    inner = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+
+    def parse(text: str):
+        return None if text.lower() in ("none", "null") else inner[0](text)
+    return parse
+
+
+def _add_settings_flags(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("schedule settings (ScheduleSettings; default: full DigenRL)")
+    for path, kind in _setting_paths():
+        dest = "set:" + path
+        if kind is bool or typing.get_args(kind) == (bool, type(None)):
+            group.add_argument(_flag(path), dest=dest, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            group.add_argument(_flag(path), dest=dest, type=_parse_optional(kind), default=None, metavar="V")
+
+
+def settings_from_flags(args: argparse.Namespace, mode: str) -> ScheduleSettings:
+    """Full DigenRL (colocated: the per-timestep baseline) with the flags given applied: the same dataclass the
+    trainer's ``trainer.digenrl`` section builds."""
+    given = {k.removeprefix("set:"): v for k, v in vars(args).items() if k.startswith("set:") and v is not None}
+    if mode == "colocated":
+        settings = ScheduleSettings(mode="colocated", pipeline=False)
+    else:
+        settings = ScheduleSettings(mode="disaggregated", **FULL_DIGENRL_SETTINGS)
+        if given.get("tcss.staleness") == 0 and "tcss.max_stale_fraction" not in given:
+            settings = replace(settings, tcss=TcssConfig())  # no stale fraction without a staleness window
+    changes: dict[str, Any] = {}
+    for path, value in given.items():
+        section, _, name = path.rpartition(".")
+        if section:
+            changes.setdefault(section, {})[name] = value
+        else:
+            changes[name] = value
+    return replace(settings, **{k: replace(getattr(settings, k), **v) if isinstance(v, dict) else v
+                                for k, v in changes.items()})
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
@@ -76,13 +129,8 @@ def _scenario(args: argparse.Namespace) -> Scenario:
 
 
 def _single_config(args: argparse.Namespace, s: Scenario, cluster: ClusterSpec) -> ScheduleConfig:
-    base = dict(prompts_per_step=s.prompts_per_step, n=s.n, num_steps=s.num_steps, pools=cluster.pools)
-    if cluster.mode == "colocated":
-        return ScheduleConfig(mode="colocated", gap=not args.no_gap, pipeline=False, tsp=not args.no_tsp,
-                              tag="off", **base)
-    return ScheduleConfig(gap=not args.no_gap, pipeline=not args.no_pipeline, tsp=not args.no_tsp, tag=args.tag,
-                          static_k=args.static_k, staleness=args.staleness, tcss_guard=not args.no_tcss_guard,
-                          max_stale_fraction=args.max_stale_fraction if args.staleness else 0.0, **base)
+    return ScheduleConfig.of(settings_from_flags(args, cluster.mode), prompts_per_step=s.prompts_per_step, n=s.n,
+                             num_steps=s.num_steps, pools=cluster.pools)
 
 
 def _write_outputs(args: argparse.Namespace, outcome: RunOutcome) -> None:
@@ -181,8 +229,8 @@ def _ladder_table(s: Scenario, outcomes: list[RunOutcome]) -> str:
 def _run_scale(args: argparse.Namespace) -> dict[str, Any]:
     s = SCALE if args.steps is None else replace(SCALE, num_steps=args.steps)
     cluster, profile = ClusterSpec.parse(s.cluster), get_profile(s.profile)
-    cfg = ScheduleConfig(pools=cluster.pools, prompts_per_step=s.prompts_per_step, n=s.n, num_steps=s.num_steps,
-                         tsp=True, tag="bts", staleness=1, max_stale_fraction=TCSS_FRACTION)
+    cfg = ScheduleConfig(mode="disaggregated", pools=cluster.pools, prompts_per_step=s.prompts_per_step, n=s.n,
+                         num_steps=s.num_steps, **FULL_DIGENRL_SETTINGS)
     o = run_config(cfg, cluster, profile, label="scale", jitter=args.jitter, seed=args.seed, record_decisions=False)
     summary = o.summary()
     _write_outputs(args, o)
@@ -240,8 +288,7 @@ def _single_table(s: Scenario, o: RunOutcome) -> str:
 
 
 def _config_dict(cfg: ScheduleConfig) -> dict[str, Any]:
-    out = {k: getattr(cfg, k) for k in ("mode", "gap", "pipeline", "tsp", "tag", "static_k", "staleness",
-                                        "max_stale_fraction", "num_steps", "prompts_per_step", "n")}
+    out = dataclasses.asdict(cfg)
     out["pools"] = {k: {"size": v.size, "worker_class": v.worker_class} for k, v in cfg.pools.items()}
     return out
 

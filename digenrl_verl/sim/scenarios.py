@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from digenrl_verl.schedule.bounds import Bound, StepCosts, colocated_lower_bound, run_lower_bound
-from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, TspConfig
 from digenrl_verl.schedule.driver import Driver, StepResult
 from digenrl_verl.schedule.plan import make_planner, split_even
 from digenrl_verl.schedule.tag import BtsTag
@@ -35,6 +35,9 @@ from digenrl_verl.sim.profiles import CostProfile, get_profile
 from digenrl_verl.sim.registry import NamedRegistry
 
 TCSS_FRACTION = 0.25
+# Full DigenRL as the simulator runs it by default (the ladder's last row, `digenrl-sim`'s single run).
+FULL_DIGENRL_SETTINGS: dict[str, Any] = dict(tsp=TspConfig(enabled=True), tag=TagConfig(policy="bts"),
+                                             tcss=TcssConfig(staleness=1, max_stale_fraction=TCSS_FRACTION))
 
 
 @dataclass(frozen=True)
@@ -101,19 +104,19 @@ def step_costs(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfil
     trn_work = sum(trn_works) / len(trn_works)
     unit = profile.unit
     first = min(w for ws in lane_works for w in ws) * (unit(TaskKind.GEN) + unit(TaskKind.SCORE)) / gen_speed
-    if config.tag != "off":  # the trainer may start with a TAG instead of waiting for the generators
+    if config.tag.policy != "off":  # the trainer may start with a TAG instead of waiting for the generators
         first = min(first, unit(TaskKind.TAG_GEN) * min(trn_works) / trn_speed)
     return StepCosts(
         microbatches=len(mbs),
         lane_gen=tuple(unit(TaskKind.GEN) * w / gen_speed for w in lane_work),
         lane_score=tuple(unit(TaskKind.SCORE) * w / gen_speed for w in lane_work),
-        update=unit(TaskKind.UPDATE, config.tsp) * trn_work / trn_speed,
-        tag=None if config.tag == "off" else unit(TaskKind.TAG_GEN) * trn_work / trn_speed,
+        update=unit(TaskKind.UPDATE, config.tsp.enabled) * trn_work / trn_speed,
+        tag=None if config.tag.policy == "off" else unit(TaskKind.TAG_GEN) * trn_work / trn_speed,
         opt=unit(TaskKind.OPT_STEP) / trn_speed,
         sync=0.0 if config.mode == "colocated" else unit(TaskKind.SYNC) / min(gen_speed, trn_speed),
-        last_update=unit(TaskKind.UPDATE, config.tsp) * min(trn_works) / trn_speed,
+        last_update=unit(TaskKind.UPDATE, config.tsp.enabled) * min(trn_works) / trn_speed,
         first_gen=first,
-        tag_ratio=None if config.tag == "off" else max(
+        tag_ratio=None if config.tag.policy == "off" else max(
             (unit(TaskKind.GEN) / gen_speed) / sum(1.0 / w for w in lws_i) / (unit(TaskKind.TAG_GEN) * tw / trn_speed)
             for lws_i, tw in zip(zip(*lane_works), trn_works)),
     )
@@ -123,7 +126,7 @@ def lower_bound(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfi
     costs = step_costs(config, cluster, profile)
     if config.mode == "colocated":
         return colocated_lower_bound(costs, config.num_steps)
-    return run_lower_bound(costs, config.num_steps, config.staleness)
+    return run_lower_bound(costs, config.num_steps, config.tcss.staleness)
 
 
 @dataclass
@@ -188,20 +191,25 @@ def ladder_configs(s: Scenario, cluster: ClusterSpec,
     """The ablation ladder's configs for a scenario (see the module docstring)."""
     base = dict(prompts_per_step=s.prompts_per_step, n=s.n, num_steps=s.num_steps)
     col = cluster.colocated()
+    per_timestep, batched = TspConfig(enabled=False), TspConfig(enabled=True)
     out: dict[str, tuple[ScheduleConfig, ClusterSpec]] = {
-        "colocated": (ScheduleConfig(mode="colocated", pools=col.pools, gap=False, pipeline=False, tsp=False,
-                                     tag="off", **base), col),
+        "colocated": (ScheduleConfig(mode="colocated", pools=col.pools, gap=False, pipeline=False, tsp=per_timestep,
+                                     **base), col),
     }
-    naive = ScheduleConfig(pools=cluster.pools, gap=False, pipeline=False, tsp=False, tag="off", **base)
-    gap = ScheduleConfig(pools=cluster.pools, gap=True, pipeline=True, tsp=False, tag="off", **base)
-    tsp = ScheduleConfig(pools=cluster.pools, gap=True, pipeline=True, tsp=True, tag="off", **base)
-    probe = ScheduleConfig(pools=cluster.pools, tsp=True, tag="bts", **base)
+    off = TagConfig(policy="off")
+
+    def disaggregated(**settings: Any) -> ScheduleConfig:
+        return ScheduleConfig(mode="disaggregated", pools=cluster.pools, **settings, **base)
+
+    naive = disaggregated(gap=False, pipeline=False, tsp=per_timestep, tag=off)
+    gap = disaggregated(tsp=per_timestep, tag=off)
+    tsp = disaggregated(tsp=batched, tag=off)
+    probe = disaggregated(tsp=batched)
     x_star = run_lower_bound(step_costs(probe, cluster, profile), 1, 0).tags
     k = max(1, round(x_star))
-    static = ScheduleConfig(pools=cluster.pools, tsp=True, tag="static", static_k=k, **base)
-    bts = ScheduleConfig(pools=cluster.pools, tsp=True, tag="bts", **base)
-    tcss = ScheduleConfig(pools=cluster.pools, tsp=True, tag="bts", staleness=1,
-                          max_stale_fraction=TCSS_FRACTION, **base)
+    static = disaggregated(tsp=batched, tag=TagConfig(policy="static", static_k=k))
+    bts = disaggregated(tsp=batched)
+    tcss = disaggregated(**FULL_DIGENRL_SETTINGS)
     for name, cfg in (("naive", naive), ("+GAP", gap), ("+TSP", tsp), ("+TAG static", static),
                       ("+TAG BTS", bts), ("+TCSS", tcss)):
         out[name] = (cfg, cluster)
@@ -214,8 +222,8 @@ def run_ladder(s: Scenario, *, jitter: float = 0.0, seed: int = 0) -> list[RunOu
     outcomes = []
     for label, (cfg, cl) in ladder_configs(s, cluster, profile).items():
         outcome = run_config(cfg, cl, profile, label=label, jitter=jitter, seed=seed)
-        if cfg.tag == "static":
-            outcome.extra["static_k"] = cfg.static_k
+        if cfg.tag.policy == "static":
+            outcome.extra["static_k"] = cfg.tag.static_k
         outcomes.append(outcome)
     naive = next(o for o in outcomes if o.label == "naive")
     for o in outcomes:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, TspConfig
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.types import ScheduleError, TaskKind
@@ -23,7 +23,7 @@ def profile() -> CostProfile:
 
 
 def _cfg(**kw) -> ScheduleConfig:
-    base = dict(pools=CLUSTER.pools, prompts_per_step=6, n=4, num_steps=3, tag="bts")
+    base = dict(mode="disaggregated", pools=CLUSTER.pools, prompts_per_step=6, n=4, num_steps=3)
     base.update(kw)
     return ScheduleConfig(**base)
 
@@ -41,7 +41,7 @@ def _updated_once(driver: Driver, cfg: ScheduleConfig) -> None:
        occurrence=st.integers(1, 3), staleness=st.sampled_from([0, 1]), gap=st.booleans())
 def test_failures_are_reissued_and_every_sample_is_trained_once(kind, step, worker, action, occurrence,
                                                                  staleness, gap):
-    cfg = _cfg(staleness=staleness, max_stale_fraction=0.5 if staleness else 0.0, gap=gap)
+    cfg = _cfg(tcss=TcssConfig(staleness=staleness, max_stale_fraction=0.5 if staleness else 0.0), gap=gap)
     fault = Fault(action, kind, step=step, worker=worker if action == "kill" or kind != TaskKind.TAG_GEN else None,
                   occurrence=occurrence)
     executor = SimExecutor(CLUSTER, profile(), faults=(fault,))
@@ -57,7 +57,7 @@ def test_failures_are_reissued_and_every_sample_is_trained_once(kind, step, work
 
 
 def test_all_generators_dead_trainer_generates_and_scores():
-    cfg = _cfg(tag="off", num_steps=2)
+    cfg = _cfg(tag=TagConfig(policy="off"), num_steps=2)
     faults = tuple(Fault("kill", worker=f"gen:{i}", at=3.0) for i in range(4))
     executor = SimExecutor(CLUSTER, profile(), faults=faults)
     driver = Driver(cfg, executor)
@@ -92,8 +92,8 @@ def test_timeout_names_worker_and_task_with_schedule_around_it():
 
 def test_colocated_plan_generates_scores_then_updates():
     cluster = ClusterSpec.parse("col=4xG")
-    cfg = ScheduleConfig(mode="colocated", tag="off", pools=cluster.pools, prompts_per_step=6, n=4, num_steps=2,
-                         gap=False, tsp=False)
+    cfg = ScheduleConfig(mode="colocated", pools=cluster.pools, prompts_per_step=6, n=4, num_steps=2,
+                         gap=False, tsp=TspConfig(enabled=False))
     driver = Driver(cfg, SimExecutor(cluster, profile()))
     results = driver.run()
     assert check_run(cfg, driver.trace.completions) == []
@@ -109,7 +109,7 @@ def test_colocated_plan_generates_scores_then_updates():
 
 
 def test_step_by_step_equals_one_run_and_resume_starts_at_version_k():
-    cfg = _cfg(staleness=1, max_stale_fraction=0.5, start_step=7)
+    cfg = _cfg(tcss=TcssConfig(staleness=1, max_stale_fraction=0.5), start_step=7)
     whole = Driver(cfg, SimExecutor(CLUSTER, profile()))
     whole.run()
     stepped = Driver(cfg, SimExecutor(CLUSTER, profile()))
@@ -141,7 +141,8 @@ def test_least_busy_selector_spreads_uneven_lanes():
     with pytest.raises(ValueError, match="valid names"):
         make_selector("random")
     cluster = ClusterSpec.parse("gen=5xG,trn=2xT")  # n=2: three lanes of widths 2, 2, 1
-    cfg = ScheduleConfig(pools=cluster.pools, prompts_per_step=9, n=2, num_steps=2, tag="off")
+    cfg = ScheduleConfig(mode="disaggregated", pools=cluster.pools, prompts_per_step=9, n=2, num_steps=2,
+                         tag=TagConfig(policy="off"))
     driver = Driver(cfg, SimExecutor(cluster, profile()), selector=LeastBusy())
     driver.run()
     assert check_run(cfg, driver.trace.completions) == []
@@ -167,7 +168,7 @@ def test_a_microbatch_whose_generation_always_fails_stops_after_the_retry_bound(
               Fault("fail", TaskKind.TAG_GEN, step=0, microbatch=1, occurrence=None))
     executor = _Bounded(CLUSTER, profile(), faults=faults)
     with pytest.raises(ScheduleError) as err:
-        Driver(_cfg(tag=tag), executor).run()
+        Driver(_cfg(tag=TagConfig(policy=tag)), executor).run()
     attempts = [t for t in executor.submitted if t.step == 0 and t.microbatch == 1
                 and t.kind in (TaskKind.GEN, TaskKind.TAG_GEN)]
     assert len(attempts) == MAX_TASK_RETRIES + 1
@@ -186,7 +187,7 @@ def test_a_score_that_always_fails_stops_and_fewer_failures_recover():
     # exactly MAX_TASK_RETRIES failures of one micro-batch: the run completes and trains every sample once
     faults = tuple(Fault("fail", TaskKind.GEN, step=0, microbatch=1, occurrence=k)
                    for k in range(1, MAX_TASK_RETRIES + 1))
-    cfg = _cfg(tag="off")
+    cfg = _cfg(tag=TagConfig(policy="off"))
     driver = Driver(cfg, SimExecutor(CLUSTER, profile(), faults=faults))
     driver.run()
     assert sum(not c.ok for c in driver.trace.completions) == MAX_TASK_RETRIES

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import digenrl_verl.schedule as schedule
-from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, TspConfig
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.trace import parse_text
 from digenrl_verl.sim.cluster import ClusterSpec
@@ -23,12 +23,13 @@ GOLDEN = Path(schedule.__file__).parent / "golden"
 CLUSTER = ClusterSpec.parse("gen=2xG,trn=2xT")
 PROFILE = CostProfile("golden", gen=4.0, score=0.5, update_loop=2.0, update_tsp=1.0, tag_overhead=1.25, opt_step=0.5,
                       sync=1.0)
-BASE = dict(pools=CLUSTER.pools, prompts_per_step=4, n=2, num_steps=2)  # the paper's Fig. 5 batch
+BASE = dict(mode="disaggregated", pools=CLUSTER.pools, prompts_per_step=4, n=2, num_steps=2)  # the paper's Fig. 5 batch
 CASES = {
     "fig5_digenrl.txt": ("GAP + TSP + BTS + TCSS(W=1, 50%)",
-                         ScheduleConfig(tag="bts", staleness=1, max_stale_fraction=0.5, **BASE)),
+                         ScheduleConfig(tcss=TcssConfig(staleness=1, max_stale_fraction=0.5), **BASE)),
     "fig5_naive.txt": ("naive disaggregation: batch-axis, full-batch barrier, per-timestep loop",
-                       ScheduleConfig(gap=False, pipeline=False, tsp=False, tag="off", **BASE)),
+                       ScheduleConfig(gap=False, pipeline=False, tsp=TspConfig(enabled=False),
+                                      tag=TagConfig(policy="off"), **BASE)),
 }
 
 

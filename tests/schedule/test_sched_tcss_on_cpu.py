@@ -7,7 +7,7 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, TspConfig
 from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.invariants import check_run
@@ -36,12 +36,14 @@ def runs(draw):
     staleness = draw(st.sampled_from([0, 1]))
     tag = draw(st.sampled_from(["off", "static", "bts"]))
     cfg = ScheduleConfig(
+        mode="disaggregated",
         pools={"gen": {"size": gen, "worker_class": "G"}, "trn": {"size": trn, "worker_class": "T"}},
-        gap=draw(st.booleans()), pipeline=draw(st.booleans()), tsp=draw(st.booleans()), tag=tag,
-        static_k=draw(st.integers(1, 3)) if tag == "static" else 0, staleness=staleness,
-        max_stale_fraction=draw(st.sampled_from([0.0, 0.25, 0.5, 1.0])) if staleness else 0.0,
-        max_gen_futures=draw(st.sampled_from([None, 1, 2])), num_steps=draw(st.integers(1, 3)),
-        tcss_guard=draw(st.booleans()),
+        gap=draw(st.booleans()), pipeline=draw(st.booleans()), tsp=TspConfig(enabled=draw(st.booleans())),
+        tag=TagConfig(policy=tag, static_k=draw(st.integers(1, 3)) if tag == "static" else 0),
+        tcss=TcssConfig(staleness=staleness,
+                        max_stale_fraction=draw(st.sampled_from([0.0, 0.25, 0.5, 1.0])) if staleness else 0.0,
+                        max_gen_futures=draw(st.sampled_from([None, 1, 2])), guard=draw(st.booleans())),
+        num_steps=draw(st.integers(1, 3)),
         start_step=draw(st.integers(0, 5)), prompts_per_step=draw(st.integers(1, 6)), n=draw(st.integers(1, 4)),
     )
     cluster = ClusterSpec.parse(f"gen={gen}xG@{draw(st.sampled_from([0.5, 1.0]))},trn={trn}xT")
@@ -58,9 +60,9 @@ def test_invariants_hold_for_random_runs(run):
     assert check_run(cfg, driver.trace.completions) == []
     for r in results:
         assert r.version == r.step  # on resume, step k trains version k
-        assert set(r.gen_versions) <= {r.step - 1, r.step} if cfg.staleness else set(r.gen_versions) == {r.step}
+        assert set(r.gen_versions) <= {r.step - 1, r.step} if cfg.tcss.staleness else set(r.gen_versions) == {r.step}
         assert sum(r.gen_versions.values()) == cfg.samples_per_step
-        assert r.stale_samples <= cfg.max_stale_fraction * cfg.samples_per_step + 1e-9
+        assert r.stale_samples <= cfg.tcss.max_stale_fraction * cfg.samples_per_step + 1e-9
 
 
 @st.composite
@@ -68,10 +70,11 @@ def training_bound_runs(draw):
     """W = 1 where the generator idles at the end of each step, so TCSS runs ahead often."""
     gen, trn = draw(st.integers(1, 3)), draw(st.integers(1, 2))
     cfg = ScheduleConfig(
-        pools={"gen": {"size": gen}, "trn": {"size": trn}}, tag=draw(st.sampled_from(["off", "bts"])),
-        staleness=1, max_stale_fraction=draw(st.sampled_from([0.2, 0.5, 1.0])),
-        max_gen_futures=draw(st.sampled_from([None, 1])), num_steps=draw(st.integers(2, 4)),
-        tcss_guard=draw(st.booleans()),
+        mode="disaggregated", pools={"gen": {"size": gen}, "trn": {"size": trn}},
+        tag=TagConfig(policy=draw(st.sampled_from(["off", "bts"]))),
+        tcss=TcssConfig(staleness=1, max_stale_fraction=draw(st.sampled_from([0.2, 0.5, 1.0])),
+                        max_gen_futures=draw(st.sampled_from([None, 1])), guard=draw(st.booleans())),
+        num_steps=draw(st.integers(2, 4)),
         prompts_per_step=draw(st.integers(2, 6)), n=draw(st.integers(1, 3)), gap=draw(st.booleans()),
     )
     costs = {"gen": draw(st.floats(0.3, 1.5)), "score": draw(st.floats(0.0, 0.3)), "update": draw(st.floats(2.0, 6.0)),
@@ -89,7 +92,7 @@ def test_tcss_invariants_when_generation_runs_ahead(run):
     driver = Driver(cfg, SimExecutor(cluster, profile, jitter=jitter, seed=1))
     results = driver.run()
     assert check_run(cfg, driver.trace.completions) == []
-    cap = int(cfg.max_stale_fraction * cfg.samples_per_step + 1e-9)
+    cap = int(cfg.tcss.max_stale_fraction * cfg.samples_per_step + 1e-9)
     for r in results:
         assert r.stale_samples <= cap and set(r.gen_versions) <= {r.step - 1, r.step}
         assert r.gen_versions.get(r.step - 1, 0) == r.stale_samples
@@ -106,7 +109,7 @@ def test_tcss_property_runs_did_generate_stale_trajectories():
 def _chained_single_steps(cfg: ScheduleConfig, cluster: ClusterSpec, profile: CostProfile) -> str:
     """The synchronous schedule built step by step: one fresh driver per step, started at that step's
     version when the previous step's SYNC ended, sharing only the learned costs and the TAG policy."""
-    profiler, policy, text, now = CostProfiler(), make_tag_policy(cfg.tag, cfg.static_k), [], 0.0
+    profiler, policy, text, now = CostProfiler(), make_tag_policy(cfg.tag), [], 0.0
     for step in range(cfg.start_step, cfg.end_step):
         one = dataclasses.replace(cfg, start_step=step, num_steps=1)
         executor = SimExecutor(cluster, profile, start_time=now)
@@ -122,7 +125,7 @@ def _chained_single_steps(cfg: ScheduleConfig, cluster: ClusterSpec, profile: Co
 @given(runs())
 def test_w0_reproduces_the_synchronous_schedule_exactly(run):
     cfg, cluster, profile, _, _ = run
-    cfg = dataclasses.replace(cfg, staleness=0, max_stale_fraction=0.0)
+    cfg = dataclasses.replace(cfg, tcss=dataclasses.replace(cfg.tcss, staleness=0, max_stale_fraction=0.0))
     driver = Driver(cfg, SimExecutor(cluster, profile))
     driver.run()
     assert driver.trace.to_text() == _chained_single_steps(cfg, cluster, profile)
@@ -132,8 +135,8 @@ def test_w0_reproduces_the_synchronous_schedule_exactly(run):
 @given(runs())
 def test_w1_with_zero_stale_fraction_is_the_w0_schedule(run):
     cfg, cluster, profile, _, _ = run
-    sync = dataclasses.replace(cfg, staleness=0, max_stale_fraction=0.0)
-    tcss = dataclasses.replace(cfg, staleness=1, max_stale_fraction=0.0)
+    sync = dataclasses.replace(cfg, tcss=dataclasses.replace(cfg.tcss, staleness=0, max_stale_fraction=0.0))
+    tcss = dataclasses.replace(cfg, tcss=dataclasses.replace(cfg.tcss, staleness=1, max_stale_fraction=0.0))
     texts = []
     for c in (sync, tcss):
         driver = Driver(c, SimExecutor(cluster, profile))
@@ -144,8 +147,9 @@ def test_w1_with_zero_stale_fraction_is_the_w0_schedule(run):
 
 def test_w1_generates_ahead_within_the_fraction():
     # generation-heavy tail: the generator idles at the end of a step unless TCSS lets it run ahead
-    cfg = ScheduleConfig(pools={"gen": {"size": 2}, "trn": {"size": 2}}, prompts_per_step=6, n=2, num_steps=3,
-                         tag="off", staleness=1, max_stale_fraction=0.34)
+    cfg = ScheduleConfig(mode="disaggregated", pools={"gen": {"size": 2}, "trn": {"size": 2}}, prompts_per_step=6,
+                         n=2, num_steps=3, tag=TagConfig(policy="off"),
+                         tcss=TcssConfig(staleness=1, max_stale_fraction=0.34))
     profile = CostProfile("tail", gen=1.0, score=0.1, update_loop=8.0, update_tsp=4.0, tag_overhead=1.0,
                           opt_step=0.5, sync=0.5)
     driver = Driver(cfg, SimExecutor(ClusterSpec.parse("gen=2xG,trn=2xT"), profile))
@@ -176,11 +180,11 @@ def test_tcss_guard_keeps_stale_generation_from_delaying_the_sync():
     profile = CostProfile("g", gen=3.0, score=0.1, update_loop=1.0, update_tsp=0.5, tag_overhead=1.0, opt_step=0.1,
                           sync=0.1)
     cluster = ClusterSpec.parse("gen=1xG,trn=1xT")
-    base = dict(pools=cluster.pools, prompts_per_step=4, n=1, num_steps=3, tag="off", staleness=1,
-                max_stale_fraction=0.5)
+    base = dict(mode="disaggregated", pools=cluster.pools, prompts_per_step=4, n=1, num_steps=3,
+                tag=TagConfig(policy="off"))
     ends = {}
     for guard in (True, False):
-        cfg = ScheduleConfig(tcss_guard=guard, **base)
+        cfg = ScheduleConfig(tcss=TcssConfig(staleness=1, max_stale_fraction=0.5, guard=guard), **base)
         driver = Driver(cfg, SimExecutor(cluster, profile))
         results = driver.run()
         assert check_run(cfg, driver.trace.completions) == []

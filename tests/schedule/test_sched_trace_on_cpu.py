@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from digenrl_verl.schedule.bounds import StepCosts, run_lower_bound, step_lower_bound
-from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, TspConfig
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.trace import parse_line, parse_text
 from digenrl_verl.schedule.types import TaskKind
@@ -24,14 +24,14 @@ PROFILE = CostProfile("t", gen=3.0, score=0.4, update_loop=2.0, update_tsp=1.0, 
 
 
 def _run(**kw):
-    cfg = ScheduleConfig(pools=CLUSTER.pools, prompts_per_step=5, n=3, num_steps=2, **kw)
+    cfg = ScheduleConfig(mode="disaggregated", pools=CLUSTER.pools, prompts_per_step=5, n=3, num_steps=2, **kw)
     driver = Driver(cfg, SimExecutor(CLUSTER, PROFILE, jitter=0.2, seed=3))
     driver.run()
     return cfg, driver
 
 
 def test_text_round_trip():
-    _, driver = _run(tag="bts", staleness=1, max_stale_fraction=0.4)
+    _, driver = _run(tcss=TcssConfig(staleness=1, max_stale_fraction=0.4))
     text = driver.trace.to_text()
     lines = parse_text(text)
     assert len(lines) == len(driver.trace.completions)
@@ -44,7 +44,7 @@ def test_text_round_trip():
 
 
 def test_chrome_trace_is_perfetto_shaped(tmp_path):
-    _, driver = _run(tag="bts")
+    _, driver = _run()
     data = driver.trace.to_chrome()
     json.dumps(data)
     spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
@@ -58,7 +58,7 @@ def test_chrome_trace_is_perfetto_shaped(tmp_path):
 
 
 def test_metrics_add_up():
-    cfg, driver = _run(tag="off")
+    cfg, driver = _run(tag=TagConfig(policy="off"))
     workers = list(cfg.workers("gen") + cfg.workers("trn"))
     m = driver.trace.metrics(workers, lower_bound=10.0)
     assert set(m.per_worker) == set(workers)
@@ -101,8 +101,9 @@ def test_lower_bound_never_exceeds_a_simulated_makespan(gen, trn, n, prompts, ta
     cluster = ClusterSpec.parse(f"gen={gen}xG@0.7,trn={trn}xT")
     profile = CostProfile("p", gen=costs[0], score=costs[1], update_loop=2 * costs[2], update_tsp=costs[2],
                           tag_overhead=costs[3], opt_step=0.2, sync=0.3)
-    cfg = ScheduleConfig(pools=cluster.pools, prompts_per_step=prompts, n=n, num_steps=2, tag=tag, gap=gap,
-                         staleness=staleness, max_stale_fraction=0.5 if staleness else 0.0)
+    cfg = ScheduleConfig(mode="disaggregated", pools=cluster.pools, prompts_per_step=prompts, n=n, num_steps=2,
+                         tag=TagConfig(policy=tag), gap=gap,
+                         tcss=TcssConfig(staleness=staleness, max_stale_fraction=0.5 if staleness else 0.0))
     driver = Driver(cfg, SimExecutor(cluster, profile))
     driver.run()
     makespan = driver.trace.metrics().end

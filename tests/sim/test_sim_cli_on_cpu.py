@@ -70,10 +70,10 @@ def test_ladder_writes_trace_png_and_text(tmp_path, capsys):
 
 
 def test_single_run_overrides_and_errors(capsys):
-    assert main(["--scenario", "qwen-image", "--cluster", "gen=4xA800@0.6,trn=2xH800@1.5", "--tag", "static",
-                 "--static-k", "3", "--staleness", "0", "--steps", "2", "--jitter", "0.1", "--json"]) == 0
+    assert main(["--scenario", "qwen-image", "--cluster", "gen=4xA800@0.6,trn=2xH800@1.5", "--tag-policy", "static",
+                 "--tag-static-k", "3", "--tcss-staleness", "0", "--steps", "2", "--jitter", "0.1", "--json"]) == 0
     out = _last_json(capsys)
-    assert out["config"]["tag"] == "static" and out["config"]["pools"]["trn"]["size"] == 2
+    assert out["config"]["tag"]["policy"] == "static" and out["config"]["pools"]["trn"]["size"] == 2
     assert out["efficiency"] > 0 and out["tag_microbatches"] <= 2 * 3  # jitter: LB is from mean costs
     assert main(["--scenario", "nope"]) == 2
     assert "valid names" in capsys.readouterr().err

@@ -1,35 +1,32 @@
-"""Model adapters over diffusers classes, tiny builders, and the architecture registry.
+"""Model adapters over diffusers classes, one `ModelSpec` per architecture, and tiny builders.
 
-Public API (see each module): `load_adapter`, `register_adapter`, `get_adapter_class`, `list_architectures`,
-`read_model_index` (registry); `PipelineConfig`, `LoraConfig` (config); `state_checksum`,
-`DEFAULT_TARGET_MODULES` (lora); `build_tiny_model_dir`, `TINY_ARCHITECTURES` (tiny);
-`Conditioning`, `DiffusionAdapter` (base). Importing this package does not import diffusers.
+Public API (see each module): `ModelSpec`, `register_model`, `get_model_spec`, `list_architectures` (spec);
+`load_adapter`, `get_adapter_class`, `read_model_index` (registry); `PipelineConfig`, `LoraConfig` (config);
+`state_checksum` (lora); `build_tiny_model_dir`, `tiny_architectures` (tiny); `Conditioning`,
+`DiffusionAdapter` (base). Importing this package registers the five built-in architectures and does not
+import diffusers.
 """
 
 from digenrl_verl.models.base import Conditioning, DiffusionAdapter
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
-from digenrl_verl.models.lora import DEFAULT_TARGET_MODULES, state_checksum
-from digenrl_verl.models.registry import (
-    get_adapter_class,
-    list_architectures,
-    load_adapter,
-    read_model_index,
-    register_adapter,
-)
-from digenrl_verl.models.tiny import TINY_ARCHITECTURES, build_tiny_model_dir
+from digenrl_verl.models.lora import state_checksum
+from digenrl_verl.models.registry import get_adapter_class, load_adapter, read_model_index
+from digenrl_verl.models.spec import ModelSpec, get_model_spec, list_architectures, register_model
+from digenrl_verl.models.tiny import build_tiny_model_dir, tiny_architectures
 
 __all__ = [
     "Conditioning",
     "DiffusionAdapter",
     "LoraConfig",
     "PipelineConfig",
-    "DEFAULT_TARGET_MODULES",
     "state_checksum",
-    "get_adapter_class",
+    "ModelSpec",
+    "register_model",
+    "get_model_spec",
     "list_architectures",
+    "get_adapter_class",
     "load_adapter",
     "read_model_index",
-    "register_adapter",
-    "TINY_ARCHITECTURES",
+    "tiny_architectures",
     "build_tiny_model_dir",
 ]

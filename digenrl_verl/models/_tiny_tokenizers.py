@@ -13,11 +13,13 @@ the template prefix exactly as long as the pipeline expects. The prompt then sta
 from __future__ import annotations
 
 import json
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import CLIPTokenizer, LlamaTokenizer, PreTrainedTokenizerBase, Qwen2Tokenizer, T5Tokenizer
-from transformers.convert_slow_tokenizer import bytes_to_unicode
+if TYPE_CHECKING:
+    from transformers import CLIPTokenizer, LlamaTokenizer, PreTrainedTokenizerBase, Qwen2Tokenizer, T5Tokenizer
+
+# tokenizers / transformers are imported inside the builders: the architecture modules import this module, and
+# importing `digenrl_verl.models` must stay cheap (transformers takes seconds to import).
 
 _PRINTABLE = [chr(c) for c in range(33, 127)]
 
@@ -36,6 +38,9 @@ HUNYUAN_CROP = 95
 
 def clip_tokenizer(model_max_length: int = 77) -> CLIPTokenizer:
     """Byte-level CLIP BPE without merges: 256 byte symbols, their `</w>` forms, start/end tokens (514)."""
+    from transformers import CLIPTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     chars = list(bytes_to_unicode().values())
     vocab = {c: i for i, c in enumerate(chars)}
     vocab.update({c + "</w>": len(chars) + i for i, c in enumerate(chars)})
@@ -46,16 +51,19 @@ def clip_tokenizer(model_max_length: int = 77) -> CLIPTokenizer:
 
 def t5_tokenizer(model_max_length: int = 512) -> T5Tokenizer:
     """Unigram over printable ASCII and `▁`+ASCII (193 pieces); serves T5 and UMT5 encoders."""
+    from transformers import T5Tokenizer
+
     pieces: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -3.0)]
     for c in _PRINTABLE:
         pieces += [(c, -2.0), ("▁" + c, -1.0)]
     return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=model_max_length)
 
 
-def _train_merges(
-    corpus: str, pre_tokenizer: pre_tokenizers.PreTokenizer, alphabet: Sequence[str]
-) -> list[tuple[str, str]]:
-    """BPE merges learned from `corpus` until every word is one token (in learning order)."""
+def _train_merges(corpus: str, pre_tokenizer: Any, alphabet: Sequence[str]) -> list[tuple[str, str]]:
+    """BPE merges learned from `corpus` under `pre_tokenizer` (a `tokenizers.pre_tokenizers` object) until every
+    word is one token (in learning order)."""
+    from tokenizers import Tokenizer, models, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizer
     trainer = trainers.BpeTrainer(
@@ -98,6 +106,10 @@ def _fit_merges(
 
 def qwen2_tokenizer() -> Qwen2Tokenizer:
     """Byte-level BPE (Qwen2 pre-tokenizer) whose Qwen-Image template prefix is exactly 34 tokens."""
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     base = list(bytes_to_unicode().values())
     prefix = QWEN_IMAGE_TEMPLATE.split("{}")[0]
     corpus = prefix
@@ -123,6 +135,9 @@ def llama_tokenizer(template: str) -> LlamaTokenizer:
 
     Right padding, as HunyuanVideo's tokenizer: the pipeline crops the template from the left.
     """
+    from tokenizers import pre_tokenizers
+    from transformers import LlamaTokenizer
+
     prefix = template.split("{}")[0]
     corpus = prefix
     for s in HUNYUAN_SPECIALS:

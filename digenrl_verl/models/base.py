@@ -60,11 +60,13 @@ class Conditioning:
 class DiffusionAdapter(abc.ABC):
     """One diffusers architecture seen through the σ-space interface the RL math needs.
 
-    Subclasses register themselves in `digenrl_verl.models.registry` under the `_class_name` that a
-    diffusers `model_index.json` names (e.g. "FluxPipeline"). All returned tensors are fp32 unless noted.
+    A subclass names the `_class_name` of the diffusers `model_index.json` it serves (`architecture`, e.g.
+    "FluxPipeline") and is registered through a `ModelSpec` (`digenrl_verl.models.spec`). All returned tensors
+    are fp32 unless noted.
     """
 
-    architecture: ClassVar[str]
+    architecture: ClassVar[str]  # the model_index.json `_class_name` this adapter serves
+    is_video: ClassVar[bool] = False  # decode returns [B, T, 3, H, W] instead of [B, 3, H, W]
     transformer: nn.Module
 
     # -- prompts and latents -------------------------------------------------------------------

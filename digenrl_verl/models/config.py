@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 PIPELINE_KEY = "actor_rollout_ref.rollout.pipeline"
 MODEL_KEY = "actor_rollout_ref.model"
+ARCHITECTURE_KEY = f"{MODEL_KEY}.architecture"
+PATH_KEY = f"{MODEL_KEY}.path"
 
 
 def _check_keys(cls: type, data: Mapping[str, Any], prefix: str) -> dict[str, Any]:

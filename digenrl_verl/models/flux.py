@@ -14,10 +14,13 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from digenrl_verl.models import _tiny_tokenizers as toks
+from digenrl_verl.models._tiny_components import clip_text_encoder, kl_vae, t5_encoder
 from digenrl_verl.models.base import Conditioning
 from digenrl_verl.models.config import PIPELINE_KEY
+from digenrl_verl.models.lora import JOINT_ATTENTION
 from digenrl_verl.models.pipeline_adapter import PackedLatentAdapter
-from digenrl_verl.models.registry import register_adapter
+from digenrl_verl.models.spec import ModelSpec, register_model
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -42,8 +45,8 @@ def latent_image_ids(h: int, w: int) -> torch.Tensor:
     return ids.reshape(-1, 3)
 
 
-@register_adapter("FluxPipeline")
 class FluxAdapter(PackedLatentAdapter):
+    architecture = "FluxPipeline"
     timestep_scale = 1.0
     uses_true_cfg_scale = True
 
@@ -95,3 +98,39 @@ class FluxAdapter(PackedLatentAdapter):
         h, w = self._latent_hw()
         latents = unpack_latents(x, h, w) / vae.config.scaling_factor + vae.config.shift_factor
         return vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+
+
+def build_tiny(size: str) -> dict[str, Any]:
+    """FLUX.1 transformer ("unit": 1 double + 1 single block, 2 heads x 16; "bench": 2 + 2 blocks, 2 heads x 32,
+    64 latent tokens at 128 px), CLIP + T5, scheduler config as FLUX.1-dev ships it."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    if size == "bench":
+        dims = dict(num_layers=2, num_single_layers=2, attention_head_dim=32, axes_dims_rope=(8, 12, 12))
+    else:
+        dims = dict(num_layers=1, num_single_layers=1, attention_head_dim=16, axes_dims_rope=(4, 6, 6))
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        guidance_embeds=True, **dims,
+    )
+    return dict(
+        pipeline_cls=FluxPipeline,
+        transformer=transformer,
+        vae=kl_vae(4, sd3_factors=True),
+        text_encoder=clip_text_encoder(32, None), tokenizer=toks.clip_tokenizer(),
+        text_encoder_2=t5_encoder(32), tokenizer_2=toks.t5_tokenizer(),
+        scheduler=FlowMatchEulerDiscreteScheduler(
+            num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+            base_image_seq_len=256, max_image_seq_len=4096,
+        ),
+    )
+
+
+SPEC = register_model(ModelSpec(
+    adapter=FluxAdapter,
+    # Flow-GRPO FLUX recipe: attention plus both feed-forward streams of the double blocks.
+    lora_targets=JOINT_ATTENTION + ("ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2"),
+    tiny_builder=build_tiny,
+    tiny_sampling=dict(height=64, width=64, guidance_scale=3.5, max_sequence_length=16),
+    tiny_sizes=("unit", "bench"),
+))

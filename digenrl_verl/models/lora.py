@@ -16,29 +16,23 @@ from torch import nn
 
 from digenrl_verl.models.config import MODEL_KEY, LoraConfig
 
-# Attention projections of the joint (MM-DiT) blocks, as Flow-GRPO / verl-omni recipes target them.
-_ATTN = ("to_q", "to_k", "to_v", "to_out.0")
-_JOINT_ATTN = _ATTN + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
-
-DEFAULT_TARGET_MODULES: dict[str, tuple[str, ...]] = {
-    # Flow-GRPO SD3.5 recipe (r32/a64).
-    "StableDiffusion3Pipeline": _JOINT_ATTN,
-    # Flow-GRPO FLUX recipe: attention plus both feed-forward streams of the double blocks.
-    "FluxPipeline": _JOINT_ATTN + ("ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2"),
-    # verl-omni Qwen-Image recipe.
-    "QwenImagePipeline": _JOINT_ATTN + ("img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2"),
-    # Self- and cross-attention (attn1/attn2) and the FFN of every Wan block.
-    "WanPipeline": _ATTN + ("ffn.net.0.proj", "ffn.net.2"),
-    # Joint attention of the double-stream blocks (single blocks and the token refiner share to_q/k/v names).
-    "HunyuanVideoPipeline": _JOINT_ATTN,
-}
-
+# Attention projections, shared by the architectures' default LoRA targets (`ModelSpec.lora_targets`): of one
+# stream, and of the joint (MM-DiT) blocks, as Flow-GRPO / verl-omni recipes target them.
+ATTENTION: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
+JOINT_ATTENTION: tuple[str, ...] = ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 
 def apply_lora(
-    transformer: nn.Module, lora: LoraConfig, architecture: str, unused_modules: tuple[str, ...] = ()
+    transformer: nn.Module,
+    lora: LoraConfig,
+    architecture: str,
+    default_targets: tuple[str, ...],
+    unused_modules: tuple[str, ...] = (),
 ) -> nn.Module:
     """Wrap `transformer` in a peft LoRA model (only adapter weights trainable), or, for rank 0, make every
     transformer weight trainable and return it unchanged.
+
+    `default_targets` (the architecture's `ModelSpec.lora_targets`) apply when `lora.target_modules` is None;
+    `architecture` only names the model in errors.
 
     `unused_modules` (full module names) do not influence the denoiser's output (e.g. the text-stream output
     layers of Qwen-Image's last block); they are never made trainable, so that every trainable parameter
@@ -55,7 +49,7 @@ def apply_lora(
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-    targets = lora.target_modules if lora.target_modules is not None else DEFAULT_TARGET_MODULES[architecture]
+    targets = lora.target_modules if lora.target_modules is not None else default_targets
     peft_config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,

@@ -24,6 +24,7 @@ from torch import nn
 from digenrl_verl.models.base import Conditioning, DiffusionAdapter
 from digenrl_verl.models.config import PIPELINE_KEY, LoraConfig, PipelineConfig
 from digenrl_verl.models.lora import apply_lora, load_trainable_state, named_trainable_parameters, trainable_state
+from digenrl_verl.models.spec import get_model_spec
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,6 @@ class PipelineAdapter(DiffusionAdapter):
         lora: the `LoraConfig` the adapter was built with.
     """
 
-    architecture: ClassVar[str]
-    is_video: ClassVar[bool] = False
     # What the transformer's `timestep` argument is, as a multiple of σ (the pipeline's convention).
     timestep_scale: ClassVar[float] = 1000.0
     # Pipeline knobs this architecture has (others must stay None / neutral).
@@ -80,7 +79,8 @@ class PipelineAdapter(DiffusionAdapter):
                 component.requires_grad_(False)
                 component.eval()
         self.denoiser: nn.Module = pipeline.transformer
-        self.transformer = apply_lora(self.denoiser, self.lora, self.architecture, self._unused_modules())
+        self.transformer = apply_lora(self.denoiser, self.lora, self.architecture,
+                                      get_model_spec(self.architecture).lora_targets, self._unused_modules())
         self._reference: nn.Module | None = None
         if not self.lora.enabled and keep_reference:
             self._reference = copy.deepcopy(self.denoiser).requires_grad_(False).to(self.device)

@@ -18,15 +18,18 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from digenrl_verl.models import _tiny_tokenizers as toks
+from digenrl_verl.models._tiny_components import wan_like_vae
 from digenrl_verl.models.base import Conditioning
 from digenrl_verl.models.config import PIPELINE_KEY
 from digenrl_verl.models.flux import unpack_latents
+from digenrl_verl.models.lora import JOINT_ATTENTION
 from digenrl_verl.models.pipeline_adapter import PackedLatentAdapter
-from digenrl_verl.models.registry import register_adapter
+from digenrl_verl.models.spec import ModelSpec, register_model
 
 
-@register_adapter("QwenImagePipeline")
 class QwenImageAdapter(PackedLatentAdapter):
+    architecture = "QwenImagePipeline"
     timestep_scale = 1.0
     uses_guidance_scale = False
     uses_true_cfg_scale = True
@@ -89,3 +92,51 @@ class QwenImageAdapter(PackedLatentAdapter):
         std = torch.tensor(vae.config.latents_std, device=x.device).view(1, z, 1, 1, 1)
         latents = latents / (1.0 / std) + mean  # written as the pipeline does, for bit-identical decodes
         return vae.decode(latents.to(vae.dtype), return_dict=False)[0][:, :, 0]
+
+
+def build_tiny(size: str) -> dict[str, Any]:
+    """1-block Qwen-Image transformer, a 2-layer Qwen2.5-VL text encoder, scheduler config as Qwen-Image ships it."""
+    from diffusers import (
+        AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel,
+    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = toks.qwen2_tokenizer()
+    text_cfg = dict(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]},
+        bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.pad_token_id,
+    )
+    vision_cfg = dict(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=16, patch_size=14,
+        fullatt_block_indexes=[0],
+    )
+    text_encoder = Qwen2_5_VLForConditionalGeneration(
+        Qwen2_5_VLConfig(text_config=text_cfg, vision_config=vision_cfg, image_token_id=len(tokenizer) - 1,
+                         video_token_id=len(tokenizer) - 1, vision_start_token_id=len(tokenizer) - 1,
+                         vision_end_token_id=len(tokenizer) - 1)
+    )
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+    )
+    return dict(
+        pipeline_cls=QwenImagePipeline,
+        transformer=transformer,
+        vae=wan_like_vae(AutoencoderKLQwenImage, 4),
+        text_encoder=text_encoder, tokenizer=tokenizer,
+        scheduler=FlowMatchEulerDiscreteScheduler(
+            num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
+            base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential",
+        ),
+    )
+
+
+SPEC = register_model(ModelSpec(
+    adapter=QwenImageAdapter,
+    # verl-omni Qwen-Image recipe.
+    lora_targets=JOINT_ATTENTION + ("img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2"),
+    tiny_builder=build_tiny,
+    tiny_sampling=dict(height=64, width=64, true_cfg_scale=4.0, negative_prompt=" ", max_sequence_length=24),
+))

@@ -1,77 +1,40 @@
-"""Architecture registry and `load_adapter`: a diffusers model directory → a `DiffusionAdapter`.
+"""Architecture lookups and `load_adapter`: a diffusers model directory → a `DiffusionAdapter`.
 
-Adapters are keyed by the `_class_name` of a diffusers `model_index.json` ("FluxPipeline", ...), which is
-also what verl-omni's `actor_rollout_ref.model.architecture` holds. Built-in adapters register on first use
-of the registry; another package can add one with `@register_adapter("MyPipeline")`.
+The registry itself is `digenrl_verl.models.spec` (one `ModelSpec` per architecture, keyed by the
+model_index.json `_class_name`); this module imports the five built-in architecture modules, whose specs register
+on import, and keeps the lookups callers use (`get_adapter_class`, `read_model_index`, `load_adapter`).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import torch
 
+# Each architecture module registers its ModelSpec when imported.
+from digenrl_verl.models import flux, hunyuan_video, qwen_image, sd3, wan  # noqa: F401
 from digenrl_verl.models.base import DiffusionAdapter
-from digenrl_verl.models.config import MODEL_KEY, LoraConfig, PipelineConfig
+from digenrl_verl.models.config import ARCHITECTURE_KEY, PATH_KEY, LoraConfig, PipelineConfig
+from digenrl_verl.models.spec import ModelSpec, get_model_spec, list_architectures, register_model
 
-ARCHITECTURE_KEY = f"{MODEL_KEY}.architecture"
-PATH_KEY = f"{MODEL_KEY}.path"
-
-_BUILTIN_MODULES = (
-    "digenrl_verl.models.sd3",
-    "digenrl_verl.models.flux",
-    "digenrl_verl.models.qwen_image",
-    "digenrl_verl.models.wan",
-    "digenrl_verl.models.hunyuan_video",
-)
-_REGISTRY: dict[str, type[DiffusionAdapter]] = {}
-_builtins_loaded = False
-
-A = TypeVar("A", bound=type[DiffusionAdapter])
-
-
-def register_adapter(architecture: str) -> Callable[[A], A]:
-    """Class decorator: register an adapter under a model_index.json `_class_name`; duplicates are rejected."""
-
-    def wrap(cls: A) -> A:
-        existing = _REGISTRY.get(architecture)
-        if existing is not None and existing is not cls:
-            raise ValueError(
-                f"adapter architecture {architecture!r} is already registered to "
-                f"{existing.__module__}.{existing.__qualname__}"
-            )
-        cls.architecture = architecture
-        _REGISTRY[architecture] = cls
-        return cls
-
-    return wrap
-
-
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if not _builtins_loaded:
-        for module in _BUILTIN_MODULES:
-            importlib.import_module(module)
-        _builtins_loaded = True
-
-
-def list_architectures() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
+__all__ = [
+    "ARCHITECTURE_KEY",
+    "PATH_KEY",
+    "ModelSpec",
+    "get_adapter_class",
+    "get_model_spec",
+    "list_architectures",
+    "load_adapter",
+    "read_model_index",
+    "register_model",
+]
 
 
 def get_adapter_class(architecture: str) -> type[DiffusionAdapter]:
-    _load_builtins()
-    try:
-        return _REGISTRY[architecture]
-    except KeyError:
-        raise ValueError(
-            f"{ARCHITECTURE_KEY} (model_index.json `_class_name`) = {architecture!r} has no adapter; "
-            f"valid: {sorted(_REGISTRY)}"
-        ) from None
+    """The adapter class of a registered architecture (a miss lists the valid names)."""
+    return get_model_spec(architecture).adapter
 
 
 def read_model_index(path: str | Path) -> dict[str, Any]:

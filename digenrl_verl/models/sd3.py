@@ -13,13 +13,16 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from digenrl_verl.models import _tiny_tokenizers as toks
+from digenrl_verl.models._tiny_components import clip_text_encoder, kl_vae, t5_encoder
 from digenrl_verl.models.base import Conditioning
+from digenrl_verl.models.lora import JOINT_ATTENTION
 from digenrl_verl.models.pipeline_adapter import PipelineAdapter, calculate_shift
-from digenrl_verl.models.registry import register_adapter
+from digenrl_verl.models.spec import ModelSpec, register_model
 
 
-@register_adapter("StableDiffusion3Pipeline")
 class SD3Adapter(PipelineAdapter):
+    architecture = "StableDiffusion3Pipeline"
     timestep_scale = 1000.0
 
     @property
@@ -76,3 +79,33 @@ class SD3Adapter(PipelineAdapter):
     def _decode(self, x: torch.Tensor, vae: nn.Module) -> torch.Tensor:
         latents = x / vae.config.scaling_factor + vae.config.shift_factor
         return vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+
+
+def build_tiny(size: str) -> dict[str, Any]:
+    """2-block SD3 transformer (the last block of an SD3 transformer has no text-stream output layer,
+    `to_add_out`, so one block would leave a default LoRA target unexercised), CLIP x2 + T5, scheduler config
+    as SD3.5 ships it."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    transformer = SD3Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+        joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=64, out_channels=4,
+        pos_embed_max_size=16,
+    )
+    return dict(
+        pipeline_cls=StableDiffusion3Pipeline,
+        transformer=transformer,
+        vae=kl_vae(4, sd3_factors=True),
+        text_encoder=clip_text_encoder(16, 32), tokenizer=toks.clip_tokenizer(),
+        text_encoder_2=clip_text_encoder(16, 32), tokenizer_2=toks.clip_tokenizer(),
+        text_encoder_3=t5_encoder(32), tokenizer_3=toks.t5_tokenizer(),
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0),
+    )
+
+
+SPEC = register_model(ModelSpec(
+    adapter=SD3Adapter,
+    lora_targets=JOINT_ATTENTION,  # Flow-GRPO SD3.5 recipe (r32/a64)
+    tiny_builder=build_tiny,
+    tiny_sampling=dict(height=64, width=64, guidance_scale=4.5, max_sequence_length=16),
+))

@@ -17,13 +17,17 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from digenrl_verl.models import _tiny_tokenizers as toks
+from digenrl_verl.models._tiny_components import t5_encoder, wan_like_vae
 from digenrl_verl.models.base import Conditioning
+from digenrl_verl.models.config import PATH_KEY
+from digenrl_verl.models.lora import ATTENTION
 from digenrl_verl.models.pipeline_adapter import VideoLatentAdapter
-from digenrl_verl.models.registry import PATH_KEY, register_adapter
+from digenrl_verl.models.spec import ModelSpec, register_model
 
 
-@register_adapter("WanPipeline")
 class WanAdapter(VideoLatentAdapter):
+    architecture = "WanPipeline"
     timestep_scale = 1000.0
 
     def __init__(self, pipeline: Any, **kwargs: Any) -> None:
@@ -70,3 +74,33 @@ class WanAdapter(VideoLatentAdapter):
         latents = x / (1.0 / std) + mean  # written as the pipeline does, for bit-identical decodes
         video = vae.decode(latents.to(vae.dtype), return_dict=False)[0]  # [B, 3, T, H, W]
         return video.permute(0, 2, 1, 3, 4)
+
+
+def build_tiny(size: str) -> dict[str, Any]:
+    """1-block Wan transformer, UMT5, scheduler config as Wan2.1-T2V ships it (UniPC, flow sigmas)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=256, ffn_dim=32, num_layers=1, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    )
+    return dict(
+        pipeline_cls=WanPipeline,
+        transformer=transformer,
+        vae=wan_like_vae(AutoencoderKLWan, 4),
+        text_encoder=t5_encoder(16, umt5=True), tokenizer=toks.t5_tokenizer(),
+        scheduler=UniPCMultistepScheduler(
+            num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
+            solver_order=2, final_sigmas_type="zero",
+        ),
+    )
+
+
+SPEC = register_model(ModelSpec(
+    adapter=WanAdapter,
+    # Self- and cross-attention (attn1/attn2) and the FFN of every Wan block.
+    lora_targets=ATTENTION + ("ffn.net.0.proj", "ffn.net.2"),
+    tiny_builder=build_tiny,
+    tiny_sampling=dict(height=64, width=64, num_frames=5, guidance_scale=4.5, max_sequence_length=16),
+))

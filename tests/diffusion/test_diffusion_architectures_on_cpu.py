@@ -11,8 +11,7 @@ from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
-from digenrl_verl.models import load_adapter
-from digenrl_verl.models.tiny import TINY_ARCHITECTURES, TINY_PIPELINE_KWARGS, build_tiny_model_dir
+from digenrl_verl.models import build_tiny_model_dir, get_model_spec, load_adapter, tiny_architectures
 from digenrl_verl.rewards import get_reward
 
 
@@ -31,13 +30,13 @@ ROLLOUTS = {
 }
 PROMPTS = ["a red dog on grass", "a photo of a cat"]
 
-assert set(TINY_PIPELINE_KWARGS) == set(TINY_ARCHITECTURES)
+assert set(ROLLOUTS) == set(tiny_architectures())
 
 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("diffusion_tiny_models")
-    return {arch: build_tiny_model_dir(arch, root / arch, seed=0) for arch in TINY_ARCHITECTURES}
+    return {arch: build_tiny_model_dir(arch, root / arch, seed=0) for arch in tiny_architectures()}
 
 
 def _sample(adapter, cfg, group=2):
@@ -62,10 +61,10 @@ def _max_rel_err(a, b):
     return max(float((x - y).abs().max()) for x, y in zip(a, b)) / scale
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_on_policy_ratio_and_tsp_gradient(tiny_dirs, arch):
     torch.set_num_threads(2)
-    adapter = load_adapter(tiny_dirs[arch], **TINY_PIPELINE_KWARGS[arch])
+    adapter = load_adapter(tiny_dirs[arch], **get_model_spec(arch).tiny_sampling)
     cfg = ROLLOUTS[arch]
     cond, keys, traj = _sample(adapter, cfg)
     b, k = traj.batch_size, traj.num_steps

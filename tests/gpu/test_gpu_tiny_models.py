@@ -20,7 +20,7 @@ import os
 import pytest
 import torch
 
-from digenrl_verl.models.tiny import TINY_PIPELINE_KWARGS as ARCHS
+from digenrl_verl.models import build_tiny_model_dir, get_model_spec, tiny_architectures
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -30,10 +30,8 @@ RATIO_TOL = {torch.float32: 1e-3, torch.bfloat16: 0.1}
 
 @pytest.fixture(scope="module")
 def gpu_tiny_dirs(tmp_path_factory):
-    from digenrl_verl.models.tiny import build_tiny_model_dir
-
     root = tmp_path_factory.mktemp("gpu_models")
-    return {a: str(build_tiny_model_dir(a, root / a, seed=0)) for a in ARCHS}
+    return {a: str(build_tiny_model_dir(a, root / a, seed=0)) for a in tiny_architectures()}
 
 
 @pytest.mark.parametrize("kind", ["sde", "cps", "dance", "ode"])
@@ -51,7 +49,7 @@ def test_sde_step_on_cuda_matches_cpu(kind):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_tiny_rollout_logprobs_and_tsp_backward_on_cuda(arch, dtype, gpu_tiny_dirs):
     from digenrl_verl.diffusion.loss import LossConfig
     from digenrl_verl.diffusion.noise import SampleKey
@@ -61,7 +59,7 @@ def test_tiny_rollout_logprobs_and_tsp_backward_on_cuda(arch, dtype, gpu_tiny_di
     from digenrl_verl.models.config import LoraConfig
 
     adapter = load_adapter(gpu_tiny_dirs[arch], device="cuda", dtype=dtype, lora=LoraConfig(rank=4, alpha=8),
-                           **ARCHS[arch])
+                           **get_model_spec(arch).tiny_sampling)
     cfg = RolloutConfig(num_inference_steps=6, sde_type="sde", noise_level=0.7, timestep_selection="window",
                         sde_window_size=2, sde_window_range=(0, 4), seed=1)
     prompts = ["a red cube", "a red cube", "a blue ball", "a blue ball"]
@@ -82,7 +80,7 @@ def test_tiny_rollout_logprobs_and_tsp_backward_on_cuda(arch, dtype, gpu_tiny_di
 
 
 def _nccl_rank(rank: int, port: int, out: dict) -> None:
-    from digenrl_verl.workers.weight_sync import CollectiveSpec, Collectives
+    from digenrl_verl.weights.sync import CollectiveSpec, Collectives
 
     torch.cuda.set_device(rank)
     spec = CollectiveSpec("127.0.0.1", port, num_trainers=1, num_generators=1, backend="nccl")
@@ -102,7 +100,7 @@ def _nccl_rank(rank: int, port: int, out: dict) -> None:
 def test_nccl_weight_sync_between_two_gpus():
     import torch.multiprocessing as mp
 
-    from digenrl_verl.workers.weight_sync import free_port
+    from digenrl_verl.weights.sync import free_port
 
     port = free_port()
     with mp.Manager() as manager:
@@ -181,4 +179,4 @@ def test_fsdp2_trainer_over_nccl_matches_ddp(gpu_tiny_dirs, tmp_path):
 def test_one_step_with_the_vllm_omni_backend(gpu_tiny_dirs, tmp_path):
     pytest.importorskip("vllm_omni")
     _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=vllm_omni",
-             "trainer.digenrl.tag=off")
+             "trainer.digenrl.tag.policy=off")

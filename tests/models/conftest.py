@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from digenrl_verl.models.tiny import TINY_ARCHITECTURES, TINY_PIPELINE_KWARGS, build_tiny_model_dir
+from digenrl_verl.models import build_tiny_model_dir, get_model_spec, load_adapter, tiny_architectures
 
 torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session")
 def pipeline_kwargs() -> dict[str, dict]:
-    """`load_adapter(path, **pipeline_kwargs[arch])` for a fast tiny run of each architecture."""
-    return TINY_PIPELINE_KWARGS
+    """`load_adapter(path, **pipeline_kwargs[arch])` for a fast tiny run of each architecture (its spec's
+    `tiny_sampling`)."""
+    return {arch: dict(get_model_spec(arch).tiny_sampling) for arch in tiny_architectures()}
 
 
 @pytest.fixture(scope="session")
@@ -30,20 +31,18 @@ def prompts() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny_models")
-    return {arch: build_tiny_model_dir(arch, root / arch, seed=0) for arch in TINY_ARCHITECTURES}
+    return {arch: build_tiny_model_dir(arch, root / arch, seed=0) for arch in tiny_architectures()}
 
 
 @pytest.fixture(scope="session")
-def tiny_adapter(tiny_dirs: dict[str, Path]):
+def tiny_adapter(tiny_dirs: dict[str, Path], pipeline_kwargs: dict[str, dict]):
     """`tiny_adapter(arch)`: one shared full-fine-tune adapter per architecture, for tests that never change
     its weights (load a fresh one with `load_adapter` to train)."""
-    from digenrl_verl.models import load_adapter
-
     cache: dict[str, object] = {}
 
     def get(arch: str):
         if arch not in cache:
-            cache[arch] = load_adapter(tiny_dirs[arch], **TINY_PIPELINE_KWARGS[arch])
+            cache[arch] = load_adapter(tiny_dirs[arch], **pipeline_kwargs[arch])
         return cache[arch]
 
     return get

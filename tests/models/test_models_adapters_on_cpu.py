@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from digenrl_verl.models import Conditioning, load_adapter
-from digenrl_verl.models.tiny import TINY_ARCHITECTURES
+from digenrl_verl.models import Conditioning, load_adapter, tiny_architectures
 
 VIDEO = {"WanPipeline", "HunyuanVideoPipeline"}
 
@@ -37,7 +36,7 @@ def _pipeline_pixels(out) -> torch.Tensor:
     return t.permute(0, 3, 1, 2) if t.dim() == 4 else t.permute(0, 1, 4, 2, 3)
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_sampling_matches_diffusers_pipeline(arch, tiny_dirs, pipeline_kwargs, prompts):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -60,7 +59,7 @@ def test_sampling_matches_diffusers_pipeline(arch, tiny_dirs, pipeline_kwargs, p
     assert (decoded.int() - pixels.int()).abs().max() <= 1
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_two_loads_are_bit_identical(arch, tiny_dirs, pipeline_kwargs, prompts, tiny_adapter):
     first = tiny_adapter(arch)
     second = load_adapter(tiny_dirs[arch], keep_reference=False, **pipeline_kwargs[arch])
@@ -75,7 +74,7 @@ def test_two_loads_are_bit_identical(arch, tiny_dirs, pipeline_kwargs, prompts, 
     assert torch.equal(first.sigmas(5), second.sigmas(5))
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_velocity_rows_are_independent(arch, tiny_adapter, prompts):
     """Rows at different σ stacked in one call (as TSP does) equal separate per-row calls."""
     adapter = tiny_adapter(arch)
@@ -95,7 +94,7 @@ def test_velocity_rows_are_independent(arch, tiny_adapter, prompts):
             torch.testing.assert_close(value, cond.tensors[key][1:2], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_every_trainable_parameter_gets_a_gradient(arch, tiny_adapter, prompts):
     """Trainable = influences the velocity (flat-buffer gradient all-reduce needs no None grads)."""
     adapter = tiny_adapter(arch)
@@ -131,7 +130,7 @@ FEEDS = {
 }
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_transformer_is_fed_the_models_timestep_and_guidance(arch, tiny_adapter, prompts):
     adapter = tiny_adapter(arch)
     sigma = torch.tensor([0.8, 0.35])
@@ -190,7 +189,7 @@ def test_embedded_guidance_changes_the_velocity(arch, tiny_dirs, pipeline_kwargs
     assert not torch.allclose(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_prompts_change_the_conditioning(arch, tiny_adapter):
     adapter = tiny_adapter(arch)
     cond = adapter.encode_prompts(["a photo of a cat", "a photo of a dog"])
@@ -199,7 +198,7 @@ def test_prompts_change_the_conditioning(arch, tiny_adapter):
     assert not torch.allclose(embeds[0], embeds[1])
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_decode_shapes_and_dtype(arch, tiny_adapter, pipeline_kwargs):
     adapter = tiny_adapter(arch)
     kw = pipeline_kwargs[arch]
@@ -212,7 +211,7 @@ def test_decode_shapes_and_dtype(arch, tiny_adapter, pipeline_kwargs):
     assert pixels.float().std() > 0
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_sigmas_run_from_one_to_zero(arch, tiny_adapter):
     sigmas = tiny_adapter(arch).sigmas(6)
     assert sigmas.dtype == torch.float32 and sigmas.shape == (7,)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from digenrl_verl.models import DEFAULT_TARGET_MODULES, LoraConfig, load_adapter, state_checksum
-from digenrl_verl.models.tiny import TINY_ARCHITECTURES
+from digenrl_verl.models import LoraConfig, get_model_spec, load_adapter, state_checksum, tiny_architectures
 
 SIGMA = torch.tensor([0.9, 0.4])
 
@@ -25,7 +24,7 @@ def _sgd_step(adapter, x, sigma, cond, lr: float = 0.5) -> None:
             p.add_(g, alpha=-lr / (float(g.norm()) + 1e-12))
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_lora_trains_only_the_adapter_and_reference_is_the_base(arch, tiny_dirs, pipeline_kwargs, prompts):
     adapter = load_adapter(tiny_dirs[arch], lora=LoraConfig(rank=4, alpha=8), **pipeline_kwargs[arch])
     assert adapter.lora.enabled
@@ -34,7 +33,7 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(arch, tiny_dirs,
     assert adapter.trainable_parameters() == [p for _, p in named]
     # only LoRA-wrapped modules among the architecture's default targets
     wrapped = {n.split(".lora_")[0] for n, _ in named}
-    assert all(any(w.endswith(t) for t in DEFAULT_TARGET_MODULES[arch]) for w in wrapped)
+    assert all(any(w.endswith(t) for t in get_model_spec(arch).lora_targets) for w in wrapped)
     for module in (adapter.pipeline.vae, adapter.pipeline.text_encoder):
         assert not any(p.requires_grad for p in module.parameters())
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from digenrl_verl.models import load_adapter
-from digenrl_verl.models.tiny import TINY_ARCHITECTURES, build_tiny_model_dir, main
+from digenrl_verl.models import _tiny_tokenizers, load_adapter
+from digenrl_verl.models.tiny import build_tiny_model_dir, main, tiny_architectures
 
 
 def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", tiny_architectures())
 def test_build_is_deterministic_in_the_seed(arch, tiny_dirs, tmp_path):
     again = build_tiny_model_dir(arch, tmp_path / "again", seed=0)
     reference = _files(tiny_dirs[arch])
@@ -40,11 +40,9 @@ def test_build_leaves_the_global_rng_alone(tmp_path):
 
 def test_qwen_tokenizer_crops_exactly_the_template(tiny_adapter):
     """QwenImagePipeline drops the first 34 tokens (its template); the prompt must start right after."""
-    from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_DROP, QWEN_IMAGE_TEMPLATE
-
     pipe = tiny_adapter("QwenImagePipeline").pipeline
     template, drop = pipe.prompt_template_encode, pipe.prompt_template_encode_start_idx
-    assert (template, drop) == (QWEN_IMAGE_TEMPLATE, QWEN_IMAGE_DROP)  # the tokenizer was fitted to this
+    assert (template, drop) == (_tiny_tokenizers.QWEN_IMAGE_TEMPLATE, _tiny_tokenizers.QWEN_IMAGE_DROP)  # the tokenizer was fitted to this
     ids = pipe.tokenizer(template.format("a cat")).input_ids
     prefix = pipe.tokenizer(template.split("{}")[0]).input_ids
     assert len(prefix) == drop == 34

@@ -2,8 +2,8 @@
 
 Conventions (rectified flow, as Flow-GRPO's `sde_step_with_logprob` and DanceGRPO write it):
 x_σ = (1−σ)·x0 + σ·ε, the model predicts v ≈ ε − x0, a step goes from σ to σ' < σ with dt = σ' − σ < 0.
-Every quantity is per row:
-`sigma` and `sigma_next` are fp32 [B] tensors, so one call may mix rows at different timesteps (TSP).
+Every quantity is per row: `sigma` and `sigma_next` are fp32 [B] tensors, so one call may mix rows at
+different timesteps (TSP).
 All math runs in fp32 whatever the dtype of the model output.
 
 A step kind maps (x, v, σ, σ', noise_level) to the transition x' ~ N(μ, s²·I):

@@ -133,7 +133,8 @@ def policy_loss(
             raise ValueError(f"{KEY_KL_COEF}={cfg.kl_coef} needs the policy and reference step means")
         denom = std_dev_t if cfg.kl_type == "flow_grpo" else std
         if denom is None:
-            raise ValueError(f"{KEY_KL_TYPE}={cfg.kl_type!r} needs {'std_dev_t' if cfg.kl_type == 'flow_grpo' else 'std'}")
+            needed = "std_dev_t" if cfg.kl_type == "flow_grpo" else "std"
+            raise ValueError(f"{KEY_KL_TYPE}={cfg.kl_type!r} needs {needed}")
         if bool((denom <= 0).any()):
             raise ValueError(f"{KEY_KL_TYPE}={cfg.kl_type!r}: the KL denominator is 0 on some rows (a deterministic "
                              "step, e.g. cps at σ'=0); exclude those steps or use the other KL type")

@@ -40,11 +40,13 @@ class Conditioning:
 
     def index_select(self, index: torch.Tensor | Sequence[int]) -> "Conditioning":
         idx = torch.as_tensor(index, dtype=torch.long)
-        return Conditioning({k: v.index_select(0, idx.to(v.device)) for k, v in self.tensors.items()}, dict(self.shared))
+        tensors = {k: v.index_select(0, idx.to(v.device)) for k, v in self.tensors.items()}
+        return Conditioning(tensors, dict(self.shared))
 
     def repeat_interleave(self, repeats: int) -> "Conditioning":
         """Row i becomes rows i*repeats .. i*repeats+repeats-1 (how TSP stacks timesteps per sample)."""
-        return Conditioning({k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors.items()}, dict(self.shared))
+        tensors = {k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors.items()}
+        return Conditioning(tensors, dict(self.shared))
 
     def to(self, device: torch.device | str) -> "Conditioning":
         return Conditioning({k: v.to(device) for k, v in self.tensors.items()}, dict(self.shared))

@@ -42,7 +42,8 @@ def test_qwen_tokenizer_crops_exactly_the_template(tiny_adapter):
     """QwenImagePipeline drops the first 34 tokens (its template); the prompt must start right after."""
     pipe = tiny_adapter("QwenImagePipeline").pipeline
     template, drop = pipe.prompt_template_encode, pipe.prompt_template_encode_start_idx
-    assert (template, drop) == (_tiny_tokenizers.QWEN_IMAGE_TEMPLATE, _tiny_tokenizers.QWEN_IMAGE_DROP)  # the tokenizer was fitted to this
+    expected = (_tiny_tokenizers.QWEN_IMAGE_TEMPLATE, _tiny_tokenizers.QWEN_IMAGE_DROP)
+    assert (template, drop) == expected  # the tokenizer was fitted to this
     ids = pipe.tokenizer(template.format("a cat")).input_ids
     prefix = pipe.tokenizer(template.split("{}")[0]).input_ids
     assert len(prefix) == drop == 34

@@ -8,6 +8,7 @@ plugin's own knobs sit under `trainer.digenrl.*`. Everything is validated before
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from typing import Sequence
@@ -131,6 +132,31 @@ def run(cfg: DictConfig) -> int:
         trainer.shutdown()
 
 
+def explain_compose_error(error: Exception) -> str:
+    """Hydra's composition error as a message that names the key and the fix (never Hydra's `+key` advice, which
+    would add a key that nothing reads)."""
+    text = str(error)
+    unknown = re.search(r"Could not override '([^']+)'", text)
+    merging = re.search(r"Error merging override ([^=\s]+)=", text)
+    key = (unknown or merging).group(1) if (unknown or merging) else None
+    if key is None:
+        return text.splitlines()[0]
+    parent, _, leaf = key.lstrip("+").rpartition(".")
+    valid = _valid_keys(parent)
+    if unknown:
+        return f"unknown key {key}; valid keys under {parent or 'the root'}: {valid}"
+    cause = str(error.__cause__ or "").splitlines()[0] if error.__cause__ else ""
+    section = _valid_keys(key.lstrip("+"))
+    if section:
+        return f"{key} is a section, not a value: set one of its keys ({', '.join(f'{key}.{k}' for k in section)})"
+    return f"bad value for {key}: {cause or text.splitlines()[0]}"
+
+
+def _valid_keys(dotted: str) -> list[str]:
+    node = OmegaConf.select(compose(), dotted, default=None) if dotted else compose()
+    return sorted(node.keys()) if isinstance(node, DictConfig) else []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -139,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = compose(args)
     except (HydraException, OmegaConfBaseException) as e:
-        print(f"digenrl: cannot compose the config from {args}: {e}", file=sys.stderr)
+        print(f"digenrl: invalid config: {explain_compose_error(e)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     return run(cfg)
 

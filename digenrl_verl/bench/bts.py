@@ -5,7 +5,7 @@ step (the largest search a step needs), with a cold solver (empty memo) each rep
 scoring 0.05·g, TAG g' = 1.15·g (the profiles' TAG overhead). Target: <= 50 ms for B = 128 at t/g = 0.1.
 ``--scale`` adds B in {512, 1024} (the 1024-micro-batch scale check, target <= 100 ms per solve).
 
-Times are for the default state budget (``trainer.digenrl.bts_max_states``); ``exact_ms`` is one solve
+Times are for the default state budget (``trainer.digenrl.tag.bts_max_states``); ``exact_ms`` is one solve
 with no budget (the exact optimum). Each row also reports the decision quality: the predicted makespan
 against no TAG and the best static TAG(k) (k swept over 0..B by rollouts of the same model), and
 whether the state budget was hit.

@@ -23,20 +23,20 @@ import time
 from pathlib import Path
 
 LADDER: list[tuple[str, list[str]]] = [
-    ("colocated", ["trainer.digenrl.mode=colocated", "trainer.digenrl.tsp=false",
+    ("colocated", ["trainer.digenrl.mode=colocated", "trainer.digenrl.tsp.enabled=false",
                    "actor_rollout_ref.rollout.recompute_old_log_probs=true"]),
     ("naive_disaggregation", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=false",
-                              "trainer.digenrl.pipeline=false", "trainer.digenrl.tsp=false", "trainer.digenrl.tag=off",
+                              "trainer.digenrl.pipeline=false", "trainer.digenrl.tsp.enabled=false", "trainer.digenrl.tag.policy=off",
                               "actor_rollout_ref.rollout.recompute_old_log_probs=true"]),
     ("+gap", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=true", "trainer.digenrl.pipeline=true",
-              "trainer.digenrl.tsp=false", "trainer.digenrl.tag=off",
+              "trainer.digenrl.tsp.enabled=false", "trainer.digenrl.tag.policy=off",
               "actor_rollout_ref.rollout.recompute_old_log_probs=true"]),
-    ("+tsp", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp=true", "trainer.digenrl.tag=off",
+    ("+tsp", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp.enabled=true", "trainer.digenrl.tag.policy=off",
               "actor_rollout_ref.rollout.recompute_old_log_probs=false"]),
-    ("+tag", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp=true", "trainer.digenrl.tag=bts",
+    ("+tag", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp.enabled=true", "trainer.digenrl.tag.policy=bts",
               "actor_rollout_ref.rollout.recompute_old_log_probs=false"]),
-    ("+tcss", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp=true", "trainer.digenrl.tag=bts",
-               "trainer.digenrl.staleness=1", "trainer.digenrl.max_stale_fraction=0.5",
+    ("+tcss", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp.enabled=true", "trainer.digenrl.tag.policy=bts",
+               "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=0.5",
                "actor_rollout_ref.rollout.recompute_old_log_probs=false"]),
 ]
 

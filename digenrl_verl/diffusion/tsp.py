@@ -25,10 +25,8 @@ import torch
 from digenrl_verl.diffusion.loss import LossConfig, LossStats, policy_loss
 from digenrl_verl.diffusion.rollout import Trajectory
 from digenrl_verl.diffusion.sde import get_sde_kind, sde_step
+from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.base import Conditioning, DiffusionAdapter
-
-KEY_TSP_MODE = "trainer.digenrl.tsp"
-KEY_TSP_CHUNK = "trainer.digenrl.tsp_chunk_size"
 
 TSP_MODES = ("per_timestep", "batched")
 
@@ -45,9 +43,9 @@ class TSPConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in TSP_MODES:
-            raise ValueError(f"unknown {KEY_TSP_MODE}={self.mode!r}; valid choices: {list(TSP_MODES)}")
+            raise ConfigError("mode", self.mode, f"valid choices: {list(TSP_MODES)}")
         if self.chunk_size is not None and (not isinstance(self.chunk_size, int) or self.chunk_size < 0):
-            raise ValueError(f"{KEY_TSP_CHUNK}={self.chunk_size!r} must be an int ≥ 1, or 0 / None for all rows")
+            raise ConfigError("chunk_size", self.chunk_size, "use an int >= 1, or 0 / None for all rows")
 
 
 def row_groups(batch_size: int, num_steps: int, cfg: TSPConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -65,7 +65,7 @@ class TcssConfig:
     Args:
         staleness: the window W: 0 = synchronous (on-policy), 1 = generation of step s+1 may start with version s
             while step s is still updating.
-        max_stale_fraction: at most this fraction of a step's samples may be generated stale.
+        max_stale_fraction: at most this fraction of a step's samples may be generated stale (staleness=1 only).
         guard: start a stale GEN only when its estimated end is before the weight SYNC it runs ahead of would start,
             so TCSS never delays a SYNC (the schedule then depends on measured costs). False: start stale GENs
             whenever the limits allow (deterministic given the limits).
@@ -73,7 +73,7 @@ class TcssConfig:
     """
 
     staleness: int = 0
-    max_stale_fraction: float = 0.0
+    max_stale_fraction: float = 0.5
     guard: bool = True
     max_gen_futures: Optional[int] = None
 
@@ -83,9 +83,6 @@ class TcssConfig:
         frac = self.max_stale_fraction
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
             raise ConfigError("tcss.max_stale_fraction", frac, "use a number in [0, 1]")
-        if self.staleness == 0 and frac > 0:
-            raise ConfigError("tcss.max_stale_fraction", frac,
-                              "staleness=0 generates nothing stale; set it to 0 or set tcss.staleness=1")
         _boolean("tcss.guard", self.guard)
         if self.max_gen_futures is not None:
             _int_at_least("tcss.max_gen_futures", self.max_gen_futures, 1)
@@ -159,14 +156,16 @@ class ScheduleSettings:
         return out
 
     def for_mode(self) -> "ScheduleSettings":
-        """The settings as they apply to the mode: auto TSP resolved; colocated runs have no TAG and no TCSS."""
+        """The settings as they apply to the mode: auto TSP resolved; colocated runs have no TAG and no TCSS; without
+        a staleness window nothing is stale (the stale fraction reads 0)."""
         return replace(self, **self._sections_for_mode())
 
     def _sections_for_mode(self) -> dict[str, Any]:
         tsp = replace(self.tsp, enabled=self.mode == "disaggregated") if self.tsp.enabled is None else self.tsp
         if self.mode == "colocated":
-            return {"tsp": tsp, "tag": TagConfig(policy="off"), "tcss": TcssConfig()}
-        return {"tsp": tsp, "tag": self.tag, "tcss": self.tcss}
+            return {"tsp": tsp, "tag": TagConfig(policy="off"), "tcss": TcssConfig(max_stale_fraction=0.0)}
+        tcss = replace(self.tcss, max_stale_fraction=0.0) if self.tcss.staleness == 0 else self.tcss
+        return {"tsp": tsp, "tag": self.tag, "tcss": tcss}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ DIS = {"mode": "disaggregated"}
     (lambda: TagConfig(policy="always"), "tag.policy"),
     (lambda: TcssConfig(staleness=2), "tcss.staleness"),
     (lambda: TcssConfig(staleness=1, max_stale_fraction=1.5), "tcss.max_stale_fraction"),
-    (lambda: TcssConfig(max_stale_fraction=0.5), "tcss.max_stale_fraction"),  # stale fraction needs staleness=1
     (lambda: TcssConfig(max_gen_futures=0), "tcss.max_gen_futures"),
     (lambda: TspConfig(chunk_size=-1), "tsp.chunk_size"),
     (lambda: ScheduleConfig(n=0, **DIS), "n"),
@@ -51,12 +50,14 @@ def test_one_definition_of_every_default():
     config = {f.name: f for f in dataclasses.fields(ScheduleConfig)}
     assert set(settings) <= set(config)
     cfg = ScheduleConfig.of(ScheduleSettings(mode="disaggregated"))
-    assert cfg.tag == TagConfig() and cfg.tcss == TcssConfig() and cfg.tsp == TspConfig(enabled=True)
+    assert cfg.tag == TagConfig() and cfg.tsp == TspConfig(enabled=True)
+    assert cfg.tcss == TcssConfig(max_stale_fraction=0.0)
 
 
 def test_colocated_resolves_tag_and_tcss_off_and_names_what_had_no_effect():
     settings = ScheduleSettings(tag=TagConfig(policy="static", static_k=2), tcss=TcssConfig(staleness=1))
     assert settings.inert_in_colocated == ["tag.policy", "tag.static_k", "tcss.staleness"]
+    assert ScheduleConfig(mode="disaggregated").tcss.max_stale_fraction == 0.0  # no window: nothing stale
     cfg = ScheduleConfig.of(settings)
     assert cfg.tag.policy == "off" and cfg.tcss == TcssConfig() and cfg.tsp.enabled is False
     assert ScheduleSettings(mode="disaggregated", tcss=TcssConfig(staleness=1)).inert_in_colocated == []

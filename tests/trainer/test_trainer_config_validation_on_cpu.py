@@ -18,9 +18,9 @@ DISAGG = "trainer.digenrl.mode=disaggregated"
 
 CASES = [
     # (overrides, substrings the error must contain)
-    ([DISAGG, "trainer.digenrl.staleness=2"], ["trainer.digenrl.staleness", "2"]),
-    ([DISAGG, "trainer.digenrl.staleness=1", "trainer.digenrl.max_stale_fraction=1.5"],
-     ["trainer.digenrl.max_stale_fraction", "1.5", "[0, 1]"]),
+    ([DISAGG, "trainer.digenrl.tcss.staleness=2"], ["trainer.digenrl.tcss.staleness", "2"]),
+    ([DISAGG, "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=1.5"],
+     ["trainer.digenrl.tcss.max_stale_fraction", "1.5", "[0, 1]"]),
     (["actor_rollout_ref.rollout.n=1"], ["actor_rollout_ref.rollout.n", "at least 2"]),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], ["ppo_mini_batch_size", "data.train_batch_size"]),
     ([DISAGG, "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
@@ -36,8 +36,8 @@ CASES = [
     (["reward.reward_functions={}"], ["no reward", "reward.reward_functions"]),
     ([DISAGG, "data.train_batch_size=1", "actor_rollout_ref.rollout.n=2",
       "trainer.digenrl.pools.generator.workers_per_node=3"], ["generator ranks", "never get a sample"]),
-    ([DISAGG, "actor_rollout_ref.rollout.name=vllm_omni", "trainer.digenrl.tag=bts"],
-     ["trainer.digenrl.tag", "vllm_omni", "tag=off"]),
+    ([DISAGG, "actor_rollout_ref.rollout.name=vllm_omni", "trainer.digenrl.tag.policy=bts"],
+     ["trainer.digenrl.tag.policy", "vllm_omni", "tag.policy=off"]),
     ([DISAGG, "algorithm.global_std=true"], ["algorithm.global_std", "false"]),
     (["trainer.total_training_steps=0"], ["trainer.total_training_steps"]),
     ([DISAGG, "trainer.digenrl.pools.generator.use_gpu=true"], ["use_gpu", "trainer.device=cuda"]),
@@ -82,8 +82,8 @@ def test_dry_run_validates_prints_the_plan_and_pools_and_starts_nothing(tiny_flu
 
 
 def test_bad_config_through_the_entry_point_exits_2_with_the_message(tiny_flux_dir, capsys):
-    assert main([f"actor_rollout_ref.model.path={tiny_flux_dir}", "trainer.digenrl.staleness=3", DISAGG]) == 2
-    assert "trainer.digenrl.staleness" in capsys.readouterr().err
+    assert main([f"actor_rollout_ref.model.path={tiny_flux_dir}", "trainer.digenrl.tcss.staleness=3", DISAGG]) == 2
+    assert "trainer.digenrl.tcss.staleness" in capsys.readouterr().err
 
 
 def test_ocr_reward_without_its_extra_says_how_to_install_it(tiny_flux_dir, monkeypatch):

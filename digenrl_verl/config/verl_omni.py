@@ -1,0 +1,524 @@
+"""The verl-omni adapter: verl-omni's key layout → the plugin's typed component configs.
+
+This module is the one place that knows verl-omni's key names. Every key of the shipped config
+(`digenrl_trainer.yaml`, verl-omni's layout) is in exactly one of three classes:
+
+* implemented: read by one of the builders below (`RecipeKeys` records every read);
+* `NO_EFFECT`: accepted so verl-omni recipes parse; a value other than the shipped default warns, naming the key
+  and the reason (nothing is ignored silently);
+* `UNSUPPORTED`: accepted so recipes parse; enabling the feature fails before any worker starts, naming the key
+  and what to do instead.
+
+`tests/trainer/test_trainer_key_classes_on_cpu.py` checks that the three classes cover every key of the shipped
+config and that each no-effect key warns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Union
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from digenrl_verl.config.digenrl import DigenRLConfig
+from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec
+from digenrl_verl.diffusion.advantages import AdvantageConfig
+from digenrl_verl.diffusion.loss import LossConfig
+from digenrl_verl.diffusion.rollout import RolloutConfig
+from digenrl_verl.diffusion.selection import auto_selection
+from digenrl_verl.errors import ConfigError
+from digenrl_verl.models.config import LoraConfig, PipelineConfig
+from digenrl_verl.models.registry import get_adapter_class, read_model_index
+from digenrl_verl.rewards.base import get_reward, reward_names
+from digenrl_verl.rewards.compose import RewardConfig
+from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
+from digenrl_verl.workers.sharding import STRATEGIES, ShardingSpec
+from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
+
+ALGORITHMS = ("flow_grpo", "dance_grpo")
+DEFAULT_REWARD = {"brightness": 1.0}
+CONFIG_FILE = "digenrl_trainer.yaml"
+A = "actor_rollout_ref"
+STRATEGY_KEY = f"{A}.actor.strategy"
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "float32": "float32",
+          "fp16": "float16", "float16": "float16"}
+# verl-omni pipeline keys that PipelineConfig does not take (classified below)
+VERL_OMNI_PIPELINE_KEYS = ("frame_rate", "video_flow_shift", "aspect_ratio", "output_type")
+_BACKENDS_OK = ("naive", "nccl")  # our weight sync is a torch.distributed group (gloo on CPU, NCCL on GPU)
+_PIXEL_OUTPUTS = ("image", "video", "pil", "np", "pt")
+
+
+class RecipeKeys:
+    """Read access to a composed config by verl-omni key; records every key read (`read`)."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self.read: set[str] = set()
+
+    def __call__(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        value = OmegaConf.select(self.cfg, key, default=default)
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+        return value
+
+    def section(self, prefix: str, names: tuple[str, ...]) -> dict[str, Any]:
+        """The keys `prefix.<name>` that are set (not None), as a dict name → value."""
+        values = {name: self(f"{prefix}.{name}") for name in names}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Keys accepted so recipes parse, whose features are not implemented: ON → ValueError. The rule tells when the
+# feature is ON: a value (ON when equal), "!value" (ON when different), or a predicate (value, keys) -> bool.
+# ---------------------------------------------------------------------------------------------------------
+Rule = Union[Any, Callable[[Any, RecipeKeys], bool]]
+
+
+def _algorithm_mismatch(value: Any, keys: RecipeKeys) -> bool:
+    return value not in ALGORITHMS and value != keys(f"{A}.model.algorithm")
+
+
+def _any_gpu_pool(keys: RecipeKeys) -> bool:
+    pools = keys.cfg.trainer.digenrl.pools
+    return any(bool(pools[role].use_gpu) for role in ("colocated", "generator", "trainer"))
+
+
+UNSUPPORTED: dict[str, tuple[Rule, str]] = {
+    "reward.reward_model.enable": (True, "model-based rewards served as vLLM replicas are not supported; use "
+                                   "reward.reward_functions or reward.custom_reward_function"),
+    "reward.reward_model.enable_resource_pool": (True, "a separate reward pool is not supported: the reward "
+                                                 "sits with the generator (DigenRL's layout)"),
+    f"{A}.actor.ppo_epochs": ("!1", "only ppo_epochs=1 is supported (one pass over each step's samples)"),
+    f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size": (
+        "!1", "Ulysses sequence parallelism is not supported; set it to 1"),
+    "algorithm.trainer_type": ("!policy_gradient", "only trainer_type=policy_gradient is supported"),
+    "algorithm.sample_source": ("!online", "only online sampling is supported"),
+    "algorithm.adv_estimator": (_algorithm_mismatch,
+                                f"only the group-relative estimators {list(ALGORITHMS)} are implemented"),
+    f"{A}.actor.diffusion_loss.loss_mode": (_algorithm_mismatch,
+                                            f"only the clipped Flow-GRPO/DanceGRPO loss {list(ALGORITHMS)} is "
+                                            "implemented"),
+    "trainer.use_v1": (True, "verl-omni's v1 trainer selection does not apply: select DigenRL with "
+                       "trainer.digenrl.mode=disaggregated on this entry point (or trainer.v1.trainer_mode=digenrl "
+                       "on verl-omni's entry point, see digenrl_verl.integrations.verl_omni)"),
+    f"{A}.model.lora_adapter_path": (lambda v, keys: v is not None,
+                                     "loading a pre-trained LoRA adapter is not supported; set it to null (LoRA "
+                                     "starts from its seeded init)"),
+    "trainer.val_before_train": (True, "validation runs are not implemented; set it to false"),
+    "trainer.test_freq": (lambda v, keys: isinstance(v, int) and v > 0,
+                          "validation runs are not implemented; set it to -1"),
+    "trainer.device": (lambda v, keys: v not in ("cpu", "cuda", "gpu") or (v != "cpu" and not _any_gpu_pool(keys)),
+                       "valid devices: cpu, cuda (alias gpu); cuda needs GPU pools: set "
+                       "trainer.digenrl.pools.<role>.use_gpu=true, or trainer.device=cpu"),
+    f"{A}.rollout.tensor_model_parallel_size": (
+        "!1", "tensor-parallel generation is not implemented: each generator rank holds a whole model; set it to 1"),
+    f"{A}.rollout.data_parallel_size": ("!1", "generation is data parallel over trainer.digenrl.pools.generator; "
+                                        "set it to 1"),
+    f"{A}.rollout.nnodes": (
+        lambda v, keys: isinstance(v, int) and v > 0 and keys("trainer.digenrl.mode") != "disaggregated",
+        "standalone rollout nodes are verl-omni's separate layout: set trainer.digenrl.mode=disaggregated and size "
+        "trainer.digenrl.pools.generator / .trainer"),
+    f"{A}.rollout.checkpoint_engine.backend": (
+        lambda v, keys: v not in _BACKENDS_OK, f"weights sync through our process group; valid: {list(_BACKENDS_OK)}"),
+    f"{A}.rollout.checkpoint_engine.custom_backend_module": (
+        lambda v, keys: v is not None, "custom checkpoint-engine backends are not supported; set it to null"),
+    f"{A}.rollout.pipeline.video_flow_shift": (
+        lambda v, keys: v is not None, "the flow shift comes from the model's scheduler_config.json; set it to null "
+        "(or edit the scheduler config of the model directory)"),
+    f"{A}.rollout.pipeline.aspect_ratio": (
+        lambda v, keys: v is not None, f"give {A}.rollout.pipeline.height/width instead"),
+    f"{A}.rollout.pipeline.output_type": (
+        lambda v, keys: v not in _PIXEL_OUTPUTS, f"rewards score decoded pixels; valid: {list(_PIXEL_OUTPUTS)}"),
+    "algorithm.rollout_correction.bypass_mode": (
+        lambda v, keys: v not in (None, True), "verl-omni's rollout correction (importance weights between the "
+        "rollout and the trainer's old policy) is not implemented: old log-probs come from the rollout or are "
+        "recomputed (actor_rollout_ref.rollout.recompute_old_log_probs); leave bypass_mode at null/true"),
+}
+
+# Keys accepted with no effect here: a value other than the shipped default warns once per run.
+NO_EFFECT: dict[str, str] = {
+    f"{A}.actor.fsdp_config.param_offload": "parameter CPU offload is not implemented",
+    f"{A}.actor.fsdp_config.optimizer_offload": "optimizer CPU offload is not implemented",
+    f"{A}.rollout.layered_summon": "weights reach the generators through the trainer → generator process group, "
+                                   "not vLLM's layered summon",
+    f"{A}.actor.optim.lr_warmup_steps": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.lr_warmup_steps_ratio": "no learning-rate schedule is implemented: the learning rate is "
+                                              "constant",
+    f"{A}.rollout.algo.sde_contiguous": "the trained steps are given by the timestep selection "
+                                        f"({A}.rollout.algo.timestep_selection / sde_window_size), contiguous or not",
+    f"{A}.actor.loss_scale_factor": "the loss is the mean over a step's trained rows; no extra scale is applied",
+    "algorithm.adv_mode": "advantages are the group-normalised rewards (continuous); no other mode is implemented",
+    f"{A}.rollout.calculate_log_probs": "rollout log-probs are always recorded (they are the old log-probs unless "
+                                        f"{A}.rollout.recompute_old_log_probs=true)",
+    "algorithm.old_policy_update_interval": "the old policy is the sampling policy of each trajectory (updated "
+                                            "every step)",
+    "algorithm.old_policy_decay_schedule": "the old policy is the sampling policy of each trajectory (copy)",
+    f"{A}.actor.shuffle": "micro-batches are prompt groups in schedule order",
+    f"{A}.rollout.gpu_memory_utilization": "vLLM memory settings apply to the vLLM-Omni engine only through "
+                                           f"{A}.rollout.engine_kwargs.vllm_omni",
+    f"{A}.rollout.free_cache_engine": "generators keep their engine resident (disaggregated: nothing to free)",
+    f"{A}.rollout.mode": "generation is driven by the schedule, one task per micro-batch",
+    f"{A}.rollout.step_execution": "generation is driven by the schedule, one task per micro-batch",
+    f"{A}.rollout.load_format": "generator weights come from the model directory, then from the trainer",
+    f"{A}.rollout.rollout_attn_backend": "attention uses the diffusers default of the model",
+    f"{A}.model.attn_backend": "attention uses the diffusers default of the model",
+    f"{A}.rollout.max_prompt_embed_length": f"the text length is {A}.rollout.pipeline.max_sequence_length",
+    f"{A}.rollout.log_prob_micro_batch_size_per_gpu": "old log-probs are recomputed per micro-batch (one prompt "
+                                                      "group)",
+    f"{A}.ref.log_prob_micro_batch_size_per_gpu": "the KL reference runs per micro-batch (one prompt group)",
+    f"{A}.rollout.n_gpus_per_node": "size the generator pool with trainer.digenrl.pools.generator",
+    f"{A}.rollout.agent.num_workers": "there is no agent loop: generators are driven by the schedule",
+    f"{A}.rollout.val_kwargs": "validation runs are not implemented",
+    f"{A}.rollout.checkpoint_engine.update_weights_bucket_megabytes": "weights are sent tensor by tensor over the "
+                                                                      "trainer → generator process group",
+    f"{A}.rollout.checkpoint_engine.engine_kwargs": "weights sync through our process group",
+    f"{A}.rollout.pipeline.frame_rate": "videos are scored as tensors; the frame rate is container metadata",
+    f"{A}.hybrid_engine": "the layout is trainer.digenrl.mode (colocated or disaggregated)",
+    f"{A}.nccl_timeout": "collective timeouts follow trainer.digenrl.task_timeout_s",
+    f"{A}.model.model_type": "the model type is read from model_index.json",
+    f"{A}.model.tokenizer_path": "the pipeline's own tokenizers are used",
+    f"{A}.model.extra_tokenizers": "the pipeline's own tokenizers are used",
+    f"{A}.model.custom_chat_template": "prompts are plain text",
+    f"{A}.model.external_lib": "models are diffusers pipelines of the registered architectures",
+    f"{A}.model.transformer_subfolder": "the denoiser is the pipeline's transformer component",
+    f"{A}.model.enable_gradient_checkpointing": "activation checkpointing is not implemented; use "
+                                                "trainer.digenrl.tsp.chunk_size to bound activation memory",
+    f"{A}.actor.rollout_correction": "verl-omni's rollout correction is not implemented",
+    "data.val_files": "validation runs are not implemented",
+    "data.val_batch_size": "validation runs are not implemented",
+    "data.train_max_samples": "every prompt of data.train_files is used",
+    "data.val_max_samples": "validation runs are not implemented",
+    "data.max_prompt_length": f"the text length is {A}.rollout.pipeline.max_sequence_length",
+    "data.max_response_length": "diffusion samples have no response length",
+    "data.reward_fn_key": "the reward's data source is the data_source column",
+    "data.truncation": f"prompts are cut at {A}.rollout.pipeline.max_sequence_length tokens",
+    "data.filter_overlong_prompts": f"prompts are cut at {A}.rollout.pipeline.max_sequence_length tokens",
+    "data.return_raw_chat": "chat prompts become their user text",
+    "data.dataloader_num_workers": "prompts are read once by the driver",
+    "data.tokenizer": "the pipeline's own tokenizers are used",
+    "data.apply_chat_template_kwargs": "prompts are plain text",
+    "data.custom_cls": "prompts come from .txt or verl-style .parquet files",
+    "reward.num_workers": "the reward runs on the generators (one scorer per generator rank)",
+    "reward.reward_manager": "rewards are composed by reward.reward_functions / reward.custom_reward_function",
+    "reward.reward_model.n_gpus_per_node": "reward models are not supported",
+    "reward.reward_model.nnodes": "reward models are not supported",
+    "reward.reward_model.model_path": "reward models are not supported",
+    "reward.reward_model.rollout": "reward models are not supported",
+    "trainer.log_val_generations": "validation runs are not implemented",
+    "trainer.nnodes": "pools are sized by trainer.digenrl.pools",
+    "trainer.n_gpus_per_node": "pools are sized by trainer.digenrl.pools",
+    "trainer.total_epochs": "the run length is trainer.total_training_steps",
+    "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
+}
+
+
+def _is_on(rule: Rule, value: Any, keys: RecipeKeys) -> bool:
+    if callable(rule):
+        return bool(rule(value, keys))
+    if isinstance(rule, str) and rule.startswith("!"):
+        return value != rule[1:] and str(value) != rule[1:]
+    return value == rule
+
+
+def check_unsupported(keys: RecipeKeys) -> None:
+    """ValueError naming the first UNSUPPORTED key whose feature is on."""
+    for key, (rule, why) in UNSUPPORTED.items():
+        value = keys(key)
+        if value is not None and _is_on(rule, value, keys):
+            raise ValueError(f"{key}={value!r} is not supported by digenrl_verl: {why}")
+
+
+@lru_cache(maxsize=1)
+def shipped_defaults() -> DictConfig:
+    """The shipped config file as written (verl-omni's layout; the trainer.digenrl section comes from Python)."""
+    return OmegaConf.create(resources.files("digenrl_verl.config").joinpath(CONFIG_FILE).read_text())
+
+
+def warn_no_effect(keys: RecipeKeys) -> list[str]:
+    """A UserWarning for each NO_EFFECT key set to something other than the shipped default; returns the keys."""
+    warned = []
+    for key, why in NO_EFFECT.items():
+        default = OmegaConf.select(shipped_defaults(), key, default=None, throw_on_resolution_failure=False)
+        if isinstance(default, (DictConfig, ListConfig)):
+            default = OmegaConf.to_container(default, resolve=False)
+        value = keys(key)
+        if value != default:
+            warnings.warn(f"{key}={value!r} has no effect in digenrl_verl: {why}", UserWarning, stacklevel=3)
+            warned.append(key)
+    return warned
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Builders: one per component, each reading only its keys.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def build_digenrl(keys: RecipeKeys) -> DigenRLConfig:
+    """`trainer.digenrl.*` (typed, see `config.digenrl`); warns about TAG/TCSS settings that colocated mode ignores."""
+    keys.read.add("trainer.digenrl")
+    digenrl = DigenRLConfig.from_node(keys.cfg.trainer.digenrl)
+    for path in digenrl.inert_in_colocated:
+        warnings.warn(f"trainer.digenrl.{path} has no effect in trainer.digenrl.mode=colocated (TAG and TCSS need "
+                      "a separate trainer pool)", UserWarning, stacklevel=3)
+    return digenrl
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model directory, its architecture (`model_index.json` `_class_name`) and the RL algorithm."""
+
+    path: str
+    architecture: str
+    algorithm: str
+
+
+def build_model(keys: RecipeKeys) -> ModelChoice:
+    algorithm = keys(f"{A}.model.algorithm", "flow_grpo")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown {A}.model.algorithm={algorithm!r}; valid choices: {list(ALGORITHMS)}")
+    path = keys(f"{A}.model.path")
+    if path is None or path == "???":
+        raise ValueError(f"{A}.model.path is not set: give a local diffusers model directory (build a tiny one with "
+                         "`python -m digenrl_verl.models.tiny FluxPipeline <dir>`)")
+    architecture = read_model_index(path)["_class_name"]  # ValueError naming the key if not a diffusers directory
+    want = keys(f"{A}.model.architecture")
+    if want is not None and want != architecture:
+        raise ValueError(f"{A}.model.architecture={want!r} but {path}/model_index.json names {architecture!r}; drop "
+                         f"the key or point model.path at a {want} directory")
+    get_adapter_class(architecture)  # lists the valid architectures on a miss
+    return ModelChoice(str(path), architecture, algorithm)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The step batch: `prompts` per step x `n` samples each, `total_steps` global steps."""
+
+    prompts: int
+    n: int
+    total_steps: int
+
+
+def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
+    n, prompts = keys(f"{A}.rollout.n"), keys("data.train_batch_size")
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"{A}.rollout.n={n!r}: group-relative advantages need at least 2 samples per prompt; set "
+                         "rollout.n >= 2")
+    if not isinstance(prompts, int) or prompts < 1:
+        raise ValueError(f"data.train_batch_size={prompts!r} must be a positive number of prompts")
+    mini = keys(f"{A}.actor.ppo_mini_batch_size")
+    if mini is not None and mini != prompts:
+        raise ValueError(f"{A}.actor.ppo_mini_batch_size={mini} must equal data.train_batch_size={prompts} (one "
+                         "optimizer step per global step: the pipeline overlaps a step's generation with its own "
+                         "update); set it to null or to the train batch size")
+    role = digenrl.trainer_role
+    ranks = digenrl.pools[role].size
+    micro = keys(f"{A}.actor.ppo_micro_batch_size_per_gpu")
+    share = -(-n // ranks)
+    if micro is not None and micro < share:
+        raise ValueError(f"{A}.actor.ppo_micro_batch_size_per_gpu={micro} is smaller than one prompt group's share "
+                         f"per {role} rank (ceil(rollout.n={n} / {ranks} ranks) = {share}): a micro-batch is one "
+                         f"group; raise it to >= {share} or null")
+    total = keys("trainer.total_training_steps")
+    if not isinstance(total, int) or total < 1:
+        raise ValueError(f"trainer.total_training_steps={total!r} must be a positive number of global steps")
+    _check_pool_sizes(digenrl, prompts * n)
+    return Shape(prompts, n, total)
+
+
+def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
+    pools = [digenrl.pools[r] for r in digenrl.roles]
+    if not any(p.use_gpu for p in pools):
+        limit = max(4 * (os.cpu_count() or 1), 8)
+        if sum(p.size for p in pools) > limit:
+            raise ValueError(f"trainer.digenrl.pools: {sum(p.size for p in pools)} CPU worker processes on a machine "
+                             f"with {os.cpu_count()} cores (limit {limit}); shrink pools.*.workers_per_node")
+    gen_ranks = digenrl.pools[digenrl.generator_role].size
+    if gen_ranks > samples:
+        raise ValueError(f"trainer.digenrl.pools: {gen_ranks} generator ranks for {samples} samples per step; some "
+                         "ranks would never get a sample: shrink the pool or raise data.train_batch_size")
+
+
+def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
+    name = keys(f"{A}.rollout.name", "diffusers")
+    if name == "vllm_omni" and digenrl.mode == "disaggregated" and digenrl.tag.policy != "off":
+        raise ValueError(f"trainer.digenrl.tag.policy={digenrl.tag.policy!r} needs trainer workers that can hold the "
+                         f"rollout model, but with {A}.rollout.name=vllm_omni the trainer has no vLLM-Omni engine to "
+                         "generate with; set trainer.digenrl.tag.policy=off (or rollout.name=diffusers)")
+    return RolloutEngineSpec(  # validates rollout.name, and that the backend can run here
+        name=name, dtype=str(keys(f"{A}.rollout.dtype", "bfloat16")),
+        engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni", {}) or {}))
+
+
+def build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
+    algo = f"{A}.rollout.algo"
+    window = keys(f"{algo}.sde_window_range")
+    if isinstance(window, str):  # verl-omni's recipes pass it quoted: sde_window_range="[0,5]"
+        try:
+            window = json.loads(window)
+        except json.JSONDecodeError:
+            raise ValueError(f"{algo}.sde_window_range={window!r}: give two ints, e.g. [0,5]") from None
+    window_size = keys(f"{algo}.sde_window_size")
+    cfg = RolloutConfig(
+        num_inference_steps=int(keys(f"{A}.rollout.pipeline.num_inference_steps") or 10),
+        sde_type=keys(f"{algo}.sde_type", "sde"), noise_level=float(keys(f"{algo}.noise_level", 0.7)),
+        timestep_selection=keys(f"{algo}.timestep_selection") or auto_selection(algorithm, window_size),
+        timestep_fraction=float(keys("algorithm.timestep_fraction", 0.99)),
+        sde_window_size=int(window_size or 0),
+        sde_window_range=tuple(window) if window is not None else None,
+        seed=int(keys(f"{A}.rollout.seed", 0) or 0),
+        init_same_noise=bool(keys(f"{algo}.init_same_noise", False)),
+    )
+    if cfg.num_train_steps < 1:
+        raise ValueError(f"{algo}.sde_type={cfg.sde_type!r} trains no step; use sde, cps or dance_sde for training")
+    return cfg
+
+
+def build_device(keys: RecipeKeys, digenrl: DigenRLConfig) -> str:
+    """cuda when `trainer.device` asks for it and every pool holds GPUs; all workers share one device kind (NCCL
+    or gloo spans both pools)."""
+    gpu = {r: digenrl.pools[r].use_gpu for r in digenrl.roles}
+    if keys("trainer.device", "cpu") in ("cuda", "gpu"):
+        if not all(gpu.values()):
+            raise ValueError("trainer.device=cuda needs GPUs in every pool: set trainer.digenrl.pools.<role>.use_gpu="
+                             f"true for {[r for r, g in gpu.items() if not g]}")
+        return "cuda"
+    if any(gpu.values()):
+        raise ValueError("trainer.digenrl.pools.<role>.use_gpu=true needs trainer.device=cuda")
+    return "cpu"
+
+
+def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorithm: str,
+                 start_version: int) -> PolicySpec:
+    model = f"{A}.model"
+    lora = LoraConfig.from_dict(keys.section(model, ("lora_rank", "lora_alpha", "lora_init_weights",
+                                                     "target_modules", "exclude_modules")))
+    pipe = keys(f"{A}.rollout.pipeline", {}) or {}
+    pipeline = PipelineConfig.from_dict({k: v for k, v in pipe.items() if k not in VERL_OMNI_PIPELINE_KEYS})
+    model_dtype = keys(f"{A}.actor.fsdp_config.model_dtype", "fp32")
+    if model_dtype not in DTYPES:
+        raise ValueError(f"{A}.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(DTYPES)}")
+    return PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=build_rollout(keys, algorithm),
+                      dtype=DTYPES[model_dtype], start_version=start_version, device=build_device(keys, digenrl),
+                      engine=build_engine(keys, digenrl))
+
+
+def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> ShardingSpec:
+    """`actor.strategy` → how the trainer pool splits its model (see `workers.sharding`).
+
+    FSDP2 applies to the trainer pool of a disaggregated run with more than one rank. A single trainer rank has
+    nothing to shard with; colocated ranks sample their own micro-batches, which sharded forwards (collectives
+    over all ranks) cannot do, so they keep a whole model each (the data-parallel baseline)."""
+    strategy = keys(STRATEGY_KEY, "fsdp")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"{STRATEGY_KEY}={strategy!r}; valid: {list(STRATEGIES)} (fsdp and fsdp2 both mean FSDP2 "
+                         "fully_shard over the trainer pool; ddp keeps a whole model per trainer rank)")
+    fsdp = f"{A}.actor.fsdp_config"
+    fsdp_size = keys(f"{fsdp}.fsdp_size", -1)
+    prefixes = keys(f"{A}.model.fsdp_layer_prefixes")
+    wrap = keys(f"{fsdp}.wrap_policy", {}) or {}
+    reshard = bool(keys(f"{fsdp}.reshard_after_forward", True))
+    if strategy == "ddp":
+        return ShardingSpec("ddp")
+    if digenrl.mode != "disaggregated":
+        if strategy == "fsdp2" and digenrl.pools.colocated.size > 1:
+            warnings.warn(f"{STRATEGY_KEY}=fsdp2 in trainer.digenrl.mode=colocated: colocated ranks keep a whole "
+                          "model each and all-reduce gradients (FSDP2 applies to the trainer pool of mode="
+                          "disaggregated)", UserWarning, stacklevel=3)
+        return ShardingSpec("ddp")
+    trainers = digenrl.pools.trainer.size
+    if fsdp_size not in (-1, None, trainers):
+        raise ValueError(f"{fsdp}.fsdp_size={fsdp_size}: hybrid sharding is not implemented; use -1 (shard over the "
+                         f"whole trainer pool, {trainers} ranks)")
+    if trainers == 1:
+        return ShardingSpec("ddp")
+    if n < trainers:
+        raise ValueError(f"{STRATEGY_KEY}={strategy} shards the model over {trainers} trainer ranks, which run every "
+                         f"forward together, so each needs a sample of every micro-batch, but {A}.rollout.n={n} < "
+                         f"{trainers}: raise rollout.n, shrink trainer.digenrl.pools.trainer, or set "
+                         f"{STRATEGY_KEY}=ddp")
+    if isinstance(prefixes, str):
+        prefixes = [prefixes]
+    return ShardingSpec(strategy, tuple(prefixes) if prefixes else None, int(wrap.get("min_num_params") or 0),
+                        reshard)
+
+
+def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n: int) -> TrainSpec:
+    actor = f"{A}.actor"
+    use_kl = keys(f"{actor}.use_kl_loss", False)
+    kl_coef = float(keys(f"{actor}.kl_loss_coef", 0.0))
+    loss = LossConfig(clip_ratio=float(keys(f"{actor}.diffusion_loss.clip_ratio", 1e-4)),
+                      kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type", "flow_grpo"))
+    optim = OptimSpec(lr=float(keys(f"{actor}.optim.lr", 1e-4)),
+                      weight_decay=float(keys(f"{actor}.optim.weight_decay", 1e-4)),
+                      betas=tuple(keys(f"{actor}.optim.betas", [0.9, 0.999])), eps=float(keys(f"{actor}.optim.eps", 1e-8)),
+                      grad_clip=keys(f"{actor}.grad_clip", 1.0))
+    recompute = keys(f"{A}.rollout.recompute_old_log_probs")
+    if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics
+        recompute = policy.engine.name != "diffusers" or policy.dtype != "float32"
+    return TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp.chunk_size,
+                     recompute_old_log_probs=bool(recompute), sharding=build_sharding(keys, digenrl, n))
+
+
+def build_reward(keys: RecipeKeys) -> RewardConfig:
+    custom = keys.section("reward.custom_reward_function", ("path", "name"))
+    functions = keys("reward.reward_functions")
+    if functions is None:  # the YAML default (a dict default would be struct: no other name could be set)
+        functions = {} if custom.get("path") else dict(DEFAULT_REWARD)
+    reward = RewardConfig(reward_functions=dict(functions), aggregation=keys("reward.aggregation", "weighted_sum"),
+                          custom_reward_function_path=custom.get("path"),
+                          custom_reward_function_name=custom.get("name") or "compute_score")
+    for name in reward.weights():
+        if name == "custom":
+            continue
+        if name not in reward_names():
+            get_reward(name)  # ValueError listing the valid reward names
+        if name == "ocr" and _missing("rapidocr_onnxruntime"):  # checked without loading the OCR models
+            raise ValueError(f"reward.reward_functions names 'ocr': {OCR_INSTALL_HINT}")
+    if reward.custom_reward_function_path and not Path(reward.custom_reward_function_path).is_file():
+        raise ValueError(f"reward.custom_reward_function.path={reward.custom_reward_function_path!r} is not a file")
+    return reward
+
+
+def _missing(module: str) -> bool:
+    return importlib.util.find_spec(module) is None
+
+
+def build_advantage(keys: RecipeKeys, digenrl: DigenRLConfig) -> AdvantageConfig:
+    global_std = bool(keys("algorithm.global_std", False))
+    if digenrl.mode == "disaggregated" and global_std:
+        raise ValueError("algorithm.global_std=true needs every group's reward of a step before any update, which "
+                         "disables pipelining in trainer.digenrl.mode=disaggregated; set algorithm.global_std=false "
+                         "(per-group std), or use mode=colocated")
+    return AdvantageConfig(global_std=global_std, norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo", True)),
+                           adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max", 5.0))
+
+
+def build_data(keys: RecipeKeys) -> DataSpec:
+    return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key", "prompt"),
+                    seed=int(keys("data.seed", 0) or 0), shuffle=bool(keys("data.shuffle", True)))
+
+
+def build_logging(keys: RecipeKeys) -> LoggingSpec:
+    loggers = keys("trainer.logger", ["console"])
+    return LoggingSpec(project_name=str(keys("trainer.project_name", "digenrl")),
+                       experiment_name=str(keys("trainer.experiment_name", "run")),
+                       loggers=tuple([loggers] if isinstance(loggers, str) else loggers))
+
+
+def build_checkpoint(keys: RecipeKeys) -> CheckpointSpec:
+    try:
+        return CheckpointSpec(root=str(keys("trainer.default_local_dir")),
+                              save_freq=int(keys("trainer.save_freq", -1) or -1),
+                              max_to_keep=keys("trainer.max_ckpt_to_keep", 2),
+                              resume_mode=keys("trainer.resume_mode", "auto"),
+                              resume_from_path=keys("trainer.resume_from_path"))
+    except ConfigError as e:
+        raise e.under("trainer") from None

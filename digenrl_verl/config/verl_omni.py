@@ -64,6 +64,10 @@ class RecipeKeys:
 
     def __call__(self, key: str, default: Any = None) -> Any:
         self.read.add(key)
+        return self.peek(key, default)
+
+    def peek(self, key: str, default: Any = None) -> Any:
+        """The value of `key`, not recorded as read (the key classes' own checks)."""
         value = OmegaConf.select(self.cfg, key, default=default)
         if isinstance(value, (DictConfig, ListConfig)):
             return OmegaConf.to_container(value, resolve=True)
@@ -231,7 +235,7 @@ def _is_on(rule: Rule, value: Any, keys: RecipeKeys) -> bool:
 def check_unsupported(keys: RecipeKeys) -> None:
     """ValueError naming the first UNSUPPORTED key whose feature is on."""
     for key, (rule, why) in UNSUPPORTED.items():
-        value = keys(key)
+        value = keys.peek(key)
         if value is not None and _is_on(rule, value, keys):
             raise ValueError(f"{key}={value!r} is not supported by digenrl_verl: {why}")
 
@@ -249,7 +253,7 @@ def warn_no_effect(keys: RecipeKeys) -> list[str]:
         default = OmegaConf.select(shipped_defaults(), key, default=None, throw_on_resolution_failure=False)
         if isinstance(default, (DictConfig, ListConfig)):
             default = OmegaConf.to_container(default, resolve=False)
-        value = keys(key)
+        value = keys.peek(key)
         if value != default:
             warnings.warn(f"{key}={value!r} has no effect in digenrl_verl: {why}", UserWarning, stacklevel=3)
             warned.append(key)

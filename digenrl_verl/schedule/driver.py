@@ -13,6 +13,9 @@
                                                     │ every micro-batch of s updated
                                                     ▼
                                   OPT_STEP (version v+1) ──▶ SYNC to generators (drained first)
+                                                                       │ at a checkpoint barrier
+                                                                       ▼
+                                                      CHECKPOINT on the trainer (nothing of s+1 yet)
 
 Each turn of the loop: issue every task that may start now (SYNC first, then generator lanes, then the
 trainer), wait for any completion, update the state. Every issued task, every TAG decision and every
@@ -27,7 +30,11 @@ Invariants (tested in ``tests/schedule``):
   which waits until they are idle) and TCSS limits hold (`StalenessPolicy`);
 * with staleness 0 every micro-batch of step s is generated with version s, i.e. after the SYNC that
   delivered version s, and no task of step s+1 starts before that SYNC;
-* UPDATEs of step s+1 start only after OPT_STEP of step s.
+* UPDATEs of step s+1 start only after OPT_STEP of step s;
+* at a checkpoint barrier (``config.checkpoint_every = k``: after every step s with (s + 1) % k == 0) the
+  driver issues one CHECKPOINT on the trainer pool after the step's SYNC (colocated: its OPT_STEP) and opens
+  step s+1 only when it ended: nothing of step s+1 (no stale TCSS generation either) starts before, so the
+  state saved is drained (no queued or half-generated micro-batch of a later step exists).
 
 Colocated mode is the same loop with one pool in both roles: lanes and trainer are the same ranks, a
 full-batch barrier holds, and the OPT_STEP gives the generators the new version (no SYNC).
@@ -147,7 +154,7 @@ class Driver:
 
         driver = Driver(config, executor)
         for result in driver.iter_steps():   # or driver.run() / driver.run_steps(k)
-            ...                              # log, checkpoint; the next step may already be running
+            ...                              # log; the next step may already be running
 
     Policies can be swapped for experiments (``tag_policy``, ``staleness``, ``planner``, ``selector``);
     by default they are built from the config. ``profiler`` may be pre-seeded (e.g. restored with a checkpoint).
@@ -180,6 +187,9 @@ class Driver:
         self.gen_version = config.start_step
         self.last_update = config.start_step - 1  # last step whose OPT_STEP completed
         self.sync_needed = False
+        self.checkpoint_pending: int | None = None  # barrier step whose CHECKPOINT has not ended yet
+        self._checkpoint_issued = False
+        self._checkpointed = config.start_step - 1  # last barrier step whose CHECKPOINT ended
         self.finished: deque[StepResult] = deque()
         self.done_steps = 0
         self._task_ids = 0
@@ -188,11 +198,12 @@ class Driver:
 
     # ================================================================================ public API
     def iter_steps(self) -> Iterator[StepResult]:
-        """Run the event loop, yielding each global step as soon as it is finished."""
+        """Run the event loop, yielding each global step as soon as it is finished (at a barrier step: before
+        its CHECKPOINT; the generator ends after the last step's CHECKPOINT)."""
         while True:
             while self.finished:
                 yield self.finished.popleft()
-            if self.done_steps >= self.config.num_steps:
+            if self.done_steps >= self.config.num_steps and self.checkpoint_pending is None:
                 return
             self._turn()
 
@@ -210,14 +221,8 @@ class Driver:
         """Run every remaining step."""
         return list(self.iter_steps())
 
-    def continue_from(self, previous: "Driver") -> None:
-        """Carry over what an earlier driver of the same run knew: dead workers and the task-id counter (ids
-        stay unique in a shared trace)."""
-        self._task_ids = max(self._task_ids, previous._task_ids)
-        self.mark_dead(sorted(previous.dead))
-
     def mark_dead(self, workers: Sequence[str]) -> None:
-        """Workers already lost before this driver started (e.g. in an earlier segment of the same run)."""
+        """Workers already lost before this driver started (e.g. known to be gone when a run resumes)."""
         new = set(workers) - self.dead
         if new & set(self.trn_workers):
             raise ScheduleError(f"cannot run without trainer worker(s) {sorted(new & set(self.trn_workers))}")
@@ -262,12 +267,16 @@ class Driver:
 
     # ================================================================================ dispatch
     def _dispatch(self) -> None:
-        """Issue what may start now: SYNC (it drains everything else), then free lanes, then the trainer.
+        """Issue what may start now: a CHECKPOINT (a barrier: nothing else runs with it), else SYNC (it drains
+        everything else), then free lanes, then the trainer.
 
         One pass suffices: each branch leaves its workers busy or has nothing to do, and nothing a
         later branch issues creates work for an earlier one.
         """
         self._open_steps()
+        if self.checkpoint_pending is not None:
+            self._try_checkpoint()
+            return
         self._try_sync()
         if self.sync_needed:
             self._drain_work()
@@ -306,13 +315,36 @@ class Driver:
                 self._issue_update(st, ready)
 
     def _open_steps(self) -> None:
-        """Plan steps as soon as TCSS lets generation reach them."""
-        upto = min(self.staleness.max_step(self.last_update), self.config.end_step - 1)
+        """Plan steps as soon as TCSS lets generation reach them, but none past a checkpoint barrier whose
+        CHECKPOINT has not ended."""
+        upto = min(self.staleness.max_step(self.last_update), self.config.end_step - 1, self._barrier_step())
         for step in range(self.config.start_step, upto + 1):
             if step not in self.steps and step > self.last_update:
                 ranks = len(self._live_gen()) or len(self.trn_workers)  # batch-axis: one group per rank
                 mbs = self.planner.microbatches(step, self.config.prompts_per_step, self.config.n, ranks)
                 self.steps[step] = _Step(step, [_Mb(mb) for mb in mbs], deque(range(len(mbs))))
+
+    def _barrier_step(self) -> int:
+        """The last step that may be planned: the first barrier step not yet checkpointed (no barrier: the end)."""
+        every = self.config.checkpoint_every
+        if every <= 0:
+            return self.config.end_step - 1
+        first = max(self.config.start_step, self._checkpointed + 1)
+        return first + (-(first + 1)) % every  # the smallest s >= first with (s + 1) % every == 0
+
+    def _try_checkpoint(self) -> bool:
+        """The CHECKPOINT of the barrier step just finished, on the trainer ranks.
+
+        Nothing else is in flight then: steps up to the barrier step are finished (its SYNC, colocated its
+        OPT_STEP, ended) and no later step was planned (`_open_steps`)."""
+        if self._checkpoint_issued or not self._idle(self.trn_workers):
+            return False
+        self._checkpoint_issued = True
+        step = self.checkpoint_pending
+        assert step is not None
+        self._submit(TaskKind.CHECKPOINT, step, None, tuple(self.trn_workers), self.trainer_version,
+                     tuple((w, ()) for w in self.trn_workers), f"barrier: step {step + 1} waits for it")
+        return True
 
     def _idle(self, workers: Sequence[str]) -> bool:
         return all(w not in self.busy for w in workers)
@@ -605,6 +637,9 @@ class Driver:
             self.gen_version = task.version
             self.sync_needed = False
             self._finish_step(task.step, c.end)
+        elif kind == TaskKind.CHECKPOINT:
+            self._checkpointed = task.step
+            self.checkpoint_pending, self._checkpoint_issued = None, False
 
     def _on_opt_step(self, c: Completion) -> None:
         st = self.steps[c.task.step]
@@ -627,6 +662,8 @@ class Driver:
         self.finished.append(StepResult(step, st.trained_version, end if st.first_start is None else st.first_start,
                                         end, len(st.mbs), st.tags, st.stale_samples, versions, tuple(st.infos)))
         self.done_steps += 1
+        if self.config.is_checkpoint_step(step):
+            self.checkpoint_pending = step
 
     def _on_failure(self, c: Completion) -> None:
         task = c.task

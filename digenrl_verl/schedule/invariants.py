@@ -18,7 +18,10 @@ Checked:
 6. at most ``max_gen_futures`` generation tasks run at once;
 7. UPDATEs of step s start after OPT_STEP(s-1); OPT_STEP(s) starts after every UPDATE of s; SYNC(s)
    after OPT_STEP(s);
-8. with W = 0 (disaggregated), no task of step s starts before SYNC(s-1) ends.
+8. with W = 0 (disaggregated), no task of step s starts before SYNC(s-1) ends;
+9. checkpoint barriers (``checkpoint_every = k``): every step s with (s + 1) % k == 0 has exactly one
+   successful CHECKPOINT (version s + 1, on the trainer pool) and no other step has one; it starts after
+   every task of steps <= s ended (drained), and nothing of step s + 1 starts before it ends.
 """
 
 from __future__ import annotations
@@ -156,9 +159,39 @@ def _limits(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -
     return out
 
 
+def _barriers(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
+    out = []
+    every = cfg.checkpoint_every
+    ckpts: dict[int, list[Completion]] = defaultdict(list)
+    for c in ok:
+        if c.task.kind == TaskKind.CHECKPOINT:
+            ckpts[c.task.step].append(c)
+    barriers = [s for s in range(cfg.start_step, cfg.end_step) if cfg.is_checkpoint_step(s)]
+    out += [f"step {s}: CHECKPOINT without a checkpoint barrier (checkpoint_every={every})"
+            for s in sorted(set(ckpts) - set(barriers))]
+    trainers = set(cfg.workers(cfg.trainer_pool))
+    for s in barriers:
+        if len(ckpts[s]) != 1:
+            out.append(f"step {s}: {len(ckpts[s])} successful CHECKPOINTs at its barrier, want 1")
+            continue
+        ck = ckpts[s][0]
+        if ck.task.version != s + 1 or set(ck.task.workers) != trainers:
+            out.append(f"{ck.task.label} saves v{ck.task.version} on {','.join(ck.task.workers)}: want v{s + 1} "
+                       "on the trainer pool")
+        for c in all_:
+            t = c.task
+            if t.kind == TaskKind.CHECKPOINT:
+                continue
+            if t.step <= s and c.end > ck.start + EPS:
+                out.append(f"{t.label} ends after the CHECKPOINT of step {s} started (not drained)")
+            if t.step > s and c.start < ck.end - EPS:
+                out.append(f"{t.label} starts before the CHECKPOINT of step {s} ended")
+    return out
+
+
 def check_run(cfg: ScheduleConfig, completions: Iterable[Completion]) -> list[str]:
     """All violations of the invariants in the module docstring (empty: consistent)."""
     all_ = list(completions)
     ok = [c for c in all_ if c.ok]
     return (_overlaps(all_) + _coverage(cfg, ok, all_) + _versions(cfg, ok) + _ordering(cfg, ok, all_)
-            + _limits(cfg, ok, all_))
+            + _limits(cfg, ok, all_) + _barriers(cfg, ok, all_))

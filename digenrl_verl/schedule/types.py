@@ -40,6 +40,11 @@ class TaskKind(str, enum.Enum):
     """One optimizer step on the trainer ranks, once every micro-batch of the global step is updated."""
     SYNC = "SYNC"
     """Weights trainer -> generators; afterwards the generators hold ``task.version``."""
+    CHECKPOINT = "CKPT"
+    """Save the trainer state of version ``task.version`` (after global step ``task.step``) on the trainer ranks.
+
+    Issued at a checkpoint barrier (``ScheduleConfig.checkpoint_every``) once the step's SYNC (colocated: its
+    OPT_STEP) ended; nothing of step ``task.step + 1`` starts before it ends, so the saved state is drained."""
 
 
 SAMPLE_KINDS = frozenset({TaskKind.GEN, TaskKind.TAG_GEN, TaskKind.SCORE, TaskKind.UPDATE})
@@ -64,12 +69,12 @@ class Task:
     Attributes:
         task_id: unique per driver run, increasing in issue order.
         kind: what to do.
-        step: global step of the data (for SYNC/OPT_STEP: the step they close).
-        microbatch: micro-batch index within the step; ``None`` for OPT_STEP and SYNC.
+        step: global step of the data (for SYNC/OPT_STEP/CHECKPOINT: the step they close).
+        microbatch: micro-batch index within the step; ``None`` for OPT_STEP, SYNC and CHECKPOINT.
         workers: the worker ids that run it together (all of them are busy until it completes).
         version: the policy version used: weights version for GEN/TAG_GEN/UPDATE, the version the
-            generators hold after a SYNC, the version produced by an OPT_STEP.
-        assignment: sample indices per worker (empty tuples for OPT_STEP/SYNC).
+            generators hold after a SYNC, the version produced by an OPT_STEP, the version a CHECKPOINT saves.
+        assignment: sample indices per worker (empty tuples for OPT_STEP/SYNC/CHECKPOINT).
         flags: free-form markers for the executor: ``"tsp"`` (run the update with time-step
             parallelism), ``"stale"`` (generated with version < step), ``"probe"`` (first TAG,
             measuring trainer-side generation), ``"retry"`` (re-issued after a failure).

@@ -3,7 +3,8 @@
 A task lasts ``profile.unit(kind) * task.work / speed(worker class)`` seconds, times an optional seeded
 jitter factor ``max(0.05, 1 + jitter * N(0, 1))`` drawn from (seed, kind, step, micro-batch, workers), so
 a run is reproducible and the same task gets the same duration however tasks are numbered. SYNC spans
-both pools and runs at the slowest of its workers' speeds.
+both pools and runs at the slowest of its workers' speeds. A CHECKPOINT writes to disk: ``profile.checkpoint``
+seconds whatever the accelerator's speed.
 
 Fault injection (``Fault``):
 
@@ -138,7 +139,8 @@ class SimExecutor:
     def duration(self, task: Task) -> float:
         """Modelled duration of ``task`` (deterministic for a given seed and task id)."""
         speeds = [self.cluster.speed(self._class_of(w)) for w in task.workers]
-        base = self.profile.unit(task.kind, tsp="tsp" in task.flags) * task.work / min(speeds)
+        speed = 1.0 if task.kind == TaskKind.CHECKPOINT else min(speeds)
+        base = self.profile.unit(task.kind, tsp="tsp" in task.flags) * task.work / speed
         if self.jitter:
             rng = random.Random(f"{self.seed}:{task.kind.value}:{task.step}:{task.microbatch}:{','.join(task.workers)}")
             base *= max(0.05, 1.0 + self.jitter * rng.gauss(0.0, 1.0))

@@ -10,6 +10,7 @@ The driver (`schedule.driver`) decides; this class only interprets its tasks:
 | UPDATE    | `update(sample_ids, advantages, denominator, tsp, version, max_share, *traj_refs)`|
 | OPT_STEP  | `opt_step(version)` on every trainer (gradients all-reduced inside)               |
 | SYNC      | `send_weights(version, gens)` on trainers + `receive_weights(version)` on gens    |
+| CHECKPOINT| the runner's `on_checkpoint(task)` callback (saves version `task.version`)        |
 
 Data never passes through the driver process: the generators' outputs stay in Ray's object store, keyed
 here by (step, sample id), and later tasks receive the object refs. Only rewards (floats) come back, so
@@ -17,6 +18,10 @@ the driver can compute group advantages.
 
 A task completes when all of its object refs are ready (`ray.wait`). A call that raises marks the task
 failed; an actor that died is reported in `info["dead_workers"]`, and the driver re-issues its work.
+
+CHECKPOINT is the one task run in the driver's process: `submit` only records it, and the next `wait_any` runs
+the callback (which blocks until the trainers wrote the state) and reports its completion. Nothing else is in
+flight then: the driver issues it at a drained barrier (`schedule.driver`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class _InFlight:
     refs: list                      # every ref that must be ready for the task to be done
     result_refs: list               # refs whose values are the task's results (subset of refs)
     workers_of_ref: dict = field(default_factory=dict)  # ref -> worker id (failure attribution)
+    call: Callable[[Task], Mapping[str, Any] | None] | None = None  # run in this process by wait_any (CHECKPOINT)
 
     def add(self, ref, worker: str, *, result: bool = True) -> None:
         """Track `ref` (a call on `worker`); `result`: its value is one of the task's results."""
@@ -62,15 +68,20 @@ class RayExecutor:
         advantage_cfg: how rewards become advantages (group-normalised per uid).
         loss_rows_per_sample: K, trained steps per sample (the loss denominator counts rows).
         on_result: optional callback(task, result values) for metrics (rewards, losses, ...).
+        on_checkpoint: callback(task) run for a CHECKPOINT task: saves the trainer state of version
+            ``task.version``, returns facts for the completion's info (e.g. the path) or None; if it raises, the
+            task fails. Without it a CHECKPOINT fails with a message saying so.
     """
 
     def __init__(self, workers: Mapping[str, Any], step_batch: Callable[[int], Any], advantage_cfg: AdvantageConfig,
-                 loss_rows_per_sample: int, on_result: Callable[[Task, list], None] | None = None) -> None:
+                 loss_rows_per_sample: int, on_result: Callable[[Task, list], None] | None = None,
+                 on_checkpoint: Callable[[Task], Mapping[str, Any] | None] | None = None) -> None:
         self.workers = dict(workers)
         self.step_batch = step_batch
         self.advantage_cfg = advantage_cfg
         self.rows_per_sample = loss_rows_per_sample
         self.on_result = on_result
+        self.on_checkpoint = on_checkpoint
         self._t0 = time.monotonic()
         self._inflight: dict[int, _InFlight] = {}
         self._trajectories: dict[tuple[int, int], Any] = {}   # (step, sample) -> trajectory ref
@@ -85,12 +96,16 @@ class RayExecutor:
         launch = {
             TaskKind.GEN: self._generate, TaskKind.TAG_GEN: self._generate, TaskKind.SCORE: self._score,
             TaskKind.UPDATE: self._update, TaskKind.OPT_STEP: self._opt_step, TaskKind.SYNC: self._sync,
+            TaskKind.CHECKPOINT: self._checkpoint,
         }[task.kind]
         self._inflight[task.task_id] = launch(task)
 
     def wait_any(self, timeout: float | None) -> list[Completion]:
         import ray
 
+        for f in list(self._inflight.values()):
+            if f.call is not None:
+                return [self._run_call(f)]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             done, waiting = [], []
@@ -144,6 +159,15 @@ class RayExecutor:
         if self.on_result is not None:
             self.on_result(f.task, values)
         return Completion(f.task, f.start, end, ok=True, info=info)
+
+    def _run_call(self, f: _InFlight) -> Completion:
+        """Run a task that executes in this process (CHECKPOINT); an exception fails the task."""
+        del self._inflight[f.task.task_id]
+        try:
+            info = dict(f.call(f.task) or {})
+        except Exception as e:
+            return Completion(f.task, f.start, self.now(), ok=False, info={"reason": f"{type(e).__name__}: {e}"})
+        return Completion(f.task, f.start, self.now(), ok=True, info=info)
 
     def _absorb(self, task: Task, values: list) -> dict:
         if task.kind == TaskKind.SCORE:
@@ -267,6 +291,14 @@ class RayExecutor:
             else:
                 f.add(self.workers[worker].send_weights.remote(task.version, generators), worker)
         return f
+
+
+    def _checkpoint(self, task: Task) -> _InFlight:
+        def missing(_: Task) -> None:
+            raise RuntimeError("RayExecutor got a CHECKPOINT task but no on_checkpoint callback (pass the runner's "
+                               "DigenRLTrainer.on_checkpoint)")
+
+        return _InFlight(task, self.now(), [], [], call=self.on_checkpoint or missing)
 
 
 def _raises(ref, exc_type) -> bool:

@@ -18,6 +18,7 @@ from digenrl_verl.schedule.types import TaskKind, worker_pool
 COLOURS = {
     TaskKind.GEN: "#4c72b0", TaskKind.TAG_GEN: "#8172b3", TaskKind.SCORE: "#dd8452",
     TaskKind.UPDATE: "#55a868", TaskKind.OPT_STEP: "#c44e52", TaskKind.SYNC: "#937860",
+    TaskKind.CHECKPOINT: "#7f7f7f",
 }
 
 

@@ -22,12 +22,14 @@ from digenrl_verl.sim.profiles import CostProfile
 COSTS = st.fixed_dictionaries({
     "gen": st.floats(0.5, 8.0), "score": st.floats(0.0, 1.0), "update": st.floats(0.2, 6.0),
     "tag_overhead": st.floats(0.8, 2.0), "opt": st.floats(0.0, 1.0), "sync": st.floats(0.0, 2.0),
+    "checkpoint": st.floats(0.0, 3.0),
 })
 
 
 def _profile(c: dict) -> CostProfile:
     return CostProfile("hyp", gen=c["gen"], score=c["score"], update_loop=2 * c["update"], update_tsp=c["update"],
-                       tag_overhead=c["tag_overhead"], opt_step=c["opt"], sync=c["sync"])
+                       tag_overhead=c["tag_overhead"], opt_step=c["opt"], sync=c["sync"],
+                       checkpoint=c.get("checkpoint", 0.0))
 
 
 @st.composite
@@ -45,6 +47,7 @@ def runs(draw):
                         max_gen_futures=draw(st.sampled_from([None, 1, 2])), guard=draw(st.booleans())),
         num_steps=draw(st.integers(1, 3)),
         start_step=draw(st.integers(0, 5)), prompts_per_step=draw(st.integers(1, 6)), n=draw(st.integers(1, 4)),
+        checkpoint_every=draw(st.sampled_from([0, 0, 1, 2])),
     )
     cluster = ClusterSpec.parse(f"gen={gen}xG@{draw(st.sampled_from([0.5, 1.0]))},trn={trn}xT")
     return cfg, cluster, _profile(draw(COSTS)), draw(st.sampled_from([0.0, 0.3])), draw(st.integers(0, 3))
@@ -125,7 +128,9 @@ def _chained_single_steps(cfg: ScheduleConfig, cluster: ClusterSpec, profile: Co
 @given(runs())
 def test_w0_reproduces_the_synchronous_schedule_exactly(run):
     cfg, cluster, profile, _, _ = run
-    cfg = dataclasses.replace(cfg, tcss=dataclasses.replace(cfg.tcss, staleness=0, max_stale_fraction=0.0))
+    # no checkpoint barriers: the chained single-step drivers below do not model them
+    cfg = dataclasses.replace(cfg, tcss=dataclasses.replace(cfg.tcss, staleness=0, max_stale_fraction=0.0),
+                              checkpoint_every=0)
     driver = Driver(cfg, SimExecutor(cluster, profile))
     driver.run()
     assert driver.trace.to_text() == _chained_single_steps(cfg, cluster, profile)

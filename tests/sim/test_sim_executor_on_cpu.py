@@ -1,13 +1,20 @@
-"""The simulated executor: durations from the profile and cluster, jitter, faults; cluster specs."""
+"""The simulated executor: durations from the profile and cluster, jitter, faults; cluster specs; the cost of
+checkpoint barriers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig
+from digenrl_verl.schedule.driver import Driver
+from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.types import Task, TaskKind
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.executor import Fault, SimExecutor
-from digenrl_verl.sim.profiles import PROFILES, CostProfile, from_step_times, get_profile
+from digenrl_verl.sim.profiles import (CHECKPOINT_BYTES_PER_PARAM, CHECKPOINT_WRITE_GB_S, PROFILES, CostProfile,
+                                       checkpoint_seconds, from_step_times, get_profile)
 
 CLUSTER = ClusterSpec.parse("gen=2xA@0.5,trn=2xB")
 PROFILE = CostProfile("t", gen=2.0, score=0.5, update_loop=3.0, update_tsp=1.0, tag_overhead=1.5, opt_step=0.25,
@@ -96,3 +103,40 @@ def test_profiles_from_step_times():
     assert {"wan2.1", "flux.1", "qwen-image"} <= set(PROFILES)
     with pytest.raises(ValueError, match="valid names"):
         get_profile("sd9")
+
+
+def test_checkpoint_costs_the_profile_s_disk_time_whatever_the_speed():
+    assert checkpoint_seconds(12.0) == pytest.approx(12e9 * CHECKPOINT_BYTES_PER_PARAM / (CHECKPOINT_WRITE_GB_S * 1e9))
+    assert get_profile("flux.1").checkpoint == pytest.approx(checkpoint_seconds(12.0))
+    profile = CostProfile("c", gen=1.0, score=0.1, update_loop=1.0, update_tsp=0.5, tag_overhead=1.0, opt_step=0.1,
+                          sync=0.1, checkpoint=7.0)
+    ckpt = Task(1, TaskKind.CHECKPOINT, 0, None, ("gen:0", "trn:0"), 1, (("gen:0", ()), ("trn:0", ())))
+    assert SimExecutor(CLUSTER, profile).duration(ckpt) == pytest.approx(7.0)  # gen:0 runs at 0.5: not slower
+    assert profile.scaled(2.0).checkpoint == pytest.approx(14.0)
+
+
+def _makespan(cfg: ScheduleConfig, cluster: ClusterSpec, profile: CostProfile) -> tuple[float, int]:
+    driver = Driver(cfg, SimExecutor(cluster, profile))
+    driver.run()
+    assert check_run(cfg, driver.trace.completions) == []
+    return driver.trace.metrics().makespan, sum(c.task.kind == TaskKind.CHECKPOINT for c in driver.trace.completions)
+
+
+def test_checkpoint_barriers_cost_the_modelled_drain():
+    cluster = ClusterSpec.parse("gen=2xG,trn=2xT")
+    # generation-light steps with a long update tail: TCSS (W=1) runs the next step's generation ahead
+    profile = CostProfile("tail", gen=1.0, score=0.1, update_loop=8.0, update_tsp=4.0, tag_overhead=1.0,
+                          opt_step=0.5, sync=0.5, checkpoint=5.0)
+    base = dict(mode="disaggregated", pools=cluster.pools, prompts_per_step=6, n=2, num_steps=4,
+                tag=TagConfig(policy="off"))
+    # W = 0 drains at every step anyway: the barrier costs exactly the checkpoints' time
+    sync = ScheduleConfig(**base)
+    plain, _ = _makespan(sync, cluster, profile)
+    barred, ckpts = _makespan(dataclasses.replace(sync, checkpoint_every=2), cluster, profile)
+    assert ckpts == 2 and barred - plain == pytest.approx(ckpts * profile.checkpoint)
+    # W = 1: the checkpoints' time plus the overlap TCSS loses at each barrier (no generation runs ahead of it)
+    tcss = ScheduleConfig(**base, tcss=TcssConfig(staleness=1, max_stale_fraction=0.34, guard=False))
+    plain1, _ = _makespan(tcss, cluster, profile)
+    barred1, ckpts1 = _makespan(dataclasses.replace(tcss, checkpoint_every=2), cluster, profile)
+    lost = barred1 - plain1 - ckpts1 * profile.checkpoint
+    assert ckpts1 == 2 and plain1 < plain and 0.0 < lost <= plain - plain1, (plain, plain1, barred1)

@@ -7,4 +7,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [[ -z "${VENV_PY:-}" ]]; then source scripts/ensure_venv.sh; fi
-exec "$VENV_PY" -m digenrl_verl.integrations.hetero_sim "$@"
+exec "$VENV_PY" -m digenrl_verl.sim.hetero "$@"

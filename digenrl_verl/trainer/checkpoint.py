@@ -11,6 +11,9 @@ A checkpoint of global step k (the state after k optimizer steps, policy version
 | `rng.safetensors` | torch CPU RNG state of the trainer |
 | `meta.json` | global step, policy version, data cursor, TCSS state, cost-profile snapshot, config |
 
+The first four are written and read by the workers (`weights.state.save_trainer_state` / `load_trainer_state`,
+re-exported here); this module owns the directory, `meta.json` and the atomic commit.
+
 Atomicity: everything is written into `global_step_<k>.tmp-<id>/` and renamed into place once complete
 (rename is atomic on one file system), so a crash mid-write leaves only a `.tmp-` directory that
 `latest_checkpoint` ignores. Keep-last-N removes older complete checkpoints after the new one is in place.
@@ -30,10 +33,12 @@ import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-import torch
-from safetensors.torch import load_file, save_file
+from digenrl_verl.weights.state import load_trainer_state, save_trainer_state
+
+__all__ = ["CheckpointWriter", "checkpoint_dir", "latest_checkpoint", "read_meta", "load_trainer_state",
+           "save_trainer_state"]
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -53,78 +58,6 @@ def latest_checkpoint(root: str | Path | None) -> Path | None:
 
 def read_meta(path: str | Path) -> dict[str, Any]:
     return json.loads((Path(path) / "meta.json").read_text())
-
-
-def _identity(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
-def _copy_to(like: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    return value.to(device=like.device, dtype=like.dtype, copy=True)
-
-
-def save_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Parameter],
-                       optimizer: torch.optim.Optimizer, *, full: Callable[[torch.Tensor], torch.Tensor] = _identity,
-                       write: bool = True) -> None:
-    """Weights, optimizer moments and RNG of a trainer into `path` (an existing directory).
-
-    Args:
-        full: the whole value of a parameter or moment (`GradientSync.full`: a collective under FSDP2, so every
-            trainer rank calls this function; only the one with `write=True` writes). The files always hold
-            whole tensors, whatever the strategy that wrote them.
-        write: write the files (trainer rank 0) or only take part in the gathers.
-    """
-    path = Path(path)
-    names = list(named_params)
-    weights = {k: full(v.detach()).cpu().contiguous() for k, v in named_params.items()}
-    index = {id(p): i for i, p in enumerate(named_params.values())}
-    tensors: dict[str, torch.Tensor] = {}
-    for p in named_params.values():  # parameter order: the same gathers on every rank
-        for key, value in sorted(optimizer.state.get(p, {}).items()):
-            t = full(value) if torch.is_tensor(value) else torch.tensor(value)
-            tensors[f"{index[id(p)]}.{key}"] = t.detach().cpu().contiguous()
-    if not write:
-        return
-    save_file(weights, str(path / "model.safetensors"))
-    save_file(tensors, str(path / "optimizer.safetensors"))
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    (path / "optimizer.json").write_text(json.dumps({"param_names": names, "param_groups": groups}, default=list))
-    save_file({"torch_cpu": torch.get_rng_state()}, str(path / "rng.safetensors"))
-
-
-def load_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Parameter],
-                       optimizer: torch.optim.Optimizer | None, *,
-                       place: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _copy_to) -> None:
-    """Inverse of `save_trainer_state` (weights always; optimizer and RNG when an optimizer is given).
-
-    `place(like, whole)` lays a whole tensor out like `like` (`GradientSync.place`: its shard under FSDP2)."""
-    path = Path(path)
-    weights = load_file(str(path / "model.safetensors"))
-    if set(weights) != set(named_params):
-        missing, extra = sorted(set(named_params) - set(weights)), sorted(set(weights) - set(named_params))
-        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {extra[:5]} "
-                         "(was it written for another model or LoRA config?)")
-    with torch.no_grad():
-        for k, p in named_params.items():
-            p.copy_(place(p, weights[k]))
-    if optimizer is None:
-        return
-    meta = json.loads((path / "optimizer.json").read_text())
-    if meta["param_names"] != list(named_params):
-        raise ValueError(f"checkpoint {path}: optimizer parameter order differs from the model's")
-    moments = load_file(str(path / "optimizer.safetensors"))
-    params = list(named_params.values())
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, t in moments.items():
-        i, name = key.split(".", 1)
-        state.setdefault(int(i), {})[name] = t
-    optimizer.state.clear()
-    for i, s in state.items():
-        p = params[i]  # moments live with their parameter (GPU, and sharded like it); AdamW keeps `step` on the CPU
-        optimizer.state[p] = {k: v.clone() if k == "step" else place(p, v) for k, v in s.items()}
-    for group, saved in zip(optimizer.param_groups, meta["param_groups"]):
-        group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
-    torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_cpu"])
 
 
 class CheckpointWriter:

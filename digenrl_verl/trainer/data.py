@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from verl import DataProto
+
+from digenrl_verl.workers.batch import EXTRA_COLUMNS
 
 
 def builtin_prompts() -> list[str]:
     text = resources.files("digenrl_verl.data").joinpath("prompts.txt").read_text()
     return [line.strip() for line in text.splitlines() if line.strip()]
-
-
-EXTRA_COLUMNS = ("reward_model", "extra_info")
 
 
 def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", *, with_extras: bool = False):
@@ -118,8 +118,6 @@ class PromptStream:
 def make_step_batch(prompts: Sequence[str], sources: Sequence[str], prompt_ids: Sequence[int], n: int, step: int,
                     extras: Sequence[dict] | None = None):
     """The step's DataProto: each prompt repeated n times (interleaved, as GRPO groups are laid out)."""
-    from verl import DataProto
-
     rows = len(prompts) * n
     non_tensors = {
         "raw_prompt": np.array([prompts[i // n] for i in range(rows)], dtype=object),

@@ -93,7 +93,7 @@ class DigenRLTrainer:
         from digenrl_verl.workers import roles
 
         if role == "generator" and self.run.policy.engine.name == "vllm_omni":
-            from digenrl_verl.workers.omni_generator import OmniGeneratorWorker
+            from digenrl_verl.workers.roles import GeneratorWorker as OmniGeneratorWorker
 
             return OmniGeneratorWorker
         return {"colocated": roles.ColocatedWorker, "generator": roles.GeneratorWorker,
@@ -112,7 +112,7 @@ class DigenRLTrainer:
         from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
         from digenrl_verl.workers.pools import PoolManager, PoolSpec
-        from digenrl_verl.workers.weight_sync import CollectiveSpec
+        from digenrl_verl.weights.sync import CollectiveSpec
 
         d = self.run.digenrl
         run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster

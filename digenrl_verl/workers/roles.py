@@ -1,14 +1,19 @@
-"""The verl workers of a DigenRL run. Small roles composed from three capabilities:
+"""The verl workers of a DigenRL run. Small roles composed from capabilities:
 
-- `SamplingMixin`  holds the policy and samples trajectories (`generate`): generators, and trainers for TAG;
+- `GenerationMixin` holds a rollout engine (`engines.base.RolloutEngine`) and serves `generate` with it; the
+                   policy version a worker holds is its engine's;
+- `SamplingMixin`  the policy in this process, sampled through a `DiffusersEngine` over it: trainers (TAG) and
+                   colocated workers, which also train that policy and evaluate it;
 - `ScoringMixin`   holds the reward and scores decoded samples (`score`): generators (the reward sits with the
                    generator), colocated workers, and trainers when no generator is left;
 - `TrainingMixin`  holds the optimizer and accumulates TSP / per-timestep gradients (`update`, `opt_step`).
 
-`GeneratorWorker = Sampling + Scoring (+ receive_weights)`, `TrainerWorker = Sampling + Training
-(+ send_weights, + lazy Scoring)`, `ColocatedWorker = TrainerWorker` with its reward built up front. The runtime calls these
-methods on individual actors (`actor.method.remote`) as the schedule dictates; worker-group-wide methods
-(`init_policy`, `join`, `checksum`) use verl's `@register` dispatch.
+`GeneratorWorker = Generation + Scoring`, holding the engine `actor_rollout_ref.rollout.name` names (`diffusers`:
+its own copy of the policy; `vllm_omni`: a vLLM-Omni engine, which also joins the weight sync and receives the
+weights); `TrainerWorker = Sampling + Training (+ send_weights, + lazy Scoring)`, `ColocatedWorker =
+TrainerWorker` with its reward built up front. The runtime calls these methods on individual actors
+(`actor.method.remote`) as the schedule dictates; worker-group-wide methods (`join`, `checksum`, ...) use verl's
+`@register` dispatch.
 
 DataProto keys produced by `generate` (B samples, K trained steps, latent shape L):
 
@@ -31,60 +36,39 @@ with its own (frozen, identical) text encoders, which costs less than moving emb
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import resource
 import time
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
 import torch
 from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from digenrl_verl.diffusion.noise import SampleKey
-from digenrl_verl.trainer.data import EXTRA_COLUMNS
 from digenrl_verl.diffusion.rollout import Trajectory, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs, count_passes
-from digenrl_verl.rewards.compose import RewardConfig
-from digenrl_verl.workers.specs import PolicySpec, TrainSpec
+from digenrl_verl.engines.base import ENGINES, RolloutEngine, RolloutRows
+from digenrl_verl.engines.diffusers import DiffusersEngine, load_policy
+from digenrl_verl.engines.vllm_omni import VllmOmniEngine
+from digenrl_verl.rewards.compose import RewardConfig, build_reward
+from digenrl_verl.weights.state import load_trainer_state, save_trainer_state
+from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
+from digenrl_verl.workers.batch import TRAJECTORY_KEYS, concat_rows, generation_batches, reward_extras
 from digenrl_verl.workers.dispatch import ROWS_KEY, assigned_dispatch_mode
 from digenrl_verl.workers.sharding import (FullyShardedDataParallel, GradientSync, ReplicatedDataParallel,
                                            full_state)
-from digenrl_verl.workers.weight_sync import CollectiveSpec, Collectives, state_checksum
+from digenrl_verl.workers.specs import PolicySpec, TrainSpec
 
-TRAJECTORY_KEYS = ("latents", "next_latents", "sigmas", "next_sigmas", "step_index")
+#: the engine classes a generator can hold, imported here so that each is bound to its name in `ENGINES`
+ENGINE_CLASSES = (DiffusersEngine, VllmOmniEngine)
 
 
 def _rss_mb() -> float:
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def reward_extras(nt: dict, sample_ids: Sequence[int]) -> list[dict[str, Any]]:
-    """Per-sample `extra` dicts for the reward functions, after verl-omni's
-    compute_score(data_source, solution_image, ground_truth, extra_info) contract: `reward_model` (with its
-    `ground_truth`) from the prompt file, and `extra_info` = the file's extra_info plus uid, sample id, prompt."""
-    out = []
-    for row, sid in enumerate(sample_ids):
-        info = dict(nt["extra_info"][row]) if "extra_info" in nt else {}
-        info.update(uid=nt["uid"][row], sample_id=int(sid), prompt=nt["raw_prompt"][row])
-        extra = {"data_source": nt["data_source"][row], "extra_info": info}
-        if "reward_model" in nt:
-            extra["reward_model"] = dict(nt["reward_model"][row])
-        out.append(extra)
-    return out
-
-
-def _concat_rows(parts: Sequence[DataProto], sample_ids: Sequence[int]) -> DataProto:
-    """The rows of `parts` whose `sample_id` is listed, in the order of `sample_ids`."""
-    merged = DataProto.concat(list(parts)) if len(parts) > 1 else parts[0]
-    pos = {int(s): i for i, s in enumerate(merged.batch["sample_id"].tolist())}
-    missing = [s for s in sample_ids if int(s) not in pos]
-    if missing:
-        raise KeyError(f"samples {missing} are not in the data this worker received")
-    return merged.select_idxs(np.asarray([pos[int(s)] for s in sample_ids], dtype=np.int64))
 
 
 def check_generation_version(worker: Any, version: int) -> None:
@@ -94,50 +78,78 @@ def check_generation_version(worker: Any, version: int) -> None:
                            f"schedule asked for version {version}: a trajectory must carry one version")
 
 
-def generation_batches(tensors: dict[str, torch.Tensor], images: torch.Tensor, shard: DataProto,
-                       sample_ids: Sequence[int], sde_type: str, noise_level: float) -> tuple[DataProto, DataProto]:
-    """The two DataProtos a `generate` call returns (keys in the module docstring), from the trajectory tensors
-    of the shard's rows (`TRAJECTORY_KEYS`, `rollout_log_probs`, `policy_version`) and their decoded images.
-    Shared by every generation backend, so the trainer cannot tell them apart."""
-    nt = shard.non_tensor_batch
-    step = int(shard.meta_info["global_step"])
-    ids = torch.as_tensor(list(sample_ids), dtype=torch.int64)
-    batch = {k: tensors[k] for k in (*TRAJECTORY_KEYS, "rollout_log_probs", "policy_version")}
-    batch["sample_id"] = ids
-    meta = {"sde_type": sde_type, "noise_level": noise_level, "global_step": step}
-    out = DataProto.from_dict(tensors=batch, non_tensors=dict(nt), meta_info=meta)
-    img = DataProto.from_dict(
-        tensors={"responses": images, "sample_id": ids.clone()},
-        non_tensors={k: nt[k] for k in ("raw_prompt", "data_source", "uid", *EXTRA_COLUMNS) if k in nt},
-        meta_info={"global_step": step})
-    return out, img
+def check_device(worker: Any, spec: PolicySpec) -> None:
+    if spec.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"{type(worker).__name__} rank {worker.rank} was asked for cuda but sees no GPU "
+                           "(is its pool declared with use_gpu=true?)")
 
 
-class SamplingMixin:
-    """Holds the policy (a `DiffusionAdapter`) and samples trajectories with it."""
+def build_engine(policy: PolicySpec) -> RolloutEngine:
+    """A generator's engine, the one `policy.engine.name` (`actor_rollout_ref.rollout.name`) names."""
+    return ENGINES.engine_class(policy.engine.name).from_policy(policy)
 
-    adapter: Any
-    version: int
+
+class GenerationMixin:
+    """Holds a rollout engine and turns what it samples into the `generate` DataProtos (module docstring)."""
+
+    engine: RolloutEngine
+    policy_spec: PolicySpec
+    busy_s: float
+
+    @property
+    def version(self) -> int:
+        """The policy version held: the engine's."""
+        return self.engine.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.engine.version = value
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def current_version(self) -> int:
+        """The policy version held (never a collective, unlike `checksum`)."""
+        return self.version
+
+    def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto]:
+        """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`."""
+        check_generation_version(self, version)
+        t0 = time.perf_counter()
+        nt = shard.non_tensor_batch
+        rows = RolloutRows(list(nt["raw_prompt"]), [str(u) for u in nt["uid"]], [int(i) for i in nt["sample_index"]],
+                           list(sample_ids), int(shard.meta_info["global_step"]))
+        out = self.engine.generate(rows)
+        got = sorted(set(out.tensors["policy_version"].tolist()))
+        if got != [version]:
+            raise RuntimeError(f"the {self.policy_spec.engine.name} engine of {type(self).__name__} rank {self.rank} "
+                               f"sampled with versions {got}, the schedule asked for {version}")
+        cfg = self.policy_spec.rollout
+        batches = generation_batches(out.tensors, out.images, shard, sample_ids, cfg.sde_type, float(cfg.noise_level))
+        self.busy_s += time.perf_counter() - t0
+        return batches
+
+
+class SamplingMixin(GenerationMixin):
+    """The policy (a `DiffusionAdapter`) in this process, sampled through a `DiffusersEngine` over it."""
+
+    engine: DiffusersEngine
 
     def _build_policy(self, spec: PolicySpec, torch_threads: int, *, keep_reference: bool = False) -> None:
-        """Load the policy. `keep_reference`: full fine-tune keeps a frozen copy for the KL term (LoRA needs
-        none: its reference is the adapter disabled); only trainers with a KL term ask for it."""
-        from digenrl_verl.models.registry import load_adapter
-
+        """Load the policy. `keep_reference`: see `engines.diffusers.load_policy`."""
         torch.set_num_threads(torch_threads)
+        check_device(self, spec)
         self.policy_spec = spec
-        if spec.device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"{type(self).__name__} rank {self.rank} was asked for cuda but sees no GPU "
-                               "(is its pool declared with use_gpu=true?)")
         self.device = torch.device(spec.device)
-        self.adapter = load_adapter(spec.model_path, lora=spec.lora, pipeline=spec.pipeline, device=self.device,
-                                    dtype=getattr(torch, spec.dtype), keep_reference=keep_reference)
-        self.version = spec.start_version
+        self.engine = DiffusersEngine(load_policy(spec, keep_reference=keep_reference), spec.rollout,
+                                      spec.start_version)
         self.busy_s = 0.0
+
+    @property
+    def adapter(self) -> Any:
+        return self.engine.adapter
 
     def trainable(self) -> dict[str, torch.Tensor]:
         """The trainable parameters as this rank holds them (shards under FSDP2)."""
-        return {n: p for n, p in self.adapter.transformer.named_parameters() if p.requires_grad}
+        return self.engine.trainable()
 
     def full_trainable(self) -> dict[str, torch.Tensor]:
         """The whole trainable weights, detached (a collective on sharded trainers: every trainer rank calls it)."""
@@ -151,29 +163,6 @@ class SamplingMixin:
         """True on sharded (FSDP2) trainers: every forward is a collective over the trainer ranks."""
         sync = getattr(self, "grad_sync", None)
         return bool(sync is not None and sync.lockstep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def current_version(self) -> int:
-        """The policy version held (never a collective, unlike `checksum`)."""
-        return self.version
-
-    def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto]:
-        """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`."""
-        check_generation_version(self, version)
-        t0 = time.perf_counter()
-        nt = shard.non_tensor_batch
-        step = int(shard.meta_info["global_step"])
-        keys = [SampleKey(step, str(u), int(i)) for u, i in zip(nt["uid"], nt["sample_index"])]
-        cond = self.adapter.encode_prompts(list(nt["raw_prompt"]))
-        traj = rollout(self.adapter, cond, keys, self.policy_spec.rollout)
-        images = self.adapter.decode(traj.final_latents)
-        traj = traj.to("cpu")  # results travel through Ray's object store
-        tensors = traj.tensors()
-        tensors.update(rollout_log_probs=traj.log_probs,
-                       policy_version=torch.full((traj.batch_size,), self.version, dtype=torch.int64))
-        out = generation_batches(tensors, images.cpu(), shard, sample_ids, traj.sde_type, traj.noise_level)
-        self.busy_s += time.perf_counter() - t0
-        return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def checksum(self) -> dict[str, Any]:
@@ -192,8 +181,6 @@ class SamplingMixin:
         Called on a whole worker group as `wg.evaluate(batch, assignment)`: the DIGENRL_ASSIGNED dispatch
         mode splits the batch by the assignment and gathers the results back in row order. Output keys:
         `eval_reward` fp32 [B], `responses` uint8 [B, 3, H, W]."""
-        import dataclasses
-
         nt = shard.non_tensor_batch
         if len(shard) == 0:
             if self.lockstep:  # the other trainer ranks' forwards are collectives: take part with a dummy sample
@@ -211,30 +198,20 @@ class SamplingMixin:
                                    meta_info={ROWS_KEY: shard.meta_info[ROWS_KEY]})
 
     def _scorer(self):
-        if getattr(self, "scorer", None) is None:
+        if self.scorer is None:
             self._build_scorer(self.reward_spec)
         return self.scorer
-
-    def load_weights(self, path: str, version: int) -> int:
-        """Load the trainable weights of a checkpoint directory; the worker then holds `version`."""
-        from digenrl_verl.trainer.checkpoint import load_trainer_state
-
-        load_trainer_state(path, self.trainable(), None)
-        self.version = version
-        return version
 
 
 class ScoringMixin:
     """Holds the reward functions and scores decoded samples."""
 
     def _build_scorer(self, spec: RewardConfig) -> None:
-        from digenrl_verl.rewards.compose import build_reward
-
         self.scorer = build_reward(spec)
 
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
         t0 = time.perf_counter()
-        data = _concat_rows(image_parts, sample_ids)
+        data = concat_rows(image_parts, sample_ids)
         nt = data.non_tensor_batch
         extra = reward_extras(nt, [int(i) for i in data.batch["sample_id"]])
         scores = self.scorer(data.batch["responses"], list(nt["raw_prompt"]), extra)
@@ -279,7 +256,7 @@ class TrainingMixin:
         if version != self.version:
             raise RuntimeError(f"trainer rank {self.rank} holds version {self.version}, the UPDATE expects {version}")
         t0 = time.perf_counter()
-        data = _concat_rows(traj_parts, sample_ids)
+        data = concat_rows(traj_parts, sample_ids)
         meta = traj_parts[0].meta_info
         tensors = {k: data.batch[k] for k in TRAJECTORY_KEYS}
         # final_latents are not shipped to the trainer (only the scorer needs the clean sample); training never
@@ -307,15 +284,11 @@ class TrainingMixin:
 
         Actor calls run one at a time, so this sees the state after the last completed optimizer step
         (gradients accumulated since are transient and not saved)."""
-        from digenrl_verl.trainer.checkpoint import save_trainer_state
-
         if self.rank == 0 or self.lockstep:
             save_trainer_state(path, self.trainable(), self.optimizer, full=self.grad_sync.full, write=self.rank == 0)
         return self.version
 
     def load_checkpoint(self, path: str, version: int) -> int:
-        from digenrl_verl.trainer.checkpoint import load_trainer_state
-
         load_trainer_state(path, self.trainable(), self.optimizer, place=self.grad_sync.place)
         self.optimizer.zero_grad(set_to_none=True)
         self.version = version
@@ -352,33 +325,50 @@ class _Base(Worker):
     role = "base"
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def join(self, spec: CollectiveSpec) -> int:
-        """Join the process group spanning both pools (collective: every worker must call it)."""
-        self.collectives = Collectives(spec, "generator" if self.role == "generator" else "trainer", self.rank)
-        return self.collectives.global_rank
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()
 
 
-class GeneratorWorker(_Base, SamplingMixin, ScoringMixin):
-    """Generator pool rank: samples, scores, receives weights after every optimizer step."""
+class GeneratorWorker(_Base, GenerationMixin, ScoringMixin):
+    """Generator pool rank: samples with its engine, scores, receives weights after every optimizer step."""
 
     role = "generator"
 
     def __init__(self, policy: PolicySpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__()
-        self._build_policy(policy, torch_threads)
+        torch.set_num_threads(torch_threads)
+        check_device(self, policy)
+        self.policy_spec = policy
+        self.engine = build_engine(policy)
+        self.busy_s = 0.0
         self.reward_spec = reward
         self._build_scorer(reward)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join(self, spec: CollectiveSpec) -> int:
+        """The engine joins the process group spanning both pools as this generator rank (collective)."""
+        return int(self.engine.join(spec, self.rank))
+
     def receive_weights(self, version: int) -> int:
         t0 = time.perf_counter()
-        self.collectives.receive_weights(self.trainable())
-        self.version = version
+        self.engine.receive_weights(version)
         self.busy_s += time.perf_counter() - t0
         return version
+
+    def load_weights(self, path: str, version: int) -> int:
+        """Load the trainable weights of a checkpoint directory; the engine then holds `version`."""
+        return self.engine.load_weights(path, version)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def checksum(self) -> dict[str, Any]:
+        """Version and sha256 of the engine's weights (weight-sync checks), plus peak RSS."""
+        return {"version": self.version, "checksum": self.engine.checksum(), "rss_mb": _rss_mb(),
+                "busy_s": self.busy_s}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The engine's weights (those its next generation uses), on the CPU."""
+        return self.engine.trainable_state()
 
 
 class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
@@ -396,13 +386,16 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
         self._build_training(train)
         self.reward_spec = reward
         self.scorer = None
+        self.collectives: Collectives | None = None
+        self.failed_sends: list[tuple[int, int, str]] = []
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join(self, spec: CollectiveSpec) -> int:
-        """Join the process groups, then shard the model (FSDP2) or not, and build the optimizer."""
-        rank = super().join(spec)
+        """Join the process groups (collective: every worker must call it), then shard the model (FSDP2) or
+        not, and build the optimizer."""
+        self.collectives = Collectives(spec, "trainer", self.rank)
         self._build_parallel(self.collectives)
-        return rank
+        return self.collectives.global_rank
 
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
         self._scorer()
@@ -420,7 +413,7 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
                 try:
                     self.collectives.send_weights(weights, [g])
                 except RuntimeError as e:  # gloo/NCCL error towards a generator that died mid-sync
-                    self.failed_sends = getattr(self, "failed_sends", []) + [(version, g, str(e))]
+                    self.failed_sends.append((version, g, str(e)))
         self.busy_s += time.perf_counter() - t0
         return version
 

@@ -1,62 +1,18 @@
-"""What a worker is built from: small, picklable, validated specs sent once at start-up."""
+"""What a worker is built from: small, picklable, validated specs sent once at start-up.
+
+The policy and its sampling engine (`PolicySpec`, `RolloutEngineSpec`) are specs of the engines package, which
+sits below the workers; they are importable from here too, as the workers' whole start-up surface.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from digenrl_verl.diffusion.loss import LossConfig
-from digenrl_verl.diffusion.rollout import RolloutConfig
-from digenrl_verl.models.config import LoraConfig, PipelineConfig
+from digenrl_verl.engines.spec import PolicySpec, RolloutEngineSpec
 from digenrl_verl.workers.sharding import ShardingSpec
 
-
-ROLLOUT_BACKENDS = ("diffusers", "vllm_omni")
-
-
-@dataclass(frozen=True)
-class RolloutEngineSpec:
-    """The generators' sampling engine (`actor_rollout_ref.rollout.*`).
-
-    Args:
-        name: `diffusers` (the policy in the generator process, CPU or GPU) or `vllm_omni` (a vLLM-Omni engine
-            per generator rank running DigenRL's pipeline; GPU only), `actor_rollout_ref.rollout.name`.
-        dtype: the engine's model dtype (`actor_rollout_ref.rollout.dtype`; vllm_omni only).
-        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`, passed to `AsyncOmni`.
-    """
-
-    name: str = "diffusers"
-    dtype: str = "bfloat16"
-    engine_kwargs: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.name not in ROLLOUT_BACKENDS:
-            raise ValueError(f"unknown actor_rollout_ref.rollout.name={self.name!r}; valid choices: "
-                             f"{list(ROLLOUT_BACKENDS)}")
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """The sampling policy every worker holds (generators, trainers for TAG, colocated workers).
-
-    Args:
-        model_path: local diffusers model directory (model_index.json).
-        lora: LoRA settings, or full fine-tune (rank 0).
-        pipeline: image size, guidance, text length.
-        rollout: SDE kind, noise level, timestep selection, seeds.
-        dtype: model dtype ("float32"; the SDE math is fp32 whatever this is).
-        start_version: policy version of the weights at start (the global step resumed from).
-        device: "cpu", or "cuda" for workers placed on GPU bundles (each sees its one GPU as cuda:0).
-        engine: the generators' sampling engine (trainers always sample TAG micro-batches in-process).
-    """
-
-    model_path: str
-    lora: LoraConfig
-    pipeline: PipelineConfig
-    rollout: RolloutConfig
-    dtype: str = "float32"
-    start_version: int = 0
-    device: str = "cpu"
-    engine: RolloutEngineSpec = field(default_factory=RolloutEngineSpec)
+__all__ = ["OptimSpec", "PolicySpec", "RolloutEngineSpec", "TrainSpec"]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def test_not_installed_says_how_to_install_and_which_commit(capsys):
 _PROBE = textwrap.dedent("""
     import json, sys
     import digenrl_verl, digenrl_verl.main, digenrl_verl.trainer.config, digenrl_verl.integrations
-    import digenrl_verl.integrations.verl_omni as vo, digenrl_verl.integrations.vllm_omni as vl
+    import digenrl_verl.integrations.verl_omni as vo, digenrl_verl.engines.vllm_omni as vl
     from digenrl_verl.main import compose
     from digenrl_verl.trainer.config import build_run
     out = {"verl_omni_available": vo.verl_omni_available(), "vllm_reason": vl.unavailable_reason()}

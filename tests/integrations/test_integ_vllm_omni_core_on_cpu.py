@@ -1,5 +1,6 @@
-"""The vLLM-free parts of the vLLM-Omni backend on CPU: requests (one per prompt), the trajectory pipeline
-core (our SDE code, so its log-probs are the trainer's), the mapping back to shard order, and versions."""
+"""The vLLM-free parts of the vLLM-Omni engine (`engines.vllm_omni`) on CPU: requests (one per prompt), the
+trajectory pipeline core (our SDE code, so its log-probs are the trainer's), the mapping back to shard order, and
+versions."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
 from digenrl_verl.diffusion.sde import sde_step
-from digenrl_verl.integrations import vllm_omni as vl
+from digenrl_verl.engines import vllm_omni as vl
 from digenrl_verl.models.config import PipelineConfig
 
 torch.set_num_threads(1)

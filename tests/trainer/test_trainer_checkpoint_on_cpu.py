@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import digenrl_verl.trainer.checkpoint as ckpt
+import digenrl_verl.weights.state as state_files
 
 
 def _model_and_opt(seed):
@@ -57,8 +58,8 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint_as_latest(tmp_path, mo
             raise OSError("disk full")
         return real(tensors, filename)
 
-    real = ckpt.save_file
-    monkeypatch.setattr(ckpt, "save_file", dying_save)
+    real = state_files.save_file
+    monkeypatch.setattr(state_files, "save_file", dying_save)
     tmp = writer.begin(4)
     with pytest.raises(OSError):
         ckpt.save_trainer_state(tmp, dict(m.named_parameters()), opt)

@@ -1,19 +1,22 @@
 """The vLLM-Omni generator backend's glue, run on CPU with its vLLM-free reference engine.
 
-`OmniGeneratorWorker` (what `actor_rollout_ref.rollout.name=vllm_omni` selects) drives an engine through the
-interface it uses from vLLM-Omni's `AsyncOmni`: one request per prompt, the rl record in the output metadata,
-weights through `collective_rpc` into `DigenRLWorkerExtension`. Here the engine is `InProcessOmniEngine`, which runs
-the same pipeline core in the actor; vLLM itself (request scheduling, its worker processes) does not run on CPU.
+The generator worker holds the engine `actor_rollout_ref.rollout.name` names; `vllm_omni` is `VllmOmniEngine`, which
+drives a client through the interface it uses from vLLM-Omni's `AsyncOmni`: one request per prompt, the rl record in
+the output metadata, weights through `collective_rpc` into `DigenRLWorkerExtension`. Here the client is
+`InProcessOmniEngine`, which runs the same pipeline core in the actor; vLLM itself (request scheduling, its worker
+processes) does not run on CPU.
 The reference is the same run on the diffusers backend: the trainer must not be able to tell them apart.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import ray
 
 from digenrl_verl.trainer.runner import DigenRLTrainer
-from digenrl_verl.workers.omni_generator import OmniGeneratorWorker
+from digenrl_verl.workers.specs import RolloutEngineSpec
 
 RUN = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.digenrl.mode=disaggregated",
        "trainer.digenrl.tag=off", "trainer.digenrl.pools.generator.workers_per_node=2",
@@ -28,16 +31,14 @@ class SyncCheckingTrainer(DigenRLTrainer):
 
 
 class InProcessOmniTrainer(SyncCheckingTrainer):
-    """Generators are OmniGeneratorWorkers on the in-process engine (the config cannot select it: vllm_omni
+    """Generators hold the vllm_omni engine on its in-process client (the config cannot select it: vllm_omni
     validates only where vLLM-Omni can run)."""
-
-    def worker_class(self, role):
-        return OmniGeneratorWorker if role == "generator" else super().worker_class(role)
 
     def worker_args(self, role):
         args = super().worker_args(role)
         if role == "generator":
-            args["engine"] = "inprocess"
+            engine = RolloutEngineSpec(name="vllm_omni", client="inprocess")
+            args["policy"] = dataclasses.replace(args["policy"], engine=engine)
         return args
 
 
@@ -45,9 +46,12 @@ class InProcessOmniTrainer(SyncCheckingTrainer):
 def test_omni_generator_backend_trains_exactly_like_the_diffusers_backend(train_run):
     reference = train_run(*RUN, trainer_cls=SyncCheckingTrainer, name="diffusers")
     omni = train_run(*RUN, trainer_cls=InProcessOmniTrainer, name="omni")
-    engines = ray.get([a.__ray_call__.remote(lambda w: type(w.generator.engine).__name__)
+    engines = ray.get([a.__ray_call__.remote(lambda w: (type(w.engine).__name__, type(w.engine.client).__name__))
                        for k, a in omni.workers.items() if k.startswith("gen:")])
-    assert engines == ["InProcessOmniEngine"] * 2
+    assert engines == [("VllmOmniEngine", "InProcessOmniEngine")] * 2
+    diffusers = ray.get([a.__ray_call__.remote(lambda w: type(w.engine).__name__)
+                         for k, a in reference.workers.items() if k.startswith("gen:")])
+    assert diffusers == ["DiffusersEngine"] * 2
     # same SDE code, same per-sample seeds, same device: same rewards, same weights
     assert [h["reward/mean"] for h in omni.reporter.history] == [h["reward/mean"] for h in reference.reporter.history]
     a, b = reference.trainable_state("trn:0"), omni.trainable_state("trn:0")

@@ -1,6 +1,6 @@
 """The paper's Sec. 5.4 shape in the simulator: 8 + 8 GPUs of two kinds, DigenRL vs colocated.
 
-`python -m digenrl_verl.integrations.hetero_sim [--json]` runs the `hetero-8+8` scenario of
+`python -m digenrl_verl.sim.hetero [--json]` (or `bash recipes/sim_hetero_8p8.sh`) runs the `hetero-8+8` scenario of
 `digenrl_verl.sim.scenarios` (HunyuanVideo DanceGRPO costs, 20 steps, 60% trained; generators on a class
 at 0.6x the speed of the trainers' class), the same 16 GPUs with the two classes swapped, and the
 homogeneous 8+8 reference. For each: the colocated makespan (all 16 ranks in lock-step, so the slower class
@@ -19,6 +19,8 @@ import sys
 from dataclasses import replace
 from typing import Any, Sequence
 
+from digenrl_verl.sim.scenarios import get_scenario, run_ladder
+
 SCENARIO = "hetero-8+8"
 CLUSTERS = {
     "slow generators (scenario)": None,  # the scenario's own cluster
@@ -29,8 +31,6 @@ CLUSTERS = {
 
 def hetero_report(scenario: str = SCENARIO, *, num_steps: int | None = None) -> dict[str, Any]:
     """Rows of {cluster, colocated_s, digenrl_s, gain} for the scenario and its variants."""
-    from digenrl_verl.sim.scenarios import get_scenario, run_ladder
-
     base = get_scenario(scenario)
     if num_steps is not None:
         base = replace(base, num_steps=num_steps)
@@ -47,7 +47,7 @@ def hetero_report(scenario: str = SCENARIO, *, num_steps: int | None = None) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m digenrl_verl.integrations.hetero_sim", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m digenrl_verl.sim.hetero", description=__doc__.split("\n")[0])
     p.add_argument("--scenario", default=SCENARIO)
     p.add_argument("--steps", type=int, default=None, help="global steps (default: the scenario's)")
     p.add_argument("--json", action="store_true")

@@ -13,7 +13,9 @@ Weights travel as one flat buffer per dtype, so a sync is one collective per dty
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import socket
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -50,8 +52,6 @@ class Collectives:
     """The process groups one worker belongs to (created by `join`)."""
 
     def __init__(self, spec: CollectiveSpec, role: str, rank: int) -> None:
-        import datetime
-
         self.spec = spec
         self.role = role
         self.global_rank = spec.global_rank(role, rank)
@@ -120,8 +120,6 @@ def state_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -1,20 +1,21 @@
-"""vLLM-Omni generator backend (`actor_rollout_ref.rollout.name=vllm_omni`): GPU only.
+"""The vLLM-Omni rollout engine (`actor_rollout_ref.rollout.name=vllm_omni`): GPU only.
 
-Status, honestly: the parts that touch vLLM — `make_pipeline_class`, the `AsyncOmni` engine of
-`VllmOmniGenerator`, `collective_rpc` as vLLM-Omni implements it — are **written, never run**: vLLM-Omni has no
-CPU execution path (see /work/shared/reference/vllm-omni.md §1: its platforms are cuda/rocm/npu/xpu/musa, sleep
-mode needs the CUDA allocator), and no GPU was available while this module was written. They follow the API
+Status, honestly: the parts that touch vLLM — `make_pipeline_class`, the `AsyncOmni` client of
+`VllmOmniEngine`, `collective_rpc` as vLLM-Omni implements it — are **written, never run**: vLLM-Omni has no
+CPU execution path (its platforms are cuda/rocm/npu/xpu/musa, and sleep mode needs the CUDA allocator), and no
+GPU was available while this module was written. They follow the API
 names of the `vllm-omni` 0.30.0 wheel and of verl-omni at commit a1139baf as *read*, not executed; expect to adjust
 names on first contact. Everything else runs on CPU and is tested there: request building, the trajectory
 pipeline core and its `pipeline_output` record, the output → DataProto mapping, the worker extension's weight
-path, and the generator worker of this backend (`workers.omni_generator.OmniGeneratorWorker`) end to end in a
-Ray run, on `InProcessOmniEngine` — a vLLM-free engine with the `AsyncOmni` interface the generator uses, which
+path, and `VllmOmniEngine` held by the generator worker (`workers.roles.GeneratorWorker`) end to end in a
+Ray run, on `InProcessOmniEngine` — a vLLM-free client with the `AsyncOmni` interface the engine uses, which
 runs the same pipeline core in-process (tests/trainer/test_trainer_vllm_omni_backend_on_cpu.py: same rewards and
 weights as the diffusers backend, weights delivered through the extension at every step).
 
-Importing this module is cheap and safe everywhere: it imports neither `vllm` nor `vllm_omni` at module
-level. `build_run` calls `require_vllm_omni()` when the backend is selected, which fails on CPU (or when the
-packages are missing) with a ValueError naming the key and the fix, before anything tries to import vLLM.
+Importing this module is cheap and safe everywhere: only `import_vllm_omni()` imports `vllm_omni`, when an
+`AsyncOmni` client or the pipeline class is built. Selecting the engine in the config is validated without this
+module: `RolloutEngineSpec(name="vllm_omni")` checks `engines.base.VLLM_OMNI` (packages found, a CUDA device),
+which fails on CPU with a ValueError naming the key and the fix; `require_vllm_omni()` here is the same check.
 
 Design (what makes this backend produce the same training data as the diffusers path):
 
@@ -23,7 +24,7 @@ Design (what makes this backend produce the same training data as the diffusers 
   `DiffusionAdapter` loaded inside the vLLM-Omni worker. Step kinds, per-sample noise (`SampleKey` seeds) and
   timestep selection are therefore the same code, so rollout log-probs and the trainer's recomputed log-probs
   agree up to the numerics of the two devices/dtypes (the trainer recomputes old log-probs whenever the
-  backend is not `diffusers`, see `build_run`'s `recompute_old_log_probs`).
+  engine is not `diffusers`, see the config's `recompute_old_log_probs`).
 * **One request per prompt.** `build_requests` groups a shard's rows by prompt uid and sends one request per
   prompt with `num_outputs_per_prompt` = the number of that prompt's samples on this rank (= rollout.n when a
   rank holds whole groups), never n requests of batch 1 (verl-omni#83, UniRL#108). Every request of a step has
@@ -31,68 +32,79 @@ Design (what makes this backend produce the same training data as the diffusers 
 * **RL knobs through `extra_args["digenrl"]`**: the rollout config, the global step and the sample indices;
   the pipeline rebuilds the `SampleKey`s from them.
 * **Weights through a worker extension.** `DigenRLWorkerExtension` (passed as `worker_extension_cls`) joins
-  the trainer → generator process group (`workers.weight_sync`, NCCL on GPU) and receives the trainable
+  the trainer → generator process group (`weights.sync`, NCCL on GPU) and receives the trainable
   weights after each optimizer step. Weights are *staged* and applied only when no request is in flight,
   so a trajectory is always generated under one policy version.
 * **Versions per sample.** Every output carries the policy version its trajectory was generated with; the
   generator puts it in `policy_version` [B] of the DataProto, as the diffusers path does.
 
-DataProto keys produced by `outputs_to_batch` (same as `workers.roles.SamplingMixin.generate`):
+Tensors produced by `outputs_to_batch` (an `engines.base.Rollout`, as the diffusers engine returns):
 latents / next_latents fp32 [B, K, *latent], sigmas / next_sigmas fp32 [B, K], log_probs and
 rollout_log_probs fp32 [B, K], step_index int64 [B, K], final_latents fp32 [B, *latent], sample_id int64 [B],
 policy_version int64 [B]; images (responses) uint8 [B, 3, H, W] or [B, T, 3, H, W].
 
 Pins for GPU use (verl-omni a1139baf's `.github/vllm_omni_pin.txt` and `gpu` extra): vllm==0.27.0 with
-vllm-omni at git 444485650b19; pair vllm X.Y with vllm-omni X.Y.
+vllm-omni at git 444485650b19; pair vllm X.Y with vllm-omni X.Y (`engines.base.VLLM_PIN`, `VLLM_OMNI_GIT_PIN`).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
+import inspect
 import threading
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
+import torch
 
-    from digenrl_verl.diffusion.rollout import RolloutConfig, Trajectory
-    from digenrl_verl.models.base import DiffusionAdapter
-    from digenrl_verl.models.config import PipelineConfig
+from digenrl_verl.diffusion.noise import SampleKey
+from digenrl_verl.diffusion.rollout import RolloutConfig, Trajectory, rollout
+from digenrl_verl.engines.base import (BACKEND_KEY, ENGINES, VLLM_OMNI, VLLM_OMNI_API_VERSION, VLLM_OMNI_GIT_PIN,
+                                       VLLM_PIN, Rollout, RolloutRows)
+from digenrl_verl.engines.spec import PolicySpec
+from digenrl_verl.models.base import DiffusionAdapter
+from digenrl_verl.models.config import LoraConfig, PipelineConfig
+from digenrl_verl.models.registry import load_adapter
+from digenrl_verl.weights.state import load_weights_file
+from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
 
-BACKEND_KEY = "actor_rollout_ref.rollout.name"
+__all__ = ["BACKEND_KEY", "VLLM_OMNI_API_VERSION", "VLLM_OMNI_GIT_PIN", "VLLM_PIN", "InProcessOmniEngine",
+           "VllmOmniEngine", "require_vllm_omni", "unavailable_reason"]
+
 ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm_omni"
-#: API names were read from these versions (see the module docstring).
-VLLM_OMNI_API_VERSION = "0.30.0"
-VLLM_OMNI_GIT_PIN = "444485650b19"
-VLLM_PIN = "0.27.0"
-INSTALL_HINT = (f"on a CUDA machine: pip install vllm=={VLLM_PIN} "
-                f"'vllm-omni @ git+https://github.com/vllm-project/vllm-omni@{VLLM_OMNI_GIT_PIN}' "
-                "(verl-omni a1139baf's pins; vllm X.Y must match vllm-omni X.Y)")
-PIPELINE_CLASS = "digenrl_verl.integrations.vllm_omni.DigenRLOmniPipeline"
-WORKER_EXTENSION_CLASS = "digenrl_verl.integrations.vllm_omni.DigenRLWorkerExtension"
+PIPELINE_CLASS = "digenrl_verl.engines.vllm_omni.DigenRLOmniPipeline"
+WORKER_EXTENSION_CLASS = "digenrl_verl.engines.vllm_omni.DigenRLWorkerExtension"
 
 
 # ------------------------------------------------------------------------------------------ availability
 def unavailable_reason() -> str | None:
-    """Why the backend cannot run in this process, or None. Never imports vllm / vllm_omni."""
-    missing = [m for m in ("vllm", "vllm_omni") if importlib.util.find_spec(m) is None]
-    if missing:
-        return f"{' and '.join(missing)} not installed"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA device (vLLM-Omni has no CPU execution path)"
-    return None
+    """Why the engine cannot run in this process, or None. Never imports vllm / vllm_omni."""
+    return VLLM_OMNI.unavailable_reason()
 
 
 def require_vllm_omni() -> None:
     """ValueError naming `actor_rollout_ref.rollout.name` and the fix when vLLM-Omni cannot run here."""
-    why = unavailable_reason()
-    if why is not None:
-        raise ValueError(f"{BACKEND_KEY}=vllm_omni cannot be used here: {why}. Fix: set {BACKEND_KEY}=diffusers "
-                         f"(the default; runs on CPU and GPU), or install vLLM-Omni {INSTALL_HINT}")
+    VLLM_OMNI.require()
+
+
+@dataclass(frozen=True)
+class VllmOmniApi:
+    """The vLLM-Omni names this module uses (per vllm-omni 0.30.0; unverified)."""
+
+    AsyncOmni: Any
+    SamplingParams: Any
+    DiffusionOutput: Any
+
+
+def import_vllm_omni() -> VllmOmniApi:
+    """The one place that imports vLLM-Omni (GPU machines only; checked first, so CPU gets the ValueError)."""
+    require_vllm_omni()
+    from vllm_omni import AsyncOmni
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+    from vllm_omni.outputs import DiffusionOutput
+
+    return VllmOmniApi(AsyncOmni, OmniDiffusionSamplingParams, DiffusionOutput)
 
 
 # ------------------------------------------------------------------------------------------ requests
@@ -127,16 +139,14 @@ class OmniRequest:
                 s.get("guidance_scale"), s.get("true_cfg_scale"))
 
 
-def rollout_config_to_dict(cfg: "RolloutConfig") -> dict[str, Any]:
+def rollout_config_to_dict(cfg: RolloutConfig) -> dict[str, Any]:
     d = asdict(cfg)
     if d.get("sde_window_range") is not None:
         d["sde_window_range"] = list(d["sde_window_range"])
     return d
 
 
-def rollout_config_from_dict(d: Mapping[str, Any]) -> "RolloutConfig":
-    from digenrl_verl.diffusion.rollout import RolloutConfig
-
+def rollout_config_from_dict(d: Mapping[str, Any]) -> RolloutConfig:
     d = dict(d)
     if d.get("sde_window_range") is not None:
         d["sde_window_range"] = tuple(d["sde_window_range"])
@@ -144,7 +154,7 @@ def rollout_config_from_dict(d: Mapping[str, Any]) -> "RolloutConfig":
 
 
 def build_requests(prompts: Sequence[str], uids: Sequence[str], sample_indices: Sequence[int], *, step: int,
-                   version: int, pipeline: "PipelineConfig", rollout: "RolloutConfig") -> list[OmniRequest]:
+                   version: int, pipeline: PipelineConfig, rollout: RolloutConfig) -> list[OmniRequest]:
     """One request per distinct prompt uid of a shard (rows of one uid must share the prompt).
 
     Args:
@@ -188,22 +198,29 @@ class TrajectoryPipelineCore:
     requests (`begin_request`), so every trajectory carries exactly one policy version.
     """
 
-    def __init__(self, adapter: "DiffusionAdapter", *, version: int = 0, register: bool = True) -> None:
+    def __init__(self, adapter: DiffusionAdapter, *, version: int = 0, register: bool = True) -> None:
         self.adapter = adapter
         self.version = int(version)
         self._lock = threading.Lock()
         self._in_flight = 0
-        self._staged: tuple[dict[str, "torch.Tensor"], int] | None = None
+        self._staged: tuple[dict[str, torch.Tensor], int] | None = None
         if register:
             _CORES.append(self)
 
     # -- weights --------------------------------------------------------------------------------------
-    def stage_weights(self, state: Mapping[str, "torch.Tensor"], version: int) -> None:
+    def stage_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Hold new trainable weights; they apply before the next request starts (at once if idle)."""
         with self._lock:
             self._staged = (dict(state), int(version))
             if self._in_flight == 0:
                 self._apply_staged()
+
+    def current_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, trainable weights on the CPU) the next request will use (staged ones applied first when idle)."""
+        with self._lock:
+            if self._in_flight == 0:
+                self._apply_staged()
+            return self.version, self.adapter.trainable_state(device="cpu")
 
     def _apply_staged(self) -> None:
         if self._staged is not None:
@@ -218,9 +235,6 @@ class TrajectoryPipelineCore:
         Returns a dict: `trajectory` (Trajectory tensors, see the module docstring), `images` uint8,
         `policy_version` (int), `sample_indices` (list[int]), `step` (int), `uid` (str).
         """
-        from digenrl_verl.diffusion.noise import SampleKey
-        from digenrl_verl.diffusion.rollout import rollout
-
         rl = dict(extra_args.get("digenrl") or {})
         missing = {"step", "uid", "sample_indices", "rollout"} - set(rl)
         if missing:
@@ -253,16 +267,12 @@ class TrajectoryPipelineCore:
 
 
 def outputs_to_batch(requests: Sequence[OmniRequest], outputs: Sequence[Mapping[str, Any]],
-                     sample_ids: Sequence[int], num_rows: int) -> tuple[dict[str, "torch.Tensor"], "torch.Tensor"]:
+                     sample_ids: Sequence[int], num_rows: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Map per-request outputs back to the shard's row order.
 
     Returns (tensors, images): the DataProto tensors of the module docstring (rows in shard order) and the
     decoded images [B, ...] uint8.
     """
-    import torch
-
-    from digenrl_verl.diffusion.rollout import Trajectory
-
     if len(requests) != len(outputs):
         raise ValueError(f"{len(requests)} requests but {len(outputs)} outputs")
     order: list[int] = []
@@ -287,7 +297,7 @@ def outputs_to_batch(requests: Sequence[OmniRequest], outputs: Sequence[Mapping[
 
 
 def pipeline_output(core: TrajectoryPipelineCore, prompt: str, num_outputs: int,
-                    extra_args: Mapping[str, Any]) -> tuple["torch.Tensor", dict[str, Any]]:
+                    extra_args: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
     """What the pipeline returns for one request: (images uint8, `rl` record). `rl` holds the Trajectory tensors
     on the CPU plus `policy_version`, `sample_indices`, `sde_type`, `noise_level`; it travels in vLLM-Omni's
     `DiffusionOutput.multimodal_output["metadata"]["rl"]` (the in-process engine passes it the same way)."""
@@ -300,17 +310,10 @@ def pipeline_output(core: TrajectoryPipelineCore, prompt: str, num_outputs: int,
 
 
 def build_core(custom_args: Mapping[str, Any], device: str, *, register: bool = True) -> TrajectoryPipelineCore:
-    """The pipeline core a vLLM-Omni worker builds from `custom_pipeline_args` (see `VllmOmniGenerator`)."""
-    import torch
-
-    from digenrl_verl.models.config import PipelineConfig
-    from digenrl_verl.models.registry import load_adapter
-
+    """The pipeline core a vLLM-Omni worker builds from `custom_pipeline_args` (see `VllmOmniEngine`)."""
     args = dict(custom_args)
     lora = args.get("lora")
     if lora is not None:
-        from digenrl_verl.models.config import LoraConfig
-
         lora = LoraConfig(**lora)
     adapter = load_adapter(args["model"], lora=lora, pipeline=PipelineConfig.from_dict(args.get("pipeline", {})),
                            dtype=getattr(torch, args.get("dtype", "bfloat16")), device=device, keep_reference=False)
@@ -326,9 +329,7 @@ def make_pipeline_class():
     vLLM-Omni's `DiffusionOutput` (`trajectory_latents`, `trajectory_timesteps`, `trajectory_log_probs`) plus
     `metadata["rl"]` with the full per-sample record.
     """
-    require_vllm_omni()
-    import torch
-    from vllm_omni.outputs import DiffusionOutput  # noqa: F401  (API name per vllm-omni 0.30.0; unverified)
+    api = import_vllm_omni()
 
     class _DigenRLOmniPipeline(torch.nn.Module):
         """vLLM-Omni pipeline: one request = one prompt × num_outputs_per_prompt trajectories."""
@@ -343,12 +344,10 @@ def make_pipeline_class():
 
         @torch.no_grad()
         def forward(self, req: Any) -> Any:
-            from vllm_omni.outputs import DiffusionOutput
-
             params = req.sampling_params
             images, rl = pipeline_output(self.core, req.prompt, int(params.num_outputs_per_prompt),
                                          dict(params.extra_args or {}))
-            return DiffusionOutput(images=images, trajectory_latents=rl["next_latents"],
+            return api.DiffusionOutput(images=images, trajectory_latents=rl["next_latents"],
                                    trajectory_timesteps=rl["sigmas"], trajectory_log_probs=rl["log_probs"],
                                    multimodal_output={"metadata": {"rl": rl}})
 
@@ -376,19 +375,25 @@ class DigenRLWorkerExtension:
     engine does not have this problem (the generator actor has no other process group).
     """
 
-    def digenrl_join(self, spec: Any, generator_rank: int) -> int:
-        """Join the trainer → generator process group as generator `generator_rank` (NCCL on GPU)."""
-        from digenrl_verl.workers.weight_sync import Collectives
+    _digenrl_collectives: Collectives | None = None  # class defaults: vLLM builds the worker, not this mixin
+    _digenrl_core: TrajectoryPipelineCore | None = None
 
+    def digenrl_attach_core(self, core: TrajectoryPipelineCore) -> None:
+        """Serve `core` (the in-process engine's); vLLM workers find theirs in the module registry."""
+        self._digenrl_core = core
+
+    def digenrl_join(self, spec: CollectiveSpec, generator_rank: int) -> int:
+        """Join the trainer → generator process group as generator `generator_rank` (NCCL on GPU)."""
         self._digenrl_collectives = Collectives(spec, "generator", generator_rank)
         return self._digenrl_collectives.global_rank
 
     def _digenrl_active_core(self) -> TrajectoryPipelineCore:
-        core = getattr(self, "_digenrl_core", None)  # set by the in-process engine; vLLM workers use the registry
-        return core if core is not None else _active_core()
+        return self._digenrl_core if self._digenrl_core is not None else _active_core()
 
     def digenrl_receive_weights(self, version: int) -> int:
         """Receive the trainable weights broadcast by trainer rank 0 and stage them as `version`."""
+        if self._digenrl_collectives is None:
+            raise RuntimeError("the vLLM-Omni worker received weights before digenrl_join")
         core = self._digenrl_active_core()
         buffers = {k: v.detach().clone() for k, v in core.adapter.trainable_state(device=None).items()}
         self._digenrl_collectives.receive_weights(buffers)
@@ -398,20 +403,15 @@ class DigenRLWorkerExtension:
     def digenrl_version(self) -> int:
         return self._digenrl_active_core().version
 
-    def digenrl_trainable_state(self) -> dict[str, "torch.Tensor"]:
-        """The weights the next request will use (staged ones applied first when idle), on the CPU."""
-        core = self._digenrl_active_core()
-        with core._lock:
-            if core._in_flight == 0:
-                core._apply_staged()
-            return {"version": core.version, "state": core.adapter.trainable_state(device="cpu")}
+    def digenrl_trainable_state(self) -> dict[str, Any]:
+        """`{"version", "state"}`: the weights the next request will use, on the CPU."""
+        version, state = self._digenrl_active_core().current_weights()
+        return {"version": version, "state": state}
 
     def digenrl_load_weights(self, path: str, version: int) -> int:
         """Stage the trainable weights of a checkpoint directory as `version` (resume)."""
-        from safetensors.torch import load_file
-
         core = self._digenrl_active_core()
-        core.stage_weights(load_file(f"{path}/model.safetensors"), version)
+        core.stage_weights(load_weights_file(path), version)
         return version
 
 
@@ -421,88 +421,112 @@ def _active_core() -> TrajectoryPipelineCore:
     return _CORES[0]
 
 
-class VllmOmniGenerator:
-    """Driver side of the backend: owns an engine and turns shards into trajectories. With `engine="vllm_omni"`
-    (AsyncOmni) UNTESTED; with `engine="inprocess"` tested on CPU through `OmniGeneratorWorker`.
+@ENGINES.register("vllm_omni")
+class VllmOmniEngine:
+    """The `RolloutEngine` of `actor_rollout_ref.rollout.name=vllm_omni`: the driver side of a vLLM-Omni engine.
+
+    One request per prompt to its client (`build_requests`), outputs mapped back to the rows' order
+    (`outputs_to_batch`); the policy weights live in the client's worker process, which joins the trainer →
+    generator process group and receives the weights through `DigenRLWorkerExtension` (`collective_rpc`).
+    `version` is the version this side expects the client to hold; every request names it, and `checksum`
+    checks it. With the `async_omni` client UNTESTED; with `inprocess` tested on CPU in a Ray run.
 
     Args:
         model_path: the diffusers directory (`actor_rollout_ref.model.path`).
         pipeline / rollout: the run's `PipelineConfig` / `RolloutConfig`.
         engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni` (e.g. max_num_seqs, step_execution).
-        dtype: rollout dtype (`actor_rollout_ref.rollout.dtype`).
-        start_version: the policy version of the weights the engine loads.
-        lora: the policy's LoRA config (the engine's model must have the trainer's trainable parameters).
-        engine: `vllm_omni` (AsyncOmni) or `inprocess` (`InProcessOmniEngine`).
-        device: where the in-process engine runs (vLLM-Omni places its own workers).
+        dtype: the model dtype of the client's pipeline.
+        start_version: the policy version of the weights the client loads.
+        lora: the policy's LoRA config (the client's model must have the trainer's trainable parameters).
+        client: `async_omni` (vLLM-Omni's AsyncOmni) or `inprocess` (`InProcessOmniEngine`).
+        device: where the in-process client runs (vLLM-Omni places its own workers).
     """
 
-    def __init__(self, model_path: str, pipeline: "PipelineConfig", rollout: "RolloutConfig",
+    def __init__(self, model_path: str, pipeline: PipelineConfig, rollout: RolloutConfig,
                  engine_kwargs: Mapping[str, Any] | None = None, dtype: str = "bfloat16", start_version: int = 0,
-                 *, lora: Any = None, engine: str = "vllm_omni", device: str = "cuda"):
+                 *, lora: LoraConfig | None = None, client: str = "async_omni", device: str = "cuda") -> None:
         self.pipeline, self.rollout = pipeline, rollout
+        self.version = int(start_version)
         custom = {"pipeline_class": PIPELINE_CLASS, "model": model_path, "dtype": dtype,
                   "start_version": start_version, "lora": asdict(lora) if lora is not None else None,
                   "pipeline": {k: v for k, v in asdict(pipeline).items() if v is not None}}
         kwargs = {"max_num_seqs": 8, **dict(engine_kwargs or {})}
-        if engine == "inprocess":
-            self.engine: Any = InProcessOmniEngine(model=model_path, custom_pipeline_args=custom, device=device)
+        if client == "inprocess":
+            self.client: Any = InProcessOmniEngine(model=model_path, custom_pipeline_args=custom, device=device)
             self.params_cls: Any = SamplingParams
-        elif engine == "vllm_omni":
-            require_vllm_omni()
-            from vllm_omni import AsyncOmni  # API name per vllm-omni 0.30.0 (unverified here)
-            from vllm_omni.inputs.data import OmniDiffusionSamplingParams  # unverified path
-
-            self.engine = AsyncOmni(model=model_path, enable_dummy_pipeline=True, custom_pipeline_args=custom,
-                                    worker_extension_cls=WORKER_EXTENSION_CLASS, **kwargs)
-            self.params_cls = OmniDiffusionSamplingParams
+        elif client == "async_omni":
+            api = import_vllm_omni()
+            self.client = api.AsyncOmni(model=model_path, enable_dummy_pipeline=True, custom_pipeline_args=custom,
+                                        worker_extension_cls=WORKER_EXTENSION_CLASS, **kwargs)
+            self.params_cls = api.SamplingParams
         else:
-            raise ValueError(f"unknown vLLM-Omni engine {engine!r}; valid: ['vllm_omni', 'inprocess']")
-        import asyncio
+            raise ValueError(f"unknown vLLM-Omni client {client!r}; valid: ['async_omni', 'inprocess']")
+        self.loop = asyncio.new_event_loop()  # one loop for every call: an async client binds to the first one
 
-        self.loop = asyncio.new_event_loop()  # one loop for every call: an async engine binds to the first one
+    @classmethod
+    def from_policy(cls, spec: PolicySpec) -> "VllmOmniEngine":
+        """A generator's engine. The `inprocess` client samples in the policy's dtype on the policy's device
+        (so it matches the diffusers engine bit for bit); `async_omni` in `actor_rollout_ref.rollout.dtype`."""
+        engine = spec.engine
+        dtype = engine.dtype if engine.client == "async_omni" else spec.dtype
+        return cls(spec.model_path, spec.pipeline, spec.rollout, engine.engine_kwargs, dtype=dtype,
+                   start_version=spec.start_version, lora=spec.lora, client=engine.client, device=spec.device)
 
-    async def generate(self, prompts: Sequence[str], uids: Sequence[str], sample_indices: Sequence[int],
-                       sample_ids: Sequence[int], *, step: int, version: int):
-        """All requests of a shard concurrently; returns (tensors, images) in shard order."""
-        import asyncio
-
-        requests = build_requests(prompts, uids, sample_indices, step=step, version=version,
+    async def _generate(self, rows: RolloutRows) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """All requests of the rows concurrently; (tensors, images) in row order."""
+        requests = build_requests(rows.prompts, rows.uids, rows.sample_indices, step=rows.step, version=self.version,
                                   pipeline=self.pipeline, rollout=self.rollout)
 
         async def one(req: OmniRequest) -> Mapping[str, Any]:
             params = self.params_cls(**req.sampling, extra_args=req.extra_args)
             final = None
-            async for out in self.engine.generate({"prompt": req.prompt, "negative_prompt": req.negative_prompt},
+            async for out in self.client.generate({"prompt": req.prompt, "negative_prompt": req.negative_prompt},
                                                   params, request_id=req.request_id):
                 final = out
             rl = final.multimodal_output["metadata"]["rl"]
-            from digenrl_verl.diffusion.rollout import Trajectory
-
             traj = Trajectory.from_tensors(rl, rl["sde_type"], rl["noise_level"])
             return {"trajectory": traj, "images": final.images, "policy_version": rl["policy_version"],
                     "sample_indices": rl["sample_indices"]}
 
         outputs = await asyncio.gather(*(one(r) for r in requests))
-        return outputs_to_batch(requests, outputs, sample_ids, len(prompts))
+        return outputs_to_batch(requests, outputs, rows.sample_ids, len(rows))
 
-    def generate_sync(self, *args: Any, **kwargs: Any):
-        """`generate` run to completion on this generator's event loop."""
-        return self.loop.run_until_complete(self.generate(*args, **kwargs))
+    def generate(self, rows: RolloutRows) -> Rollout:
+        """One request per prompt of the rows, run to completion on this engine's event loop."""
+        tensors, images = self.loop.run_until_complete(self._generate(rows))
+        return Rollout(tensors, images)
 
     def rpc(self, method: str, *args: Any) -> Any:
-        """`collective_rpc` into the worker extension; the answer of the engine's first worker."""
-        import inspect
-
-        out = self.engine.collective_rpc(method, args=args)
+        """`collective_rpc` into the worker extension; the answer of the client's first worker."""
+        out = self.client.collective_rpc(method, args=args)
         if inspect.isawaitable(out):  # AsyncOmni's collective_rpc may be a coroutine
             out = self.loop.run_until_complete(_await(out))
         return out[0] if isinstance(out, (list, tuple)) else out
 
-    def join(self, spec: Any, generator_rank: int) -> int:
-        return self.rpc("digenrl_join", spec, generator_rank)
+    def join(self, spec: CollectiveSpec, generator_rank: int) -> int:
+        return int(self.rpc("digenrl_join", spec, generator_rank))
 
     def receive_weights(self, version: int) -> int:
-        return self.rpc("digenrl_receive_weights", version)
+        self.rpc("digenrl_receive_weights", version)
+        self.version = version
+        return version
+
+    def load_weights(self, path: str, version: int) -> int:
+        self.rpc("digenrl_load_weights", path, version)
+        self.version = version
+        return version
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The client's weights (those its next request uses)."""
+        return self.rpc("digenrl_trainable_state")["state"]
+
+    def checksum(self) -> str:
+        """Checksum of the client's weights, which must be `version`."""
+        answer = self.rpc("digenrl_trainable_state")
+        if answer["version"] != self.version:
+            raise RuntimeError(f"vLLM-Omni engine expected to hold version {self.version}, its worker holds "
+                               f"{answer['version']}")
+        return state_checksum(answer["state"])
 
 
 async def _await(x: Any) -> Any:
@@ -535,7 +559,7 @@ class InProcessOutput:
 
 
 class InProcessOmniEngine:
-    """A vLLM-free engine with the interface `VllmOmniGenerator` uses from `AsyncOmni`: `generate` streams one
+    """A vLLM-free client with the interface `VllmOmniEngine` uses from `AsyncOmni`: `generate` streams one
     output per request, `collective_rpc` calls the `DigenRLWorkerExtension`. It runs the same pipeline core and
     the same `pipeline_output` record as the vLLM-Omni pipeline, one request at a time, in this process.
 
@@ -548,7 +572,7 @@ class InProcessOmniEngine:
     def __init__(self, model: str, custom_pipeline_args: Mapping[str, Any], device: str = "cpu") -> None:
         self.core = build_core({"model": model, **dict(custom_pipeline_args)}, device, register=False)
         self.extension = DigenRLWorkerExtension()
-        self.extension._digenrl_core = self.core
+        self.extension.digenrl_attach_core(self.core)
 
     async def generate(self, prompt: Mapping[str, Any], params: SamplingParams, request_id: str):
         images, rl = pipeline_output(self.core, prompt["prompt"], int(params.num_outputs_per_prompt),

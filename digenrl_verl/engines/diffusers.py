@@ -1,0 +1,85 @@
+"""The diffusers rollout engine (`actor_rollout_ref.rollout.name=diffusers`, the default): the policy in this
+process, sampled with `diffusion.rollout.rollout`.
+
+Generators hold one over their own copy of the policy; trainers (TAG) and colocated workers hold one over the
+policy they train, so a TAG micro-batch goes through the same code as a generator's (`workers.roles`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from digenrl_verl.diffusion.noise import SampleKey
+from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
+from digenrl_verl.engines.base import ENGINES, Rollout, RolloutRows
+from digenrl_verl.engines.spec import PolicySpec
+from digenrl_verl.models.base import DiffusionAdapter
+from digenrl_verl.models.registry import load_adapter
+from digenrl_verl.weights.state import load_trainer_state
+from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
+
+
+def load_policy(spec: PolicySpec, *, keep_reference: bool = False) -> DiffusionAdapter:
+    """The policy's adapter on `spec.device`. `keep_reference`: full fine-tune keeps a frozen copy for the KL
+    term (LoRA needs none: its reference is the adapter disabled); only trainers with a KL term ask for it."""
+    return load_adapter(spec.model_path, lora=spec.lora, pipeline=spec.pipeline, device=torch.device(spec.device),
+                        dtype=getattr(torch, spec.dtype), keep_reference=keep_reference)
+
+
+@ENGINES.register("diffusers")
+class DiffusersEngine:
+    """Samples with a `DiffusionAdapter` held in this process.
+
+    Args:
+        adapter: the policy (its trainable parameters are the weights synced and checkpointed).
+        rollout: SDE kind, noise level, timestep selection, seeds.
+        version: the policy version of the adapter's weights.
+    """
+
+    def __init__(self, adapter: DiffusionAdapter, rollout: RolloutConfig, version: int = 0) -> None:
+        self.adapter = adapter
+        self.rollout = rollout
+        self.version = int(version)
+        self.collectives: Collectives | None = None
+
+    @classmethod
+    def from_policy(cls, spec: PolicySpec) -> "DiffusersEngine":
+        """A generator's engine: its own copy of the policy, at `spec.start_version`."""
+        return cls(load_policy(spec), spec.rollout, spec.start_version)
+
+    def trainable(self) -> dict[str, torch.nn.Parameter]:
+        """The trainable parameters, live (weights are received and loaded into them in place)."""
+        return {n: p for n, p in self.adapter.transformer.named_parameters() if p.requires_grad}
+
+    def generate(self, rows: RolloutRows) -> Rollout:
+        keys = [SampleKey(rows.step, str(u), int(i)) for u, i in zip(rows.uids, rows.sample_indices)]
+        cond = self.adapter.encode_prompts(list(rows.prompts))
+        traj = rollout(self.adapter, cond, keys, self.rollout)
+        images = self.adapter.decode(traj.final_latents)
+        traj = traj.to("cpu")  # results travel through Ray's object store
+        tensors = traj.tensors()
+        tensors.update(rollout_log_probs=traj.log_probs,
+                       policy_version=torch.full((traj.batch_size,), self.version, dtype=torch.int64))
+        return Rollout(tensors, images.cpu())
+
+    def join(self, spec: CollectiveSpec, generator_rank: int) -> int:
+        self.collectives = Collectives(spec, "generator", generator_rank)
+        return self.collectives.global_rank
+
+    def receive_weights(self, version: int) -> int:
+        if self.collectives is None:
+            raise RuntimeError("the diffusers engine received weights before joining the process group")
+        self.collectives.receive_weights(self.trainable())
+        self.version = version
+        return version
+
+    def load_weights(self, path: str, version: int) -> int:
+        load_trainer_state(path, self.trainable(), None)
+        self.version = version
+        return version
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.trainable().items()}
+
+    def checksum(self) -> str:
+        return state_checksum({k: v.detach() for k, v in self.trainable().items()})

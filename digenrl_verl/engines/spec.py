@@ -1,0 +1,68 @@
+"""What a rollout engine is built from: the policy and the engine settings (small, picklable, validated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from digenrl_verl.diffusion.rollout import RolloutConfig
+from digenrl_verl.engines.base import ENGINES
+from digenrl_verl.models.config import LoraConfig, PipelineConfig
+
+#: how a vLLM-Omni engine is reached: `async_omni` (vLLM-Omni's AsyncOmni, GPU; what the config builds) or
+#: `inprocess` (`engines.vllm_omni.InProcessOmniEngine`, the vLLM-free reference the CPU tests use)
+OMNI_CLIENTS = ("async_omni", "inprocess")
+
+
+@dataclass(frozen=True)
+class RolloutEngineSpec:
+    """The generators' sampling engine (`actor_rollout_ref.rollout.*`).
+
+    Validation needs no backend module: the name must be declared in `engines.base.ENGINES`, and the engine must
+    be able to run here (its packages found, a CUDA device where it needs one), else ValueError naming the key
+    and the fix.
+
+    Args:
+        name: `diffusers` (the policy in the generator process, CPU or GPU) or `vllm_omni` (a vLLM-Omni engine
+            per generator rank running DigenRL's pipeline; GPU only), `actor_rollout_ref.rollout.name`.
+        dtype: the engine's model dtype (`actor_rollout_ref.rollout.dtype`; vllm_omni with `async_omni` only).
+        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`, passed to `AsyncOmni`.
+        client: vllm_omni only, one of `OMNI_CLIENTS`; not read from the config. `inprocess` needs neither vLLM
+            nor a GPU and samples in the policy's dtype, so it is checked against the diffusers engine bit for bit.
+    """
+
+    name: str = "diffusers"
+    dtype: str = "bfloat16"
+    engine_kwargs: dict = field(default_factory=dict)
+    client: str = "async_omni"
+
+    def __post_init__(self) -> None:
+        entry = ENGINES.entry(self.name)
+        if self.client not in OMNI_CLIENTS:
+            raise ValueError(f"unknown vLLM-Omni client {self.client!r}; valid: {list(OMNI_CLIENTS)}")
+        if self.client == "async_omni":
+            entry.require()
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The sampling policy every worker holds (generators, trainers for TAG, colocated workers).
+
+    Args:
+        model_path: local diffusers model directory (model_index.json).
+        lora: LoRA settings, or full fine-tune (rank 0).
+        pipeline: image size, guidance, text length.
+        rollout: SDE kind, noise level, timestep selection, seeds.
+        dtype: model dtype ("float32"; the SDE math is fp32 whatever this is).
+        start_version: policy version of the weights at start (the global step resumed from).
+        device: "cpu", or "cuda" for workers placed on GPU bundles (each sees its one GPU as cuda:0).
+        engine: the generators' sampling engine (trainers always sample TAG micro-batches in-process).
+    """
+
+    model_path: str
+    lora: LoraConfig
+    pipeline: PipelineConfig
+    rollout: RolloutConfig
+    dtype: str = "float32"
+    start_version: int = 0
+    device: str = "cpu"
+    engine: RolloutEngineSpec = field(default_factory=RolloutEngineSpec)

@@ -1,0 +1,121 @@
+"""The package's import graph runs down the layers only. Every module is parsed with `ast` (nothing is imported),
+and every import statement counts: top level, function-local, under `if TYPE_CHECKING`.
+
+Layers, bottom up: `schedule` (pure Python) | `weights` (torch only) | `diffusion`, `models`, `rewards` |
+`engines` (rollout engines) | `workers` | `trainer`, `sim` | entry points (`main`, `integrations`).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import digenrl_verl
+
+PACKAGE_DIR = Path(digenrl_verl.__file__).parent
+ENTRY_POINTS = ("digenrl_verl.main", "digenrl_verl.integrations")
+CONFIG_MODULE = "digenrl_verl.trainer.config"
+#: engine modules the config may import: the registry and the specs (everything else there is a backend)
+ENGINE_FRONT = ("digenrl_verl.engines", "digenrl_verl.engines.base", "digenrl_verl.engines.spec")
+BACKEND_PACKAGES = ("vllm", "vllm_omni")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module an import statement of `source` names, anywhere in the file. `from a import b` names `a`, and
+    `a.b` too when that is a module of the project; relative imports are resolved against `module`."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor if is_package else anchor[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names if is_project_module(f"{base}.{a.name}"))
+    return out
+
+
+def is_project_module(name: str) -> bool:
+    """`name` is a module or package of this project (a file or directory under the package)."""
+    if not within(name, "digenrl_verl"):
+        return False
+    path = PACKAGE_DIR.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def package_graph() -> dict[str, set[str]]:
+    return {module_name(p): imported_modules(p.read_text(), module_name(p), p.name == "__init__.py")
+            for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(graph: dict[str, set[str]], importer: str, forbidden) -> list[str]:
+    """`module -> import` pairs of modules under `importer` whose imports satisfy `forbidden`."""
+    return sorted(f"{m} -> {i}" for m, imports in graph.items() if within(m, importer)
+                  for i in imports if forbidden(i))
+
+
+GRAPH = package_graph()
+
+
+def test_the_scanner_sees_function_local_and_relative_imports():
+    src = "import os\ndef f():\n    from digenrl_verl.trainer import data\n    from .sharding import X\n"
+    found = imported_modules(src, "digenrl_verl.workers.roles")
+    assert {"os", "digenrl_verl.trainer", "digenrl_verl.trainer.data", "digenrl_verl.workers.sharding"} <= found
+    assert len(GRAPH) > 40 and "digenrl_verl.workers.roles" in GRAPH
+
+
+def test_workers_never_import_the_trainer():
+    assert violations(GRAPH, "digenrl_verl.workers", lambda i: within(i, "digenrl_verl.trainer")) == []
+
+
+def test_engines_and_weights_sit_below_the_workers():
+    above = ("digenrl_verl.workers", "digenrl_verl.trainer", "digenrl_verl.sim", "digenrl_verl.main",
+             "digenrl_verl.integrations")
+    assert violations(GRAPH, "digenrl_verl.engines", lambda i: any(within(i, a) for a in above)) == []
+    assert violations(GRAPH, "digenrl_verl.weights",
+                      lambda i: within(i, "digenrl_verl") and not within(i, "digenrl_verl.weights")) == []
+
+
+def shared_leaves(graph: dict[str, set[str]]) -> set[str]:
+    """Top-level modules (not packages) that import nothing of the project, e.g. `digenrl_verl.errors`: the
+    bottom of every layer, so any module may import them."""
+    return {m for m, imports in graph.items() if m.count(".") == 1 and (PACKAGE_DIR / f"{m.split('.')[1]}.py").is_file()
+            and not any(within(i, "digenrl_verl") for i in imports)}
+
+
+def test_schedule_imports_nothing_of_the_project_outside_schedule():
+    leaves = shared_leaves(GRAPH)
+    assert violations(GRAPH, "digenrl_verl.schedule",
+                      lambda i: within(i, "digenrl_verl") and not within(i, "digenrl_verl.schedule")
+                      and i not in leaves) == []
+
+
+def test_only_entry_points_import_integrations():
+    bad = sorted(f"{m} -> {i}" for m, imports in GRAPH.items() if not any(within(m, e) for e in ENTRY_POINTS)
+                 for i in imports if within(i, "digenrl_verl.integrations"))
+    assert bad == []
+
+
+@pytest.mark.xfail(strict=False, reason="trainer/config.py (being rewritten by its owner) still imports "
+                   "require_vllm_omni from engines.vllm_omni in build_run; RolloutEngineSpec(name='vllm_omni') "
+                   "already runs that check, so the import and its call can be deleted")
+def test_config_imports_no_engine_backend():
+    imports = GRAPH[CONFIG_MODULE]
+    backends = sorted(i for i in imports if (within(i, "digenrl_verl.engines") and i not in ENGINE_FRONT)
+                      or any(within(i, b) for b in BACKEND_PACKAGES))
+    assert backends == []

@@ -50,10 +50,9 @@ class DigenRLTrainer:
 
     def __init__(self, run: RunSpec) -> None:
         self.run = run
-        self.cfg = run.cfg
         self.output_dir = run.output_dir
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        prompts, sources, extras = load_prompts(self.cfg.data.train_files, self.cfg.data.prompt_key, with_extras=True)
+        prompts, sources, extras = load_prompts(run.data.train_files, run.data.prompt_key, with_extras=True)
         self._prompts, self._sources, self._extras = prompts, sources, extras
         self._batches: dict[int, Any] = {}
         self.metrics: dict[int, StepMetrics] = defaultdict(StepMetrics)
@@ -70,8 +69,8 @@ class DigenRLTrainer:
         """The step's DataProto (deterministic in the step: prompts from cursor step × batch size)."""
         if step not in self._batches:
             n_prompts = self.run.prompts_per_step
-            stream = PromptStream(self._prompts, self._sources, n_prompts, seed=int(self.cfg.data.seed or 0),
-                                  shuffle=bool(self.cfg.data.shuffle), cursor=step * n_prompts)
+            stream = PromptStream(self._prompts, self._sources, n_prompts, seed=self.run.data.seed,
+                                  shuffle=self.run.data.shuffle, cursor=step * n_prompts)
             picked = stream.next_indices()
             self._batches[step] = make_step_batch(
                 [self._prompts[j] for _, j in picked], [self._sources[j] for _, j in picked], [c for c, _ in picked],
@@ -207,18 +206,18 @@ class DigenRLTrainer:
         The driver runs one segment at a time, so a checkpoint is taken at a drained boundary: no
         micro-batch of the next step is generated or queued yet (the TCSS queue is empty)."""
         start, end = self.run.start_step, self.run.start_step + self.run.num_steps
-        freq = int(self.cfg.trainer.save_freq or -1)
+        freq = self.run.checkpoint.save_freq
         cuts = sorted({k for k in range(start + 1, end) if freq > 0 and k % freq == 0} | {end})
         return list(zip([start, *cuts[:-1]], cuts))
 
     def train(self) -> None:
         from digenrl_verl.trainer.reporting import RunReporter
 
-        self.reporter = RunReporter(self.output_dir, self.cfg.trainer.project_name, self.cfg.trainer.experiment_name,
-                                    loggers=list(self.cfg.trainer.logger), total_steps=self.run.num_steps)
+        self.reporter = RunReporter(self.output_dir, self.run.logging.project_name, self.run.logging.experiment_name,
+                                    loggers=list(self.run.logging.loggers), total_steps=self.run.num_steps)
         self.t_start = self.executor.now()
         self.nonfinite_run = 0
-        save = int(self.cfg.trainer.save_freq or -1) > 0
+        save = self.run.checkpoint.save_freq > 0
         for start, end in self.segments():
             self.driver = self.make_driver(self.executor, start, end - start)
             for result in self.driver.iter_steps():
@@ -254,8 +253,8 @@ class DigenRLTrainer:
 
         from digenrl_verl.trainer.checkpoint import CheckpointWriter, checkpoint_dir
 
-        root = self.cfg.trainer.default_local_dir
-        writer = CheckpointWriter(root, keep=self.cfg.trainer.max_ckpt_to_keep)
+        root = self.run.checkpoint.root
+        writer = CheckpointWriter(root, keep=self.run.checkpoint.max_to_keep)
         trainers = [a for w, a in self.workers.items() if w.startswith(("trn:", "col:"))]
         if step is None:
             step = int(ray.get(trainers[0].current_version.remote(), timeout=timeout_s))
@@ -272,7 +271,7 @@ class DigenRLTrainer:
             "global_step": version, "policy_version": version,
             "data_cursor": version * self.run.prompts_per_step,
             "prompts_per_step": self.run.prompts_per_step, "n": self.run.n,
-            "tcss": {"staleness": self.run.schedule.staleness, "queued_microbatches": []},
+            "tcss": {"staleness": self.run.schedule.tcss.staleness, "queued_microbatches": []},
             "cost_profile": self.driver.profiler.snapshot() if self.driver is not None else {},
             "architecture": self.run.architecture,
         }

@@ -14,8 +14,8 @@ from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
 SMALL = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4"]
-DISAGG = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=true", "trainer.digenrl.tsp=true",
-          "trainer.digenrl.tag=bts", "trainer.digenrl.staleness=0"]
+DISAGG = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=true", "trainer.digenrl.tsp.enabled=true",
+          "trainer.digenrl.tag.policy=bts", "trainer.digenrl.tcss.staleness=0"]
 
 
 def _state(trainer, worker):
@@ -97,8 +97,8 @@ def test_disaggregated_reward_rises_weights_stay_in_sync_and_outputs_are_written
 def test_tcss_run_keeps_its_invariants_and_still_learns(train_run):
     # tag=off and tcss_guard=false: the generator then always runs ahead while the trainer updates, whatever
     # the wall-clock timings of this machine (the guard would consult them)
-    t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.staleness=1", "trainer.digenrl.tag=off",
-                  "trainer.digenrl.tcss_guard=false", "trainer.digenrl.max_stale_fraction=0.5",
+    t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tag.policy=off",
+                  "trainer.digenrl.tcss.guard=false", "trainer.digenrl.tcss.max_stale_fraction=0.5",
                   "trainer.total_training_steps=16", "actor_rollout_ref.actor.optim.lr=3e-3",
                   # stale rows sit one optimizer step away (ratios 0.93-1.03 here); Flow-GRPO's 1e-4 clip would
                   # zero their gradient, which halves the signal of a 50%-stale run

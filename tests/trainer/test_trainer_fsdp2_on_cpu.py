@@ -18,8 +18,8 @@ from digenrl_verl.trainer.runner import DigenRLTrainer
 # 3 samples per prompt over 2 trainer ranks: shares of 2 and 1, so with tsp_chunk_size=3 the ranks hold 2x2=4
 # and 1x2=2 rows (2 and 1 chunks): the smaller share pads one pass
 RUN = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=3", "trainer.digenrl.mode=disaggregated",
-       "trainer.digenrl.pools.trainer.workers_per_node=2", "trainer.digenrl.tag=static", "trainer.digenrl.static_k=1",
-       "trainer.digenrl.tsp_chunk_size=3", "trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3",
+       "trainer.digenrl.pools.trainer.workers_per_node=2", "trainer.digenrl.tag.policy=static", "trainer.digenrl.tag.static_k=1",
+       "trainer.digenrl.tsp.chunk_size=3", "trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3",
        # see test_disaggregated_on_policy_run_gives_the_colocated_weights: a larger eps keeps Adam's first step a
        # smooth function of the gradient, so summation-order noise in ~0 elements is not amplified to +/-lr
        "actor_rollout_ref.actor.optim.eps=1e-3"]
@@ -78,7 +78,7 @@ def test_fsdp2_checkpoint_resume_reaches_the_uninterrupted_weights(train_run, ti
     from digenrl_verl.trainer.checkpoint import checkpoint_dir, read_meta
     from digenrl_verl.trainer.config import build_run
 
-    fsdp = [*RUN, "actor_rollout_ref.actor.strategy=fsdp2", "trainer.digenrl.tag=off"]
+    fsdp = [*RUN, "actor_rollout_ref.actor.strategy=fsdp2", "trainer.digenrl.tag.policy=off"]
     ckpt_root = tmp_path / "ckpt"
     straight = train_run(*fsdp, "trainer.save_freq=1", f"trainer.default_local_dir={ckpt_root}", name="straight")
     want = _state(straight, "trn:1")

@@ -61,7 +61,7 @@ def _trained_exactly_once(trainer, samples_per_step):
 
 @pytest.mark.slow
 def test_generator_killed_mid_step_is_replaced_and_every_sample_trains_once(train_run):
-    t = train_run(*SMALL, *DISAGG, "trainer.digenrl.pools.generator.workers_per_node=2", "trainer.digenrl.tag=off",
+    t = train_run(*SMALL, *DISAGG, "trainer.digenrl.pools.generator.workers_per_node=2", "trainer.digenrl.tag.policy=off",
                   "trainer.total_training_steps=3", "trainer.save_freq=2",
                   trainer_cls=killing_trainer(TaskKind.GEN, 1, "gen:0"), name="dead_gen")
     completions = t.driver.trace.sorted_completions()
@@ -82,7 +82,7 @@ def test_generator_killed_mid_step_is_replaced_and_every_sample_trains_once(trai
 @pytest.mark.slow
 def test_trainer_failure_is_reported_and_resume_reaches_the_uninterrupted_weights(train_run, tiny_flux_dir, tmp_path):
     # tag=off: with one generator lane the schedule's order is fixed, so both runs do the same arithmetic
-    common = [*SMALL, *DISAGG, "trainer.digenrl.tag=off", "trainer.total_training_steps=4", "trainer.save_freq=2"]
+    common = [*SMALL, *DISAGG, "trainer.digenrl.tag.policy=off", "trainer.total_training_steps=4", "trainer.save_freq=2"]
     straight = train_run(*common, name="straight")
     want = ray.get(straight.workers["trn:0"].trainable_state.remote())
 

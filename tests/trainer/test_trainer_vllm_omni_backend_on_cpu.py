@@ -19,7 +19,7 @@ from digenrl_verl.trainer.runner import DigenRLTrainer
 from digenrl_verl.workers.specs import RolloutEngineSpec
 
 RUN = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.digenrl.mode=disaggregated",
-       "trainer.digenrl.tag=off", "trainer.digenrl.pools.generator.workers_per_node=2",
+       "trainer.digenrl.tag.policy=off", "trainer.digenrl.pools.generator.workers_per_node=2",
        "trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3"]
 
 

@@ -11,9 +11,20 @@ from __future__ import annotations
 import re
 import signal
 import sys
+from pathlib import Path
 from typing import Sequence
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from digenrl_verl.schedule.types import ScheduleError
+from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
+from digenrl_verl.trainer.config import build_run
+from digenrl_verl.trainer.runner import DigenRLTrainer, NonFiniteError
 
 CONFIG_MODULE = "digenrl_verl.config"
 CONFIG_NAME = "digenrl_trainer"
@@ -23,10 +34,6 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2  # interrupted: 128 + signal num
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """The composed config for `overrides` (Hydra syntax: key=value, +new_key=value)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
         return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
@@ -34,10 +41,6 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 
 def resume_point(cfg: DictConfig):
     """(checkpoint directory, step) to resume from per `trainer.resume_mode`, or (None, 0)."""
-    from pathlib import Path
-
-    from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
-
     mode = cfg.trainer.resume_mode
     if mode == "disable":
         return None, 0
@@ -58,8 +61,6 @@ def resume_point(cfg: DictConfig):
 
 def check_resumable(path, spec) -> None:
     """The checkpoint must match the run's batch shape (the data cursor and groups depend on it)."""
-    from digenrl_verl.trainer.checkpoint import read_meta
-
     meta = read_meta(path)
     for key, name in (("prompts_per_step", "data.train_batch_size"), ("n", "actor_rollout_ref.rollout.n")):
         if meta.get(key) != getattr(spec, key):
@@ -84,10 +85,6 @@ def _raise_interrupt(signum, _frame):
 
 
 def run(cfg: DictConfig) -> int:
-    from digenrl_verl.schedule.types import ScheduleError
-    from digenrl_verl.trainer.config import build_run
-    from digenrl_verl.trainer.runner import DigenRLTrainer, NonFiniteError
-
     try:
         ckpt, start = resume_point(cfg)
         spec = build_run(cfg, start_step=start)
@@ -158,9 +155,6 @@ def _valid_keys(dotted: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = compose(args)

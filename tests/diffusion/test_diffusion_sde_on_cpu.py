@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
 
 from digenrl_verl.diffusion.sde import (
     KEY_SDE_TYPE,
@@ -27,6 +26,8 @@ def _rows(val, b):
 
 
 def test_ode_equals_diffusers_euler_step():
+    from diffusers import FlowMatchEulerDiscreteScheduler  # imported here: ~2 s that collection need not pay
+
     sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
     sched.set_timesteps(10)
     x = _rand(2, 4, 8, 8, seed=1)

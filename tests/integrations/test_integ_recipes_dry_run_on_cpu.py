@@ -44,6 +44,7 @@ def test_every_gpu_recipe_has_a_colocated_twin_and_is_covered():
         assert "MODE=colocated" in twin and f"{stem}.sh" in twin
 
 
+@pytest.mark.slow
 def test_all_recipes_dry_run_with_tiny_models(tiny_dirs, tmp_path):
     jobs = []
     for stem, (arch, disagg, coloc) in ARCH.items():
@@ -75,6 +76,7 @@ def test_recipe_knobs_fail_clearly(script, extra, message, tiny_dirs, tmp_path):
     assert p.returncode == 2 and message in p.stderr
 
 
+@pytest.mark.slow
 def test_a_wrong_model_directory_is_refused_by_name(tiny_dirs, tmp_path):
     p = subprocess.run(["bash", str(RECIPES / "run_flowgrpo_flux_32gpu.sh")], env=_env(tiny_dirs["WanPipeline"]),
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -50,6 +50,7 @@ def test_step_batch_layout_matches_grpo_groups():
     assert isinstance(b.non_tensor_batch["sample_index"], np.ndarray)
 
 
+@pytest.mark.slow  # starts the session's Ray instance
 def test_a_pool_the_cluster_cannot_place_fails_fast_naming_it(ray_session):
     from digenrl_verl.workers.pools import PoolManager, PoolSpec
 

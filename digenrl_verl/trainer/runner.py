@@ -4,7 +4,8 @@
 
 Colocated and disaggregated runs differ only in the worker roles built (`build_workers`) and in the
 schedule the driver follows; the loop itself is the scheduling engine's driver (`schedule.driver`), which
-the Ray executor interprets. Nothing here decides what runs when.
+the Ray executor interprets. Nothing here decides what runs when: periodic checkpoints too are tasks of the
+schedule (CHECKPOINT at `trainer.save_freq` barriers), which the executor runs through `on_checkpoint`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,20 @@ import numpy as np
 import torch
 
 from digenrl_verl.diffusion.loss import LossStats
+from digenrl_verl.schedule.cost import CostProfiler
+from digenrl_verl.schedule.driver import Driver
+from digenrl_verl.schedule.trace import Trace
 from digenrl_verl.schedule.types import Task, TaskKind
+from digenrl_verl.trainer.checkpoint import CheckpointWriter, checkpoint_dir, read_meta
 from digenrl_verl.trainer.config import RunSpec
 from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batch
+from digenrl_verl.trainer.ray_executor import RayExecutor
+from digenrl_verl.trainer.ray_runtime import init_local_ray
+from digenrl_verl.trainer.reporting import RunReporter
 from digenrl_verl.viz.gantt import save_gantt
+from digenrl_verl.weights.sync import CollectiveSpec
+from digenrl_verl.workers import roles
+from digenrl_verl.workers.pools import PoolManager, PoolSpec
 
 ROLE_POOL = {"colocated": "col", "generator": "gen", "trainer": "trn"}
 
@@ -81,20 +92,12 @@ class DigenRLTrainer:
     def start_ray(self) -> None:
         import ray
 
-        from digenrl_verl.trainer.ray_runtime import init_local_ray
-
         if not ray.is_initialized():
             total = sum(self.run.digenrl.pools[r].size for r in self.run.digenrl.roles)
             init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads)
 
     def worker_class(self, role: str):
-        """The verl Worker class of a pool; generators follow `actor_rollout_ref.rollout.name`."""
-        from digenrl_verl.workers import roles
-
-        if role == "generator" and self.run.policy.engine.name == "vllm_omni":
-            from digenrl_verl.workers.roles import GeneratorWorker as OmniGeneratorWorker
-
-            return OmniGeneratorWorker
+        """The verl Worker class of a pool (one generator worker serves every `actor_rollout_ref.rollout.name`)."""
         return {"colocated": roles.ColocatedWorker, "generator": roles.GeneratorWorker,
                 "trainer": roles.TrainerWorker}[role]
 
@@ -109,9 +112,6 @@ class DigenRLTrainer:
         """One verl RayWorkerGroup per role on its own resource pool; then the shared process group."""
         import ray
         from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
-
-        from digenrl_verl.workers.pools import PoolManager, PoolSpec
-        from digenrl_verl.weights.sync import CollectiveSpec
 
         d = self.run.digenrl
         run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
@@ -140,33 +140,23 @@ class DigenRLTrainer:
 
     # ---------------------------------------------------------------------------------- schedule
     def make_executor(self):
-        from digenrl_verl.trainer.ray_executor import RayExecutor
-
         return RayExecutor(self.workers, self.step_batch, self.run.advantage,
-                           self.run.policy.rollout.num_train_steps, on_result=self.on_result)
+                           self.run.policy.rollout.num_train_steps, on_result=self.on_result,
+                           on_checkpoint=self.on_checkpoint)
 
-    def make_driver(self, executor, start_step: int, num_steps: int):
-        """A driver for steps [start_step, start_step + num_steps); trace and cost profile carry over."""
-        import dataclasses
+    def make_driver(self, executor):
+        """The driver of the whole run (its schedule has a checkpoint barrier every `trainer.save_freq` steps,
+        `ScheduleConfig.checkpoint_every`); a resumed run starts with the cost profile its checkpoint saved."""
+        profiler = CostProfiler()
+        for key, unit in (getattr(self, "cost_profile", None) or {}).items():  # resumed: warm estimates
+            kind, _, cls = key.partition("@")
+            profiler.seed(TaskKind(kind), cls, float(unit))
+        return Driver(self.run.schedule, executor, profiler=profiler, trace=Trace())
 
-        from digenrl_verl.schedule.cost import CostProfiler
-        from digenrl_verl.schedule.driver import Driver
-        from digenrl_verl.schedule.trace import Trace
-        from digenrl_verl.schedule.types import TaskKind
-
-        previous = self.driver
-        if previous is not None:
-            profiler, trace = previous.profiler, previous.trace
-        else:
-            profiler, trace = CostProfiler(), Trace()
-            for key, unit in (getattr(self, "cost_profile", None) or {}).items():  # resumed: warm estimates
-                kind, _, cls = key.partition("@")
-                profiler.seed(TaskKind(kind), cls, float(unit))
-        config = dataclasses.replace(self.run.schedule, start_step=start_step, num_steps=num_steps)
-        driver = Driver(config, executor, profiler=profiler, trace=trace)
-        if previous is not None:
-            driver.continue_from(previous)
-        return driver
+    def on_checkpoint(self, task: Task) -> dict[str, Any]:
+        """The executor's CHECKPOINT: save the trainer state of `task.version` (the step the barrier closed + 1),
+        bounded by the task timeout like any other task."""
+        return {"path": str(self.save_checkpoint(task.version, timeout_s=self.run.schedule.task_timeout_s))}
 
     def on_result(self, task: Task, values: list) -> None:
         m = self.metrics[task.step]
@@ -200,34 +190,25 @@ class DigenRLTrainer:
         return out
 
     # ------------------------------------------------------------------------------------- train
-    def segments(self) -> list[tuple[int, int]]:
-        """[start, end) step ranges; each ends at a checkpoint step (`trainer.save_freq`) or the run's end.
-
-        The driver runs one segment at a time, so a checkpoint is taken at a drained boundary: no
-        micro-batch of the next step is generated or queued yet (the TCSS queue is empty)."""
-        start, end = self.run.start_step, self.run.start_step + self.run.num_steps
-        freq = self.run.checkpoint.save_freq
-        cuts = sorted({k for k in range(start + 1, end) if freq > 0 and k % freq == 0} | {end})
-        return list(zip([start, *cuts[:-1]], cuts))
-
     def train(self) -> None:
-        from digenrl_verl.trainer.reporting import RunReporter
-
+        """The driver runs the whole run in one piece. Checkpoints: the schedule drains and saves at every step s
+        with (s + 1) % save_freq == 0 (CHECKPOINT tasks, see `on_checkpoint`), so the state saved has no
+        micro-batch of a later step generated or queued (the TCSS queue is empty); like verl, the last step is
+        saved too (after the run, when it is not a barrier step itself)."""
         self.reporter = RunReporter(self.output_dir, self.run.logging.project_name, self.run.logging.experiment_name,
                                     loggers=list(self.run.logging.loggers), total_steps=self.run.num_steps)
         self.t_start = self.executor.now()
         self.nonfinite_run = 0
-        save = self.run.checkpoint.save_freq > 0
-        for start, end in self.segments():
-            self.driver = self.make_driver(self.executor, start, end - start)
-            for result in self.driver.iter_steps():
-                self.results.append(result)
-                log = self.step_log(result)
-                self.reporter.log_step(result.step, log)
-                self._batches.pop(result.step, None)  # finished: no task reads it again
-                self.check_finite(result.step, log)
-            if save:
-                self.save_checkpoint(end)
+        self.driver = self.make_driver(self.executor)
+        for result in self.driver.iter_steps():
+            self.results.append(result)
+            log = self.step_log(result)
+            self.reporter.log_step(result.step, log)
+            self._batches.pop(result.step, None)  # finished: no task reads it again
+            self.check_finite(result.step, log)
+        last = self.driver.config.end_step - 1
+        if self.driver.config.checkpoint_every > 0 and not self.driver.config.is_checkpoint_step(last):
+            self.save_checkpoint(last + 1)
         self.t_end = self.executor.now()
 
     def check_finite(self, step: int, log: dict[str, float]) -> None:
@@ -250,8 +231,6 @@ class DigenRLTrainer:
         done and its weights, optimizer and version are consistent. An interrupt right after a periodic save
         finds that checkpoint already complete and keeps it instead of writing it again."""
         import ray
-
-        from digenrl_verl.trainer.checkpoint import CheckpointWriter, checkpoint_dir
 
         root = self.run.checkpoint.root
         writer = CheckpointWriter(root, keep=self.run.checkpoint.max_to_keep)
@@ -282,8 +261,6 @@ class DigenRLTrainer:
     def load_checkpoint(self, path: Path) -> int:
         """Restore every worker from `path` (trainers: weights + optimizer + RNG; generators: weights)."""
         import ray
-
-        from digenrl_verl.trainer.checkpoint import read_meta
 
         meta = read_meta(path)
         for key in ("prompts_per_step", "n"):

@@ -42,7 +42,8 @@ def killing_trainer(kind, step, worker):
     class T(DigenRLTrainer):
         def make_executor(self):
             ex = KillOnSubmit(self.workers, self.step_batch, self.run.advantage,
-                              self.run.policy.rollout.num_train_steps, on_result=self.on_result)
+                              self.run.policy.rollout.num_train_steps, on_result=self.on_result,
+                              on_checkpoint=self.on_checkpoint)
             ex.target = (kind, step, worker)
             return ex
     return T
@@ -72,9 +73,15 @@ def test_generator_killed_mid_step_is_replaced_and_every_sample_trains_once(trai
     # gen:1 carried on: it generated after the failure and still received every weight sync
     after = [c for c in completions if c.start >= failed[0].end and c.task.kind == TaskKind.GEN]
     assert after and all("gen:0" not in c.task.workers for c in after)
-    assert t.reporter.history[-1]["workers/dead"] == 1  # also across the checkpoint segment boundary
+    assert t.reporter.history[-1]["workers/dead"] == 1  # also after the checkpoint barrier
     ids = [c.task.task_id for c in completions]
-    assert len(ids) == len(set(ids))  # task ids stay unique across segments sharing one trace
+    assert len(ids) == len(set(ids))
+    # save_freq=2: the schedule drained and checkpointed after step 1 (version 2) on the trainer, once
+    (ckpt,) = [c for c in completions if c.task.kind == TaskKind.CHECKPOINT]
+    assert ckpt.ok and (ckpt.task.step, ckpt.task.version, ckpt.task.workers) == (1, 2, ("trn:0",))
+    assert all(c.start >= ckpt.end for c in completions if c.task.step >= 2)
+    assert Path(ckpt.info["path"]).name == "global_step_2" and read_meta(ckpt.info["path"])["global_step"] == 2
+    assert read_meta(latest_checkpoint(t.run.checkpoint.root))["global_step"] == 3  # the last step, too
     trn = ray.get(t.workers["trn:0"].checksum.remote())
     assert ray.get(t.workers["gen:1"].checksum.remote())["checksum"] == trn["checksum"]
 
@@ -96,6 +103,9 @@ def test_trainer_failure_is_reported_and_resume_reaches_the_uninterrupted_weight
     ckpt = latest_checkpoint(ckpt_root)
     assert ckpt is not None and read_meta(ckpt)["global_step"] == 2
     assert read_meta(ckpt)["tcss"]["queued_microbatches"] == []
+    # one driver for the whole run: the barrier's CHECKPOINT, then step 2, in one trace
+    kinds = [(c.task.kind, c.task.step) for c in broken.driver.trace.sorted_completions()]
+    assert kinds.index((TaskKind.CHECKPOINT, 1)) < min(i for i, (_, s) in enumerate(kinds) if s == 2)
 
     resumed = DigenRLTrainer(build_run(compose(overrides), start_step=2))
     try:

@@ -59,6 +59,6 @@ def test_colocated_resolves_tag_and_tcss_off_and_names_what_had_no_effect():
     assert settings.inert_in_colocated == ["tag.policy", "tag.static_k", "tcss.staleness"]
     assert ScheduleConfig(mode="disaggregated").tcss.max_stale_fraction == 0.0  # no window: nothing stale
     cfg = ScheduleConfig.of(settings)
-    assert cfg.tag.policy == "off" and cfg.tcss == TcssConfig() and cfg.tsp.enabled is False
+    assert cfg.tag.policy == "off" and cfg.tcss == TcssConfig(max_stale_fraction=0.0) and cfg.tsp.enabled is False
     assert ScheduleSettings(mode="disaggregated", tcss=TcssConfig(staleness=1)).inert_in_colocated == []
     assert ScheduleConfig(mode="colocated", tsp=TspConfig(enabled=True)).tsp.enabled  # TSP is honoured there

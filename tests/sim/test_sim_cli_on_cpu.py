@@ -106,3 +106,11 @@ def test_scale_suite_reports_driver_and_bts_costs(capsys):
     for key in ("driver_ms_per_decision", "bts_max_ms", "bts_mean_ms", "driver_ok", "bts_ok"):
         assert key in out
     assert 0.9 <= out["efficiency"] <= 1.0
+
+
+def test_checkpoint_barriers_cost_the_modelled_drain(capsys):
+    spans = {}
+    for every in (0, 2):
+        assert main(["--scenario", "flux.1", "--steps", "4", "--checkpoint-every", str(every), "--json"]) == 0
+        spans[every] = _last_json(capsys)["makespan_s"]
+    assert spans[2] > spans[0]  # two barriers (after steps 1 and 3), each at least the profile's checkpoint time

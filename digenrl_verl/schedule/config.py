@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Optional
 
 from digenrl_verl.errors import ConfigError
+from digenrl_verl.schedule.types import worker_pool
 
 MODES = ("colocated", "disaggregated")
 TAG_MODES = ("off", "static", "bts")
@@ -259,7 +260,7 @@ class ScheduleConfig(ScheduleSettings):
         return tuple(f"{pool}:{i}" for i in range(self.pools[pool].size))
 
     def worker_class(self, worker_id: str) -> str:
-        return self.pools[worker_id.partition(":")[0]].worker_class
+        return self.pools[worker_pool(worker_id)].worker_class
 
     @property
     def generator_pool(self) -> str:

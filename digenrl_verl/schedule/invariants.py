@@ -31,7 +31,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from digenrl_verl.schedule.config import ScheduleConfig
-from digenrl_verl.schedule.types import Completion, TaskKind
+from digenrl_verl.schedule.types import Completion, TaskKind, worker_pool
 
 GEN_KINDS = (TaskKind.GEN, TaskKind.TAG_GEN)
 EPS = 1e-9
@@ -93,7 +93,7 @@ def _versions(cfg: ScheduleConfig, ok: list[Completion]) -> list[str]:
     for c in ok:
         if c.task.kind in (TaskKind.SYNC, TaskKind.OPT_STEP):
             for w in c.task.workers:
-                if c.task.kind == TaskKind.SYNC or cfg.mode == "colocated" or not w.startswith("gen:"):
+                if c.task.kind == TaskKind.SYNC or cfg.mode == "colocated" or worker_pool(w) != "gen":
                     changes[w].append((c.end, c.task.version))
 
     def held(worker: str, at: float) -> int:

@@ -54,12 +54,22 @@ Assignment = tuple[tuple[str, tuple[int, ...]], ...]
 """((worker_id, sample indices), ...), in the order of ``Task.workers``."""
 
 
-def worker_pool(worker_id: str) -> str:
-    """The pool part of a worker id: ``"gen:3"`` -> ``"gen"``."""
+def parse_worker(worker_id: str) -> tuple[str, int]:
+    """(pool, rank) of a worker id: ``"gen:3"`` -> ``("gen", 3)``. The one place that reads the id's form."""
     pool, sep, index = worker_id.partition(":")
     if not sep or not index.isdigit():
         raise ValueError(f"worker id {worker_id!r} is not of the form '<pool>:<index>' (e.g. 'gen:0')")
-    return pool
+    return pool, int(index)
+
+
+def worker_pool(worker_id: str) -> str:
+    """The pool part of a worker id: ``"gen:3"`` -> ``"gen"``."""
+    return parse_worker(worker_id)[0]
+
+
+def worker_rank(worker_id: str) -> int:
+    """The rank part of a worker id: ``"gen:3"`` -> ``3``."""
+    return parse_worker(worker_id)[1]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from digenrl_verl.schedule.types import Completion, Task, TaskKind
+from digenrl_verl.schedule.types import Completion, Task, TaskKind, worker_pool
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.profiles import CostProfile
 
@@ -147,7 +147,7 @@ class SimExecutor:
         return base
 
     def _class_of(self, worker: str) -> str:
-        return self.cluster.pools[worker.partition(":")[0]].worker_class
+        return self.cluster.pools[worker_pool(worker)].worker_class
 
     def _apply_faults(self, run: _Running) -> None:
         for i, fault in enumerate(self.faults):

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from digenrl_verl.diffusion.advantages import AdvantageConfig, normalize_rewards
-from digenrl_verl.schedule.types import Completion, Task, TaskKind
+from digenrl_verl.schedule.types import Completion, Task, TaskKind, worker_pool, worker_rank
 
 
 POLL_S = 0.5
@@ -284,9 +284,9 @@ class RayExecutor:
 
     def _sync(self, task: Task) -> _InFlight:
         f = _InFlight(task, self.now(), [], [])
-        generators = [int(w.partition(":")[2]) for w in task.workers if w.startswith("gen:")]
+        generators = [worker_rank(w) for w in task.workers if worker_pool(w) == "gen"]
         for worker in task.workers:
-            if worker.startswith("gen:"):
+            if worker_pool(worker) == "gen":
                 f.add(self.workers[worker].receive_weights.remote(task.version), worker)
             else:
                 f.add(self.workers[worker].send_weights.remote(task.version, generators), worker)

@@ -25,7 +25,7 @@ from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.trace import Trace
-from digenrl_verl.schedule.types import Task, TaskKind
+from digenrl_verl.schedule.types import Task, TaskKind, worker_pool, worker_rank
 from digenrl_verl.trainer.checkpoint import CheckpointWriter, checkpoint_dir, read_meta
 from digenrl_verl.trainer.config import RunSpec
 from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batch
@@ -326,8 +326,8 @@ class DigenRLTrainer:
         so the call goes to every trainer rank and returns the asked one's answer."""
         import ray
 
-        if worker.startswith("trn:") and self.run.train.sharding.sharded:
-            ranks = sorted((w for w in self.workers if w.startswith("trn:")), key=lambda w: int(w.partition(":")[2]))
+        if worker_pool(worker) == "trn" and self.run.train.sharding.sharded:
+            ranks = sorted((w for w in self.workers if worker_pool(w) == "trn"), key=worker_rank)
             states = ray.get([self.workers[w].trainable_state.remote() for w in ranks])
             return states[ranks.index(worker)]
         return ray.get(self.workers[worker].trainable_state.remote())

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from digenrl_verl.schedule.trace import Trace, TraceMetrics
-from digenrl_verl.schedule.types import TaskKind, worker_pool
+from digenrl_verl.schedule.types import TaskKind, parse_worker, worker_pool
 
 COLOURS = {
     TaskKind.GEN: "#4c72b0", TaskKind.TAG_GEN: "#8172b3", TaskKind.SCORE: "#dd8452",
@@ -31,9 +31,8 @@ class GanttInfo:
 
 
 def _worker_key(worker: str) -> tuple[int, str, int]:
-    pool, _, index = worker.partition(":")
-    order = {"gen": 0, "col": 0, "trn": 1}.get(pool, 2)
-    return (order, pool, int(index) if index.isdigit() else 0)
+    pool, rank = parse_worker(worker)
+    return ({"gen": 0, "col": 0, "trn": 1}.get(pool, 2), pool, rank)
 
 
 def _percent(fraction: float) -> str:

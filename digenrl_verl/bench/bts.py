@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from digenrl_verl.schedule.bts import BtsCosts, BtsSolver, BtsState, no_tag_policy, rollout, static_policy
-from digenrl_verl.schedule.config import ScheduleConfig, TagConfig
+from digenrl_verl.schedule.config import TagConfig
 
 GRID_B = (8, 32, 128)
 SCALE_B = (512, 1024)

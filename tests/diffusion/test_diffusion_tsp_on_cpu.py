@@ -108,7 +108,8 @@ def test_lockstep_padding_passes_run_the_model_but_add_no_gradient(make_tiny_ada
     adapter = make_tiny_adapter(seed=3)
     cond, traj = _sample(adapter, CFGS["flow_grpo"], group=1)  # 3 samples
     _perturb(adapter)
-    adv, loss_cfg, tsp = torch.tensor([1.0, -1.0, 0.5]), LossConfig(clip_ratio=1e-2, kl_coef=kl_coef), TSPConfig("batched", 2)
+    adv = torch.tensor([1.0, -1.0, 0.5])
+    loss_cfg, tsp = LossConfig(clip_ratio=1e-2, kl_coef=kl_coef), TSPConfig("batched", 2)
     denom = traj.batch_size * traj.num_steps
     own = count_passes(traj.batch_size, traj.num_steps, tsp)
     assert own == -(-traj.batch_size * traj.num_steps // 2)

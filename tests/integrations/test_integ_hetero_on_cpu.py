@@ -37,9 +37,11 @@ def test_pools_are_placed_by_custom_resources():
 def test_pool_placement_keys_reach_the_run_spec(tiny_dirs):
     spec = build_run(compose([
         f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}", "trainer.digenrl.mode=disaggregated",
-        "trainer.digenrl.pools.generator.custom_resource=kind_a", "trainer.digenrl.pools.trainer.custom_resource=kind_b"]))
+        "trainer.digenrl.pools.generator.custom_resource=kind_a",
+        "trainer.digenrl.pools.trainer.custom_resource=kind_b"]))
     assert spec.digenrl.pools["generator"].custom_resource == "kind_a"
     assert {name: p.worker_class for name, p in spec.schedule.pools.items()} == {"gen": "kind_a", "trn": "kind_b"}
     with pytest.raises(ValueError, match=r"pools\.generator\.accelerator_type='A800' needs .*use_gpu=true"):
         build_run(compose([f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}",
-                           "trainer.digenrl.mode=disaggregated", "trainer.digenrl.pools.generator.accelerator_type=A800"]))
+                           "trainer.digenrl.mode=disaggregated",
+                           "trainer.digenrl.pools.generator.accelerator_type=A800"]))

@@ -34,7 +34,8 @@ def test_series_are_present_and_numbered():
     assert [p.name[:4] for p in OMNI_PATCHES] == ["0001", "0002"]
     for p in VERL_PATCHES + OMNI_PATCHES:
         head = p.read_text().splitlines()[:3]
-        assert head[0].startswith("From 0000000000000000000000000000000000000000") and head[2].startswith("Subject: [PATCH")
+        assert head[0].startswith("From 0000000000000000000000000000000000000000")
+        assert head[2].startswith("Subject: [PATCH")
 
 
 @pytest.mark.parametrize("patch", VERL_PATCHES, ids=[p.name for p in VERL_PATCHES])
@@ -45,8 +46,8 @@ def test_verl_patch_applies_to_the_installed_verl_and_names_its_workaround(patch
     proc = _git_apply(["--check", "-p1", str(patch)], cwd=site)
     assert proc.returncode == 0, proc.stderr
     # every patch says which run-time workaround of this package it makes unnecessary, and that file exists
-    workaround = re.search(r"Workaround in digenrl-verl until this lands:.*?(digenrl_verl/[\w/]+\.py)", patch.read_text(),
-                           flags=re.S)
+    workaround = re.search(r"Workaround in digenrl-verl until this lands:.*?(digenrl_verl/[\w/]+\.py)",
+                           patch.read_text(), flags=re.S)
     assert workaround and (ROOT / workaround.group(1)).is_file()
 
 

@@ -2,7 +2,8 @@
 transcribed verl-omni recipes, checked against a golden file per recipe.
 
 The golden files were written before the typed-config refactor; a change of a plan is a change of behaviour and
-must be made on purpose: `DIGENRL_UPDATE_GOLDEN=1 bash scripts/test.sh tests/integrations/test_integ_plan_golden_on_cpu.py`
+must be made on purpose:
+`DIGENRL_UPDATE_GOLDEN=1 bash scripts/test.sh tests/integrations/test_integ_plan_golden_on_cpu.py`
 rewrites them, and the diff goes into review.
 """
 

@@ -19,7 +19,8 @@ ARCH = {
                                       "colocated: 32 worker(s)"),
     "run_flowgrpo_flux_32gpu": ("FluxPipeline", "generator: 16 worker(s), trainer: 16 worker(s)",
                                 "colocated: 32 worker(s)"),
-    "run_flowgrpo_wan21_14b": ("WanPipeline", "generator: 8 worker(s), trainer: 8 worker(s)", "colocated: 16 worker(s)"),
+    "run_flowgrpo_wan21_14b": ("WanPipeline", "generator: 8 worker(s), trainer: 8 worker(s)",
+                               "colocated: 16 worker(s)"),
     "run_dancegrpo_hunyuanvideo": ("HunyuanVideoPipeline", "generator: 8 worker(s), trainer: 8 worker(s)",
                                    "colocated: 16 worker(s)"),
     "run_dancegrpo_hunyuanvideo_hetero_16gpu": ("HunyuanVideoPipeline",
@@ -55,7 +56,8 @@ def test_all_recipes_dry_run_with_tiny_models(tiny_dirs, tmp_path):
     failures = []
     for i in range(0, len(jobs), 2):
         procs = [(s, e, subprocess.Popen(["bash", str(RECIPES / s)], env=env, cwd=tmp_path, text=True,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)) for s, e, env in jobs[i:i + 2]]
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                 for s, e, env in jobs[i:i + 2]]
         for script, expect, p in procs:
             out, err = p.communicate(timeout=120)
             if p.returncode != 0 or expect not in out or "dry run: config valid, no worker started" not in out:

@@ -98,7 +98,8 @@ def test_translation_takes_their_values_and_mode_and_derives_pools(tiny_dirs):
     assert {r: (p.size, p.use_gpu) for r, p in spec.digenrl.pools.items()} == {"generator": (1, False),
                                                                              "trainer": (1, False)}
     sync = vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__v1__trainer_mode="sync"))
-    assert sync.trainer.digenrl.mode == "colocated" and dict(sync.trainer.digenrl.pools.colocated)["workers_per_node"] == 2
+    assert sync.trainer.digenrl.mode == "colocated"
+    assert dict(sync.trainer.digenrl.pools.colocated)["workers_per_node"] == 2
 
 
 def test_translation_carries_explicit_unsupported_values_so_they_fail(tiny_dirs):

@@ -43,7 +43,8 @@ def test_recipe_composes_unchanged_and_each_blocker_fails_naming_its_key(name, t
 @pytest.mark.parametrize("name", RECIPE_NAMES)
 def test_recipe_with_blockers_off_validates_and_its_keys_take_effect(name, tiny_dirs, reward_dir, data_dir):
     recipe = RECIPES[name]
-    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True, extra=[DIGENRL_FLAG]))
+    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True,
+                                extra=[DIGENRL_FLAG]))
     spec = _quiet_build(cfg)
     ov = {k: v.strip('"') for k, v in (o.lstrip("+").split("=", 1) for o in recipe.render("M", "R", switch_off=True))}
     a = "actor_rollout_ref"
@@ -86,7 +87,8 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tiny_dirs, reward_dir, data_
 
 def test_no_effect_keys_warn_instead_of_being_ignored_silently(tiny_dirs, reward_dir, data_dir):
     recipe = RECIPES["qwen_image_flowgrpo_lora"]
-    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True, extra=[DIGENRL_FLAG]))
+    cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True,
+                                extra=[DIGENRL_FLAG]))
     with pytest.warns(UserWarning) as record:
         build_run(cfg)
     text = " ".join(str(w.message) for w in record)
@@ -161,7 +163,8 @@ def test_tiny_recipe_runs_one_real_step_on_cpu(name, ray_session, tiny_dirs, rew
 
 
 @pytest.mark.slow
-def test_tiny_v1_recipe_runs_one_step_through_the_verl_omni_trainer_mode(ray_session, tiny_dirs, reward_dir, data_dir, tmp_path):
+def test_tiny_v1_recipe_runs_one_step_through_the_verl_omni_trainer_mode(ray_session, tiny_dirs, reward_dir, data_dir,
+                                                                         tmp_path):
     """The SD3.5 v1 recipe as verl-omni's task runner would drive it: `trainer.use_v1=true
     trainer.v1.trainer_mode=digenrl`, the config handed to the `digenrl` trainer-mode class, init, fit."""
     from digenrl_verl.integrations.verl_omni import (NOOP_AGENT_LOOP_MANAGER, DigenRLDiffusionTrainer,

@@ -41,7 +41,8 @@ def test_require_vllm_omni_names_the_key_and_the_fix_on_cpu():
 
 def test_one_request_per_prompt_with_all_its_samples():
     reqs = vl.build_requests(PROMPTS, UIDS, INDEX, step=STEP, version=4, pipeline=PIPE, rollout=CFG)
-    assert [(r.prompt, r.rows, r.num_outputs) for r in reqs] == [("a red cube", [0, 2, 4], 3), ("a blue ball", [1, 3], 2)]
+    assert [(r.prompt, r.rows, r.num_outputs) for r in reqs] == [("a red cube", [0, 2, 4], 3),
+                                                                  ("a blue ball", [1, 3], 2)]
     assert [r.extra_args["digenrl"]["sample_indices"] for r in reqs] == [[0, 2, 1], [3, 1]]
     assert len({r.batching_key() for r in reqs}) == 1  # same size/steps/guidance: vLLM-Omni can batch them
     assert len({r.request_id for r in reqs}) == 2

@@ -48,7 +48,9 @@ def test_checkpoint_after_steps_1_and_3_and_nothing_of_the_next_step_runs_ahead(
                                                                           (3, 4, ("trn:0", "trn:1"))]
     assert all(c.ok and c.duration == pytest.approx(3.0) for c in ckpts)
     first = ckpts[0]
-    by_step = lambda s: [c for c in driver.trace.completions if c.task.step == s and c.task.kind != TaskKind.CHECKPOINT]
+    def by_step(s):
+        return [c for c in driver.trace.completions if c.task.step == s and c.task.kind != TaskKind.CHECKPOINT]
+
     assert min(c.start for c in by_step(2) if c.task.kind == TaskKind.GEN) >= first.end
     assert all(c.start >= first.end for c in by_step(2))  # nothing of step 2 runs ahead, stale or not
     assert all(c.end <= first.start for s in (0, 1) for c in by_step(s))  # the state saved is drained

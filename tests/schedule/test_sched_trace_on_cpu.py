@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from digenrl_verl.schedule.bounds import StepCosts, run_lower_bound, step_lower_bound
-from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, TspConfig
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.trace import parse_line, parse_text
 from digenrl_verl.schedule.types import TaskKind

@@ -13,6 +13,8 @@ from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
+pytestmark = pytest.mark.slow  # every test here trains on Ray workers
+
 SMALL = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4"]
 DISAGG = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=true", "trainer.digenrl.tsp.enabled=true",
           "trainer.digenrl.tag.policy=bts", "trainer.digenrl.tcss.staleness=0"]
@@ -46,7 +48,6 @@ class SyncCheckingTrainer(DigenRLTrainer):
         return out
 
 
-@pytest.mark.slow
 def test_disaggregated_on_policy_run_gives_the_colocated_weights(train_run):
     # AdamW's eps is raised from 1e-8 to 1e-3 here. GRPO gradients are sums of +/- terms, so some elements cancel
     # to ~0, where fp32 summation order (which changes with micro-batching, TSP and TAG by design) decides the
@@ -67,7 +68,6 @@ def test_disaggregated_on_policy_run_gives_the_colocated_weights(train_run):
     assert _max_rel_diff(_state(colocated, "col:1"), a) == 0.0  # colocated ranks stay identical
 
 
-@pytest.mark.slow
 def test_disaggregated_reward_rises_weights_stay_in_sync_and_outputs_are_written(train_run):
     t = train_run(*SMALL, *DISAGG, "trainer.total_training_steps=14", "actor_rollout_ref.actor.optim.lr=3e-3",
                   trainer_cls=SyncCheckingTrainer, name="learn")
@@ -78,7 +78,7 @@ def test_disaggregated_reward_rises_weights_stay_in_sync_and_outputs_are_written
     compared = 0
     for snapshot in t.seen:
         by_version = {}
-        for worker, s in snapshot.items():
+        for s in snapshot.values():
             by_version.setdefault(s["version"], set()).add(s["checksum"])
         assert all(len(sums) == 1 for sums in by_version.values()), snapshot
         compared += sum(len(by_version) == 1 for _ in [0])
@@ -93,11 +93,11 @@ def test_disaggregated_reward_rises_weights_stay_in_sync_and_outputs_are_written
     assert len([x for x in lines if "step" in x]) == 14 and "summary" in lines[-1]
 
 
-@pytest.mark.slow
 def test_tcss_run_keeps_its_invariants_and_still_learns(train_run):
     # tag=off and tcss_guard=false: the generator then always runs ahead while the trainer updates, whatever
     # the wall-clock timings of this machine (the guard would consult them)
-    t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tag.policy=off",
+    t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=1",
+                  "trainer.digenrl.tag.policy=off",
                   "trainer.digenrl.tcss.guard=false", "trainer.digenrl.tcss.max_stale_fraction=0.5",
                   "trainer.total_training_steps=16", "actor_rollout_ref.actor.optim.lr=3e-3",
                   # stale rows sit one optimizer step away (ratios 0.93-1.03 here); Flow-GRPO's 1e-4 clip would
@@ -124,7 +124,6 @@ def test_tcss_run_keeps_its_invariants_and_still_learns(train_run):
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.01, rewards
 
 
-@pytest.mark.slow
 def test_assigned_dispatch_mode_splits_and_gathers_in_row_order(train_run):
     from digenrl_verl.trainer.data import make_step_batch
 
@@ -140,7 +139,6 @@ def test_assigned_dispatch_mode_splits_and_gathers_in_row_order(train_run):
     assert len(set(one_rank.tolist())) > 1  # distinct prompts, distinct rewards: the order is really checked
 
 
-@pytest.mark.slow
 def test_ground_truth_from_the_prompt_file_reaches_a_custom_reward(train_run, tmp_path):
     import pandas as pd
 
@@ -152,7 +150,8 @@ def test_ground_truth_from_the_prompt_file_reaches_a_custom_reward(train_run, tm
                       "    assert extra_info['prompt'] in ('a cat', 'a dog')\n"
                       "    return float(ground_truth)\n")
     t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.total_training_steps=1",
-                  f"data.train_files={data}", "reward.reward_functions={}", f"reward.custom_reward_function.path={reward}",
+                  f"data.train_files={data}", "reward.reward_functions={}",
+                  f"reward.custom_reward_function.path={reward}",
                   name="ground_truth")
     assert t.reporter.history[0]["reward/mean"] == pytest.approx(0.5)
     assert t.summary["eval/reward_ode"] == pytest.approx(0.5)

@@ -15,10 +15,13 @@ import torch
 from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
+pytestmark = pytest.mark.slow  # every test here trains on Ray workers
+
 # 3 samples per prompt over 2 trainer ranks: shares of 2 and 1, so with tsp_chunk_size=3 the ranks hold 2x2=4
 # and 1x2=2 rows (2 and 1 chunks): the smaller share pads one pass
 RUN = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=3", "trainer.digenrl.mode=disaggregated",
-       "trainer.digenrl.pools.trainer.workers_per_node=2", "trainer.digenrl.tag.policy=static", "trainer.digenrl.tag.static_k=1",
+       "trainer.digenrl.pools.trainer.workers_per_node=2", "trainer.digenrl.tag.policy=static",
+       "trainer.digenrl.tag.static_k=1",
        "trainer.digenrl.tsp.chunk_size=3", "trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3",
        # see test_disaggregated_on_policy_run_gives_the_colocated_weights: a larger eps keeps Adam's first step a
        # smooth function of the gradient, so summation-order noise in ~0 elements is not amplified to +/-lr
@@ -49,7 +52,6 @@ class ShardCheckingTrainer(DigenRLTrainer):
         return out
 
 
-@pytest.mark.slow
 def test_fsdp2_trainer_gives_the_ddp_weights_and_syncs_whole_weights(train_run):
     ddp = train_run(*RUN, "actor_rollout_ref.actor.strategy=ddp", name="ddp")
     fsdp = train_run(*RUN, "actor_rollout_ref.actor.strategy=fsdp2", trainer_cls=ShardCheckingTrainer, name="fsdp2")
@@ -72,7 +74,6 @@ def test_fsdp2_trainer_gives_the_ddp_weights_and_syncs_whole_weights(train_run):
     assert fsdp.seen[-1]["gen:0"]["checksum"] != start
 
 
-@pytest.mark.slow
 def test_fsdp2_checkpoint_resume_reaches_the_uninterrupted_weights(train_run, tiny_flux_dir, tmp_path):
     from digenrl_verl.main import compose
     from digenrl_verl.trainer.checkpoint import checkpoint_dir, read_meta
@@ -105,7 +106,6 @@ def test_fsdp2_checkpoint_resume_reaches_the_uninterrupted_weights(train_run, ti
     assert _max_rel_diff(got, want) <= 1e-5
 
 
-@pytest.mark.slow
 def test_fsdp2_with_lora_bf16_and_the_kl_term(train_run):
     # LoRA's reference policy is the adapter disabled: under FSDP2 that is one more sharded (collective) forward
     # per pass, on every rank; bf16 parameters are sharded and gathered in bf16

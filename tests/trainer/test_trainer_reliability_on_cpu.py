@@ -62,7 +62,8 @@ def _trained_exactly_once(trainer, samples_per_step):
 
 @pytest.mark.slow
 def test_generator_killed_mid_step_is_replaced_and_every_sample_trains_once(train_run):
-    t = train_run(*SMALL, *DISAGG, "trainer.digenrl.pools.generator.workers_per_node=2", "trainer.digenrl.tag.policy=off",
+    t = train_run(*SMALL, *DISAGG, "trainer.digenrl.pools.generator.workers_per_node=2",
+                  "trainer.digenrl.tag.policy=off",
                   "trainer.total_training_steps=3", "trainer.save_freq=2",
                   trainer_cls=killing_trainer(TaskKind.GEN, 1, "gen:0"), name="dead_gen")
     completions = t.driver.trace.sorted_completions()
@@ -89,7 +90,8 @@ def test_generator_killed_mid_step_is_replaced_and_every_sample_trains_once(trai
 @pytest.mark.slow
 def test_trainer_failure_is_reported_and_resume_reaches_the_uninterrupted_weights(train_run, tiny_flux_dir, tmp_path):
     # tag=off: with one generator lane the schedule's order is fixed, so both runs do the same arithmetic
-    common = [*SMALL, *DISAGG, "trainer.digenrl.tag.policy=off", "trainer.total_training_steps=4", "trainer.save_freq=2"]
+    common = [*SMALL, *DISAGG, "trainer.digenrl.tag.policy=off", "trainer.total_training_steps=4",
+              "trainer.save_freq=2"]
     straight = train_run(*common, name="straight")
     want = ray.get(straight.workers["trn:0"].trainable_state.remote())
 
@@ -129,7 +131,8 @@ def _reward_file(tmp_path, body):
 def test_nan_rewards_are_dropped_counted_and_weights_stay_finite(train_run, tmp_path):
     # every fourth sample of a group (index 0 has uid p<k>; extra_info carries the uid) scores NaN
     path = _reward_file(tmp_path, "return float('nan') if solution_image.float().mean() > -1 and "
-                                  "extra_info['uid'].endswith(('0', '2')) else solution_image.float().mean().item() / 255")
+                                  "extra_info['uid'].endswith(('0', '2')) "
+                                  "else solution_image.float().mean().item() / 255")
     t = train_run(*SMALL, *DISAGG, "trainer.total_training_steps=2", "reward.reward_functions={}",
                   f"reward.custom_reward_function.path={path}", "trainer.digenrl.max_nonfinite_steps=5", name="nan")
     assert all(h["reward/nonfinite_samples"] > 0 for h in t.reporter.history)
@@ -154,6 +157,7 @@ def test_a_task_over_its_timeout_names_the_worker_and_prints_the_schedule(train_
     assert "ERROR HERE" in text and ("gen:0" in text or "trn:0" in text)
 
 
+@pytest.mark.slow  # starts the session's Ray instance
 def test_local_ray_listens_on_loopback_without_a_dashboard(ray_session):
     assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
     from ray._private import worker

@@ -18,6 +18,8 @@ import ray
 from digenrl_verl.trainer.runner import DigenRLTrainer
 from digenrl_verl.workers.specs import RolloutEngineSpec
 
+pytestmark = pytest.mark.slow  # trains on Ray workers
+
 RUN = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.digenrl.mode=disaggregated",
        "trainer.digenrl.tag.policy=off", "trainer.digenrl.pools.generator.workers_per_node=2",
        "trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3"]
@@ -42,7 +44,6 @@ class InProcessOmniTrainer(SyncCheckingTrainer):
         return args
 
 
-@pytest.mark.slow
 def test_omni_generator_backend_trains_exactly_like_the_diffusers_backend(train_run):
     reference = train_run(*RUN, trainer_cls=SyncCheckingTrainer, name="diffusers")
     omni = train_run(*RUN, trainer_cls=InProcessOmniTrainer, name="omni")
@@ -59,4 +60,5 @@ def test_omni_generator_backend_trains_exactly_like_the_diffusers_backend(train_
     # the weights reached the engines through the worker extension: engine checksum == trainer checksum per step
     for snapshot in omni.seen:
         assert len({s["checksum"] for s in snapshot.values()}) == 1, snapshot
-    assert omni.seen[-1]["gen:0"]["version"] == 2 and omni.seen[0]["gen:0"]["checksum"] != omni.seen[-1]["gen:0"]["checksum"]
+    assert omni.seen[-1]["gen:0"]["version"] == 2
+    assert omni.seen[0]["gen:0"]["checksum"] != omni.seen[-1]["gen:0"]["checksum"]

@@ -38,6 +38,9 @@ class RunReporter:
     total_steps: int = 1
     config: Mapping[str, Any] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    _metrics: Any = field(init=False, repr=False)  # metrics.jsonl, line-buffered
+    _tracking: Any = field(init=False, repr=False)  # verl Tracking, when a logger other than console is set
+    _bar: Any = field(init=False, repr=False)  # the tqdm progress bar
 
     def __post_init__(self) -> None:
         from tqdm.auto import tqdm

@@ -74,6 +74,13 @@ class DigenRLTrainer:
         self.executor = None
         self.last_checkpoint: Path | None = None
         self.interrupted = False
+        self.pool_manager: PoolManager | None = None
+        self.reporter: RunReporter | None = None
+        self.t_start = self.t_end = 0.0
+        self.nonfinite_run = 0  # consecutive steps with NaN/inf rewards or gradients
+        self.cost_profile: dict[str, Any] = {}  # restored cost estimates (resume)
+        self.summary: dict[str, Any] = {}
+        self.summary_text = ""
 
     # ------------------------------------------------------------------------------------- data
     def step_batch(self, step: int):
@@ -148,7 +155,7 @@ class DigenRLTrainer:
         """The driver of the whole run (its schedule has a checkpoint barrier every `trainer.save_freq` steps,
         `ScheduleConfig.checkpoint_every`); a resumed run starts with the cost profile its checkpoint saved."""
         profiler = CostProfiler()
-        for key, unit in (getattr(self, "cost_profile", None) or {}).items():  # resumed: warm estimates
+        for key, unit in self.cost_profile.items():  # resumed: warm estimates
             kind, _, cls = key.partition("@")
             profiler.seed(TaskKind(kind), cls, float(unit))
         return Driver(self.run.schedule, executor, profiler=profiler, trace=Trace())
@@ -378,6 +385,6 @@ class DigenRLTrainer:
                 ray.kill(w)
         self.worker_groups.clear()
         self.workers.clear()
-        manager = getattr(self, "pool_manager", None)
+        manager = self.pool_manager
         if manager is not None:
             manager.release()

@@ -4,12 +4,22 @@ Per row (one sample at one trained step):
 
     ratio   = exp(logp_θ − logp_old)
     pg      = max(−A·ratio, −A·clamp(ratio, 1−ε_c, 1+ε_c))
-    kl      = mean_dims((μ_θ − μ_ref)²) / (2·d²)      d = σ_t (`flow_grpo`) or the step std s (`exact`)
+    kl      = mean_dims((μ_θ − μ_ref)²) / (2·d²)
     row     = pg + β·kl
 
-`flow_grpo` is Flow-GRPO / verl-omni `KLLoss` (divides by std_dev_t²); `exact` is the Gaussian KL between the
-two step distributions N(μ_θ, s²) and N(μ_ref, s²) per latent dimension (GenRL), averaged over dimensions
-like the log-probs are.
+The KL denominator d, by `kl_type` and sde_type (σ_t the diffusion coefficient, s the step std, see `sde.py`):
+
+| kl_type | `sde` | `cps` | `dance` | |
+|---|---|---|---|---|
+| `flow_grpo` (default) | σ_t = a·sqrt(σ/(1−σ̃)) | σ_t = s | s = η·sqrt(σ−σ') | verl-omni `KLLoss` ÷ its `std_dev_t`² |
+| `exact` | s = σ_t·sqrt(σ−σ') | s | s | Gaussian KL of N(μ_θ, s²), N(μ_ref, s²) (GenRL) |
+| `sigma_t` | σ_t | σ_t = s | η | ÷ σ_t² for every kind |
+
+`flow_grpo` is Flow-GRPO's and verl-omni's KL: verl-omni's scheduler returns σ_t as `std_dev_t` for `sde` and
+`cps` but the step std for `dance_sde`, and its `KLLoss` divides by that. `sigma_t` is this project's former
+`flow_grpo` (σ_t = η for `dance`): the same as `flow_grpo` except on `dance`, where it is verl-omni's value
+times (σ−σ') (×1/21 at σ = 0.96 with 10 steps and shift 3). `exact` averages the per-dimension Gaussian KL
+over dimensions like the log-probs are; it equals `flow_grpo` on `cps` and `dance`.
 
 Normalisation: a micro-batch contributes  Σ_rows row / loss_denominator,  where loss_denominator is the total
 number of (sample, step) rows of the whole global step (all micro-batches, all ranks). The step's gradient is
@@ -26,11 +36,13 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from digenrl_verl.diffusion.sde import StepKind, get_sde_kind
+
 KEY_CLIP = "actor_rollout_ref.actor.diffusion_loss.clip_ratio"
 KEY_KL_COEF = "actor_rollout_ref.actor.kl_loss_coef"
 KEY_KL_TYPE = "actor_rollout_ref.actor.kl_loss_type"
 
-KL_TYPES = ("flow_grpo", "exact")
+KL_TYPES = ("flow_grpo", "exact", "sigma_t")
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,8 @@ class LossConfig:
     """Args:
         clip_ratio: ε_c (1e-4 Flow-GRPO default, 1e-5 fast configs, 1e-3 Wan).
         kl_coef: β; 0 disables the KL term and the reference forward.
-        kl_type: `flow_grpo` (÷ σ_t²) or `exact` (÷ step variance s²).
+        kl_type: `flow_grpo` (verl-omni `KLLoss`: ÷ σ_t², ÷ s² for `dance`), `exact` (÷ step variance s²) or
+            `sigma_t` (÷ σ_t², η² for `dance`); see the module docstring.
     """
 
     clip_ratio: float = 1e-4
@@ -89,6 +102,25 @@ class LossStats:
         }
 
 
+def kl_denominator(kl_type: str, sde_type: str | StepKind | None, std_dev_t: torch.Tensor | None,
+                   std: torch.Tensor | None) -> torch.Tensor:
+    """The KL denominator d [R] of `kl_type` for steps of `sde_type` (see the table in the module docstring)."""
+    if kl_type == "flow_grpo":
+        if sde_type is None:
+            raise ValueError(f"{KEY_KL_TYPE}='flow_grpo' needs the sde_type (verl-omni's std_dev_t depends on it)")
+        kind = sde_type if isinstance(sde_type, StepKind) else get_sde_kind(sde_type)
+        denom, needed = kind.verl_omni_std_dev_t(std_dev_t, std), f"std_dev_t and std (sde_type={kind.name!r})"
+    elif kl_type == "sigma_t":
+        denom, needed = std_dev_t, "std_dev_t"
+    elif kl_type == "exact":
+        denom, needed = std, "std"
+    else:
+        raise ValueError(f"unknown {KEY_KL_TYPE}={kl_type!r}; valid choices: {list(KL_TYPES)}")
+    if denom is None:
+        raise ValueError(f"{KEY_KL_TYPE}={kl_type!r} needs {needed}")
+    return denom
+
+
 def kl_to_reference(mean: torch.Tensor, ref_mean: torch.Tensor, denom_std: torch.Tensor) -> torch.Tensor:
     """mean_dims((μ − μ_ref)²) / (2·d²) per row; `denom_std` is d [R]. Returns [R]."""
     sq = ((mean - ref_mean.detach()) ** 2).mean(dim=tuple(range(1, mean.ndim)))
@@ -106,6 +138,7 @@ def policy_loss(
     ref_mean: torch.Tensor | None = None,
     std_dev_t: torch.Tensor | None = None,
     std: torch.Tensor | None = None,
+    sde_type: str | StepKind | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The loss of R rows: Σ_rows (pg + β·kl) / loss_denominator, and its stats.
 
@@ -116,7 +149,8 @@ def policy_loss(
         cfg: the loss config.
         loss_denominator: total rows of the whole global step (> 0).
         mean, ref_mean: [R, *latent] step means of the policy and the reference (needed when kl_coef > 0).
-        std_dev_t, std: [R] σ_t and the step std (the KL denominator for `flow_grpo` / `exact`).
+        std_dev_t, std: [R] σ_t and the step std s of the steps (`StepOutput.std_dev_t`, `StepOutput.std`).
+        sde_type: the step kind of the rows (the `flow_grpo` KL denominator depends on it).
     """
     if not loss_denominator > 0:
         raise ValueError(f"loss_denominator must be > 0 (total rows of the global step), got {loss_denominator!r}")
@@ -131,13 +165,10 @@ def policy_loss(
     if cfg.kl_coef > 0:
         if mean is None or ref_mean is None:
             raise ValueError(f"{KEY_KL_COEF}={cfg.kl_coef} needs the policy and reference step means")
-        denom = std_dev_t if cfg.kl_type == "flow_grpo" else std
-        if denom is None:
-            needed = "std_dev_t" if cfg.kl_type == "flow_grpo" else "std"
-            raise ValueError(f"{KEY_KL_TYPE}={cfg.kl_type!r} needs {needed}")
+        denom = kl_denominator(cfg.kl_type, sde_type, std_dev_t, std)
         if bool((denom <= 0).any()):
             raise ValueError(f"{KEY_KL_TYPE}={cfg.kl_type!r}: the KL denominator is 0 on some rows (a deterministic "
-                             "step, e.g. cps at σ'=0); exclude those steps or use the other KL type")
+                             "step, e.g. cps at σ'=0); exclude those steps from training")
         kl = kl_to_reference(mean, ref_mean, denom.to(mean))
         rows = rows + cfg.kl_coef * kl
     loss = rows.sum() / loss_denominator

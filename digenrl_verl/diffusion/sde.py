@@ -24,6 +24,9 @@ step, whose σ' is sigmas[1], so σ̃ = σ' there; this keeps the step a functio
 `dance(x, v, σ, σ', η)` has the same mean, std and log-prob as the `sde` formulas evaluated with
 std_dev_t := η (see `flow_sde_mean`); the two differ only by fp32 rounding because they are written
 in DanceGRPO's and Flow-GRPO's operation orders respectively.
+
+verl-omni's scheduler returns σ_t as `std_dev_t` for `sde` and `cps`, but the step std s = η·sqrt(σ−σ') for
+`dance_sde`; `StepKind.verl_omni_std_dev_t` gives that value (the denominator of the `flow_grpo` KL, `loss.py`).
 """
 
 from __future__ import annotations
@@ -89,6 +92,11 @@ class StepKind(abc.ABC):
     #: Whether `log_prob` is defined where the step std is 0 (CPS's scaled density is).
     zero_std_ok: bool = False
 
+    def verl_omni_std_dev_t(self, std_dev_t: torch.Tensor | None, std: torch.Tensor | None) -> torch.Tensor | None:
+        """What verl-omni's `sample_previous_step` returns as `std_dev_t` for this kind (its `KLLoss` divides
+        by its square): σ_t here (`sde`, and `cps`, where σ_t is the step std)."""
+        return std_dev_t
+
     @abc.abstractmethod
     def mean_std(self, x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor,
                  noise_level: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -124,6 +132,10 @@ class DanceSDE(StepKind):
         mean = x + dsigma * v - 0.5 * eta**2 * score * dsigma
         std = eta * torch.sqrt(sigma - sigma_next)
         return mean, std, torch.full_like(sigma, eta)
+
+    def verl_omni_std_dev_t(self, std_dev_t, std):
+        # verl-omni's `dance_sde` returns the step std η·sqrt(σ−σ') as `std_dev_t`, not σ_t = η.
+        return std
 
 
 class CPS(StepKind):

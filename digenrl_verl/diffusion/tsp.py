@@ -129,7 +129,8 @@ def accumulate_gradients(
         dev = out.log_prob.device
         loss, s = policy_loss(out.log_prob, old[b.to(old.device), k.to(old.device)].to(dev),
                               advantages[b.to(advantages.device)].to(dev), loss_cfg, loss_denominator,
-                              mean=out.mean, ref_mean=ref_mean, std_dev_t=out.std_dev_t, std=out.std)
+                              mean=out.mean, ref_mean=ref_mean, std_dev_t=out.std_dev_t, std=out.std,
+                              sde_type=kind)
         (loss * scale if scale != 1.0 else loss).backward()
         return s
 

@@ -79,7 +79,8 @@ def test_clipped_objective_by_hand():
 
 
 @pytest.mark.parametrize("kl_type,denom,expected", [
-    ("flow_grpo", "std_dev_t", [1 / (2 * 0.25), (4 / 3) / (2 * 4)]),
+    ("flow_grpo", "std_dev_t", [1 / (2 * 0.25), (4 / 3) / (2 * 4)]),  # sde_type='sde': ÷ σ_t²
+    ("sigma_t", "std_dev_t", [1 / (2 * 0.25), (4 / 3) / (2 * 4)]),
     ("exact", "std", [1 / (2 * 0.01), (4 / 3) / 2]),
 ])
 def test_kl_forms_by_hand(kl_type, denom, expected):
@@ -88,11 +89,12 @@ def test_kl_forms_by_hand(kl_type, denom, expected):
     stds = {"std_dev_t": torch.tensor([0.5, 2.0]), "std": torch.tensor([0.1, 1.0])}
     logp = torch.zeros(2)
     cfg = LossConfig(kl_coef=0.1, kl_type=kl_type)
-    loss, st = policy_loss(logp, logp, torch.zeros(2), cfg, 2, mean=mean, ref_mean=ref, **{denom: stds[denom]})
+    loss, st = policy_loss(logp, logp, torch.zeros(2), cfg, 2, mean=mean, ref_mean=ref, sde_type="sde",
+                           **{denom: stds[denom]})
     assert loss.item() == pytest.approx(0.1 * sum(expected) / 2, rel=1e-6)
     assert st.metrics()["actor/kl_loss"] == pytest.approx(sum(expected) / 2, rel=1e-6)
     with pytest.raises(ValueError, match="needs"):
-        policy_loss(logp, logp, torch.zeros(2), cfg, 2, mean=mean, ref_mean=ref)
+        policy_loss(logp, logp, torch.zeros(2), cfg, 2, mean=mean, ref_mean=ref, sde_type="sde")
 
 
 def test_stats_merge_and_validation():
@@ -101,7 +103,7 @@ def test_stats_merge_and_validation():
     m = (a + b).metrics()
     assert m["actor/pg_loss"] == 1.0 and m["actor/pg_clipfrac"] == 0.25
     assert m["actor/ratio_min"] == 0.8 and m["actor/ratio_max"] == 1.1
-    with pytest.raises(ValueError, match=KEY_KL_TYPE.replace(".", r"\.") + r".*\['flow_grpo', 'exact'\]"):
+    with pytest.raises(ValueError, match=KEY_KL_TYPE.replace(".", r"\.") + r".*\['flow_grpo', 'exact', 'sigma_t'\]"):
         LossConfig(kl_type="k3")
     with pytest.raises(ValueError, match="clip_ratio"):
         LossConfig(clip_ratio=0)

@@ -1,10 +1,15 @@
 """TSP benchmark: one micro-batch's training pass, per-timestep loop vs timesteps stacked into the batch.
 
     python -m digenrl_verl.bench tsp [--json] [--repeats N] [--threads 1] [--device cpu]
+    python -m digenrl_verl.bench tsp --size mid --device cuda --dtype bf16 --lora-rank 32 --no-memory --json
 
 Model: the tiny FLUX "bench" directory (`build_tiny_model_dir("FluxPipeline", size="bench")`: 2 double +
 2 single blocks, 2 heads × 32 dims, rope axes (8, 12, 12)) through the real FluxAdapter, 128 px → 64 latent
 tokens, no CFG. Micro-batch of 1 sample with 8 trained timesteps (Flow-GRPO selection, N = 9, f = 0.99).
+
+`--size mid` (the GPU throughput line): the same pipeline with its transformer replaced by a random-init
+FLUX-like one of a few hundred M parameters (`MID_DIMS`: 6 double + 12 single blocks, 8 heads x 128, ~0.4 B
+parameters), 512 px → 1024 latent tokens, in `--dtype` with LoRA `--lora-rank` (default 32 for mid).
 
 Figures:
   * per_step_ms / tsp_ms: median wall time of `accumulate_gradients` (forward + backward of all 8 rows) in
@@ -38,19 +43,48 @@ import torch
 NUM_STEPS = 9  # ⌊9 · 0.99⌋ = 8 trained timesteps
 HEIGHT = WIDTH = 128  # 64 latent tokens for the FLUX bench model
 CHUNKS = (1, 2, 4, 8)
+#: the mid-size transformer: inner dim 8 x 128 = 1024, ~0.4 B parameters; text dims match the tiny encoders
+MID_DIMS = dict(num_layers=6, num_single_layers=12, num_attention_heads=8, attention_head_dim=128,
+                axes_dims_rope=(16, 56, 56))
+SIZES = {"bench": 128, "mid": 512}  # size → image side in px (64 and 1024 latent tokens)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _setup(model_dir: str, device: str) -> tuple[Any, Any, Any]:
+def build_model_dir(size: str, path: str, device: str = "cpu", dims: dict[str, Any] | None = None) -> str:
+    """The tiny FLUX "bench" pipeline directory; for `mid`, its transformer replaced by a random-init one of
+    `dims` (default `MID_DIMS`), built on `device` and saved in bf16."""
+    from digenrl_verl.models.tiny import build_tiny_model_dir
+
+    model_dir = str(build_tiny_model_dir("FluxPipeline", path, seed=0, size="bench"))
+    if size == "mid":
+        from diffusers import FluxTransformer2DModel
+
+        torch.manual_seed(0)
+        with torch.device(device):
+            transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, joint_attention_dim=32,
+                                                 pooled_projection_dim=32, guidance_embeds=True,
+                                                 **(dims or MID_DIMS))
+        shutil.rmtree(os.path.join(model_dir, "transformer"))
+        transformer.to(torch.bfloat16).save_pretrained(os.path.join(model_dir, "transformer"))
+        del transformer
+    return model_dir
+
+
+def _setup(model_dir: str, device: str, side: int = HEIGHT, dtype: torch.dtype = torch.float32,
+           lora_rank: int = 0) -> tuple[Any, Any, Any]:
     from digenrl_verl.diffusion.noise import SampleKey
     from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
     from digenrl_verl.models import load_adapter
+    from digenrl_verl.models.config import LoraConfig
 
-    adapter = load_adapter(model_dir, height=HEIGHT, width=WIDTH, guidance_scale=3.5, max_sequence_length=16,
-                           device=device, keep_reference=False)
+    adapter = load_adapter(model_dir, height=side, width=side, guidance_scale=3.5, max_sequence_length=16,
+                           device=device, keep_reference=False, dtype=dtype,
+                           lora=LoraConfig(rank=lora_rank, alpha=2 * lora_rank) if lora_rank else None)
     cfg = RolloutConfig(num_inference_steps=NUM_STEPS, sde_type="sde", noise_level=0.9, timestep_fraction=0.99)
     cond = adapter.encode_prompts(["a photo of a cat"])
     traj = rollout(adapter, cond, [SampleKey(0, "bench", 0)], cfg)
-    assert traj.num_steps == 8 and adapter.latent_shape()[0] == 64, (traj.num_steps, adapter.latent_shape())
+    tokens = (side // 16) ** 2
+    assert traj.num_steps == 8 and adapter.latent_shape()[0] == tokens, (traj.num_steps, adapter.latent_shape())
     return adapter, cond, traj
 
 
@@ -70,8 +104,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _timings(model_dir: str, device: str, repeats: int) -> dict[str, Any]:
-    adapter, cond, traj = _setup(model_dir, device)
+def _timings(model_dir: str, device: str, repeats: int, side: int = HEIGHT, dtype: torch.dtype = torch.float32,
+             lora_rank: int = 0) -> dict[str, Any]:
+    adapter, cond, traj = _setup(model_dir, device, side, dtype, lora_rank)
     grads = {}
     for mode in ("per_timestep", "batched"):
         _train(adapter, cond, traj, mode, None)
@@ -92,7 +127,8 @@ def _timings(model_dir: str, device: str, repeats: int) -> dict[str, Any]:
     per_step, tsp = statistics.median(times["per_timestep"]), statistics.median(times["batched"])
     return {"per_step_ms": per_step, "tsp_ms": tsp, "ratio": per_step / tsp, "grad_max_rel_err": err,
             "per_step_ms_all": times["per_timestep"], "tsp_ms_all": times["batched"],
-            "trainable_params": sum(p.numel() for p in adapter.trainable_parameters())}
+            "trainable_params": sum(p.numel() for p in adapter.trainable_parameters()),
+            "transformer_params": sum(p.numel() for p in adapter.transformer.parameters())}
 
 
 def _proc_status_mb(field: str) -> float | None:
@@ -181,6 +217,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--size", choices=sorted(SIZES), default="bench",
+                        help="bench: the tiny FLUX (default); mid: a ~0.4 B random-init FLUX-like transformer")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--lora-rank", type=int, default=None, help="0 = full fine-tune (default: 0 bench, 32 mid)")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-mode memory subprocesses")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CHUNK"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -193,12 +233,19 @@ def main(argv: list[str]) -> int:
         print(json.dumps(_child(args.model_dir, args.device, mode, chunk)))
         return 0
 
-    from digenrl_verl.models.tiny import build_tiny_model_dir
-
+    lora_rank = args.lora_rank if args.lora_rank is not None else (32 if args.size == "mid" else 0)
+    side, dtype = SIZES[args.size], DTYPES[args.dtype]
+    if args.size != "bench" and not args.no_memory:
+        parser.error("the per-mode memory subprocesses run the bench size only: add --no-memory")
+    if (args.dtype != "fp32" or lora_rank) and not args.no_memory:
+        parser.error("the memory subprocesses run fp32 without LoRA: add --no-memory")
     tmp = tempfile.mkdtemp(prefix="digenrl_bench_tsp_")
     try:
-        model_dir = str(build_tiny_model_dir("FluxPipeline", os.path.join(tmp, "flux"), seed=0, size="bench"))
-        result: dict[str, Any] = _timings(model_dir, args.device, args.repeats)
+        t0 = time.perf_counter()
+        model_dir = build_model_dir(args.size, os.path.join(tmp, "flux"), args.device)
+        build_s = time.perf_counter() - t0
+        result: dict[str, Any] = _timings(model_dir, args.device, args.repeats, side, dtype, lora_rank)
+        result["build_s"] = build_s
         if not args.no_memory:
             result["memory"] = {
                 "per_timestep": _spawn(model_dir, args.device, args.threads, "per_timestep", None),
@@ -207,9 +254,11 @@ def main(argv: list[str]) -> int:
             result["chunk_sweep"] = [_spawn(model_dir, args.device, args.threads, "batched", c) for c in CHUNKS]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    model = ("FluxPipeline tiny 'bench': 2 double + 2 single blocks, 2 heads x 32, rope (8, 12, 12)"
+             if args.size == "bench" else f"FluxPipeline 'mid' random init: {MID_DIMS}")
     result["config"] = {
-        "model": "FluxPipeline tiny 'bench': 2 double + 2 single blocks, 2 heads x 32, rope (8, 12, 12)",
-        "latent_tokens": 64, "micro_batch": 1, "timesteps": 8, "num_inference_steps": NUM_STEPS,
+        "model": model, "size": args.size, "dtype": args.dtype, "lora_rank": lora_rank,
+        "latent_tokens": (side // 16) ** 2, "micro_batch": 1, "timesteps": 8, "num_inference_steps": NUM_STEPS,
         "sde_type": "sde", "threads": args.threads, "device": args.device, "repeats": args.repeats,
         "torch": torch.__version__,
     }

@@ -5,6 +5,11 @@ refuses a CPU-only machine. `PoolManager` keeps verl's declaration style — a `
 (pool name → processes per node) and a role → pool mapping — and builds `RayResourcePool`s itself, with
 `use_gpu=False` and `max_colocate_count=1` on CPU (the default of 10 CPUs per bundle hangs placement).
 
+A GPU pool may take a fraction of a GPU per worker (`gpu_fraction`, e.g. 0.5): both pools of a disaggregated
+run then fit on one GPU (each bundle asks for that fraction, each worker `num_gpus=fraction`, and Ray gives
+both the same device). Pools that share a device cannot use NCCL between them (NCCL refuses two ranks on
+one GPU): their collectives must use gloo.
+
 A pool may also name an accelerator type (Ray `accelerator_type`, GPU only) or a custom Ray resource
 (any machine): each bundle then asks for a sliver of that resource, so heterogeneous clusters place the
 generator and trainer pools on the nodes that advertise it.
@@ -28,6 +33,7 @@ class PoolSpec:
         use_gpu: one GPU per worker process when True.
         accelerator_type: Ray accelerator type for GPU pools (e.g. "H100"), or None.
         custom_resource: a Ray custom resource every bundle must hold (heterogeneous placement), or None.
+        gpu_fraction: GPUs per worker process when use_gpu (1, or 1/k for an integer k to share a device).
     """
 
     name: str
@@ -35,8 +41,13 @@ class PoolSpec:
     use_gpu: bool = False
     accelerator_type: str | None = None
     custom_resource: str | None = None
+    gpu_fraction: float = 1.0
 
     def __post_init__(self) -> None:
+        k = 1.0 / self.gpu_fraction if self.gpu_fraction > 0 else 0.0
+        if not 0 < self.gpu_fraction <= 1 or abs(k - round(k)) > 1e-9:
+            raise ValueError(f"trainer.digenrl.pools.{self.name}: gpu_fraction={self.gpu_fraction!r} must be 1/k for "
+                             "an integer k ≥ 1 (1, 0.5, 0.25, ...)")
         if not self.process_on_nodes or any(int(n) <= 0 for n in self.process_on_nodes):
             raise ValueError(
                 f"trainer.digenrl.pools.{self.name}: process_on_nodes={list(self.process_on_nodes)} must list at "
@@ -46,6 +57,17 @@ class PoolSpec:
     @property
     def world_size(self) -> int:
         return sum(self.process_on_nodes)
+
+    def bundle(self) -> dict[str, float]:
+        """The Ray placement bundle of one worker of this pool."""
+        out: dict[str, float] = {"CPU": 1}
+        if self.use_gpu:
+            out["GPU"] = self.gpu_fraction
+            if self.accelerator_type:
+                out[f"accelerator_type:{self.accelerator_type}"] = 1e-3
+        if self.custom_resource:
+            out[self.custom_resource] = 1e-3
+        return out
 
 
 @dataclass
@@ -99,7 +121,7 @@ def check_placeable(spec: PoolSpec, role: str) -> None:
     key = f"trainer.digenrl.pools.{role}"
     needs = {"CPU": float(spec.world_size)}
     if spec.use_gpu:
-        needs["GPU"] = float(spec.world_size)
+        needs["GPU"] = float(spec.world_size) * spec.gpu_fraction
         if spec.accelerator_type:
             needs[f"accelerator_type:{spec.accelerator_type}"] = 1e-3
     if spec.custom_resource:
@@ -117,14 +139,12 @@ def make_ray_pool(spec: PoolSpec):
 
     class _Pool(RayResourcePool):
         def get_placement_groups(self, strategy="STRICT_PACK", name=None, device_name="cuda"):
-            if self.pgs is not None or spec.custom_resource is None:
+            if self.pgs is not None or (spec.custom_resource is None and spec.bundle().get("GPU", 1) == 1):
                 return super().get_placement_groups(strategy=strategy, name=name, device_name=device_name)
             import ray
             from ray.util.placement_group import placement_group
 
-            bundle = {"CPU": self.max_colocate_count, spec.custom_resource: 1e-3}
-            if self.use_gpu:
-                bundle["GPU"] = 1
+            bundle = spec.bundle()
             pgs = [
                 placement_group([dict(bundle) for _ in range(n)], strategy=strategy, name=f"{self.name_prefix}{i}")
                 for i, n in enumerate(self._store)
@@ -137,6 +157,7 @@ def make_ray_pool(spec: PoolSpec):
         process_on_nodes=list(spec.process_on_nodes),
         use_gpu=spec.use_gpu,
         name_prefix=spec.name,
-        max_colocate_count=1,
+        # verl gives each worker num_gpus = 1 / max_colocate_count (a fraction of the device when shared)
+        max_colocate_count=round(1 / spec.gpu_fraction) if spec.use_gpu else 1,
         accelerator_type=spec.accelerator_type if spec.use_gpu else None,
     )

@@ -23,3 +23,16 @@ def test_chunk_size_bounds_saved_activations(tmp_path):
     loop = bench._child(model_dir, "cpu", "per_timestep", None)
     assert rows[8]["saved_activations_mb"] > 3 * rows[1]["saved_activations_mb"]
     assert abs(loop["saved_activations_mb"] - rows[1]["saved_activations_mb"]) < 0.05 * rows[1]["saved_activations_mb"]
+
+
+def test_mid_size_path_runs_in_bf16_with_lora(tmp_path):
+    """The GPU throughput line's path (`--size mid --dtype bf16 --lora-rank 32`) with a shrunken transformer on
+    CPU: the transformer is replaced, LoRA trains only adapters, both modes run."""
+    torch.set_num_threads(1)
+    dims = dict(num_layers=1, num_single_layers=1, num_attention_heads=2, attention_head_dim=32,
+                axes_dims_rope=(8, 12, 12))
+    model_dir = bench.build_model_dir("mid", str(tmp_path / "flux"), "cpu", dims=dims)
+    out = bench._timings(model_dir, "cpu", 1, side=128, dtype=torch.bfloat16, lora_rank=4)
+    assert out["per_step_ms"] > 0 and out["tsp_ms"] > 0 and out["ratio"] > 0
+    assert 0 < out["trainable_params"] < out["transformer_params"]
+    assert sum(1 for _ in (tmp_path / "flux" / "transformer").glob("*.safetensors")) == 1

@@ -175,16 +175,18 @@ class EngineRegistry:
         return self._classes[name]
 
 
-#: vLLM-Omni pins (verl-omni a1139baf's `.github/vllm_omni_pin.txt` and `gpu` extra); API names were read
-#: from vllm-omni `VLLM_OMNI_API_VERSION` (see `engines.vllm_omni`).
-VLLM_PIN = "0.27.0"
-VLLM_OMNI_GIT_PIN = "444485650b19"
-VLLM_OMNI_API_VERSION = "0.30.0"
+#: vLLM-Omni pins: the `[vllm]` extra's pair, which resolves with verl 0.9.1 and this project's requirements
+#: (vllm-omni 0.28.0 pins diffusers==0.40.0). verl-omni's pair (vllm 0.27.0 + vllm-omni 0.27.0rc1, diffusers
+#: 0.38.0) works too. Pair vllm X.Y with vllm-omni X.Y. Both are held to the real code by tests/contract.
+VLLM_PIN = "0.28.0"
+VLLM_OMNI_PIN = "0.28.0"
+VERL_OMNI_VLLM_PIN = "0.27.0"
+VERL_OMNI_VLLM_OMNI_PIN = "0.27.0rc1"
 
 ENGINES = EngineRegistry()
 DIFFUSERS = ENGINES.declare(EngineEntry("diffusers"))
 VLLM_OMNI = ENGINES.declare(EngineEntry(
     "vllm_omni", packages=("vllm", "vllm_omni"), cuda=True, title="vLLM-Omni",
-    install_hint=(f"vLLM-Omni on a CUDA machine: pip install vllm=={VLLM_PIN} "
-                  f"'vllm-omni @ git+https://github.com/vllm-project/vllm-omni@{VLLM_OMNI_GIT_PIN}' "
-                  "(verl-omni a1139baf's pins; vllm X.Y must match vllm-omni X.Y)")))
+    install_hint=(f"vLLM-Omni on a CUDA machine: pip install 'digenrl-verl[vllm]' (vllm=={VLLM_PIN}, "
+                  f"vllm-omni=={VLLM_OMNI_PIN}; verl-omni's vllm=={VERL_OMNI_VLLM_PIN} + "
+                  f"vllm-omni=={VERL_OMNI_VLLM_OMNI_PIN} works too; vllm X.Y must match vllm-omni X.Y)")))

@@ -1,80 +1,94 @@
 """The vLLM-Omni rollout engine (`actor_rollout_ref.rollout.name=vllm_omni`): GPU only.
 
-Status, honestly: the parts that touch vLLM — `make_pipeline_class`, the `AsyncOmni` client of
-`VllmOmniEngine`, `collective_rpc` as vLLM-Omni implements it — are **written, never run**: vLLM-Omni has no
-CPU execution path (its platforms are cuda/rocm/npu/xpu/musa, and sleep mode needs the CUDA allocator), and no
-GPU was available while this module was written. They follow the API
-names of the `vllm-omni` 0.30.0 wheel and of verl-omni at commit a1139baf as *read*, not executed; expect to adjust
-names on first contact. Everything else runs on CPU and is tested there: request building, the trajectory
-pipeline core and its `pipeline_output` record, the output → DataProto mapping, the worker extension's weight
-path, and `VllmOmniEngine` held by the generator worker (`workers.roles.GeneratorWorker`) end to end in a
-Ray run, on `InProcessOmniEngine` — a vLLM-free client with the `AsyncOmni` interface the engine uses, which
-runs the same pipeline core in-process (tests/trainer/test_trainer_vllm_omni_backend_on_cpu.py: same rewards and
-weights as the diffusers backend, weights delivered through the extension at every step).
+What ran where (honestly):
 
-Importing this module is cheap and safe everywhere: only `import_vllm_omni()` imports `vllm_omni`, when an
-`AsyncOmni` client or the pipeline class is built. Selecting the engine in the config is validated without this
-module: `RolloutEngineSpec(name="vllm_omni")` checks `engines.base.VLLM_OMNI` (packages found, a CUDA device),
-which fails on CPU with a ValueError naming the key and the fix; `require_vllm_omni()` here is the same check.
+* **Held to the real vLLM-Omni code on CPU** (the contract tier, `tests/contract/`, run by
+  `scripts/test_contract.sh` in a second venv with the pinned vllm / vllm-omni): the exact engine kwargs this
+  module passes, through vLLM-Omni's own config resolver (`OmniDiffusionConfig.from_kwargs`, execution-mode
+  check); the pipeline class through vLLM-Omni's model loader on a tiny model directory (bf16 default dtype,
+  `weights_sources`, `load_weights`); the engine's warm-up request; real `DiffusionRequestBatch`es through
+  `forward`; the output through the engine's post-processing and formatter and the msgpack serializer; the
+  worker-extension class resolution (`re_init_pipeline` kept); `collective_rpc` results and error dicts as
+  vLLM-Omni's stage clients build them; RPC arguments through the msgpack hop; the MASTER_PORT precedence.
+* **Never ran** (no GPU while this was written): `AsyncOmni` itself and its worker processes, the NCCL
+  weight group on GPU, and the bucketed CUDA-IPC hand-over of full weights (`verl`'s `BucketedWeightSender` /
+  `BucketedWeightReceiver`). They follow vLLM-Omni's code as read in the pinned wheel and verl 0.9.1's proven
+  trainer -> rollout path; tests/gpu runs them when a GPU is there.
+
+Importing this module is cheap and safe everywhere: vLLM-Omni is imported only when an `AsyncOmni` client, the
+pipeline class (`DigenRLOmniPipeline`) or the worker extension (`DigenRLWorkerExtension`) is built; the last two
+resolve lazily through the module's `__getattr__`, which is how vLLM-Omni's `resolve_obj_by_qualname` finds
+them. Selecting the engine in the config is validated without this module (`engines.base.VLLM_OMNI`).
 
 Design (what makes this backend produce the same training data as the diffusers path):
 
 * **One SDE module.** The custom pipeline does not re-implement the sampler: `TrajectoryPipelineCore` calls
-  `digenrl_verl.diffusion.rollout.rollout` — the function the diffusers generator and TAG use — on our
-  `DiffusionAdapter` loaded inside the vLLM-Omni worker. Step kinds, per-sample noise (`SampleKey` seeds) and
-  timestep selection are therefore the same code, so rollout log-probs and the trainer's recomputed log-probs
-  agree up to the numerics of the two devices/dtypes (the trainer recomputes old log-probs whenever the
-  engine is not `diffusers`, see the config's `recompute_old_log_probs`).
-* **One request per prompt.** `build_requests` groups a shard's rows by prompt uid and sends one request per
-  prompt with `num_outputs_per_prompt` = the number of that prompt's samples on this rank (= rollout.n when a
-  rank holds whole groups), never n requests of batch 1 (verl-omni#83, UniRL#108). Every request of a step has
-  the same sampling-parameter key (size, frames, steps, guidance), so vLLM-Omni's request waves can form.
-* **RL knobs through `extra_args["digenrl"]`**: the rollout config, the global step and the sample indices;
-  the pipeline rebuilds the `SampleKey`s from them.
-* **Weights through a worker extension.** `DigenRLWorkerExtension` (passed as `worker_extension_cls`) joins
-  the trainer → generator process group (`weights.sync`, NCCL on GPU) and receives the trainable
-  weights after each optimizer step. Weights are *staged* and applied only when no request is in flight,
-  so a trajectory is always generated under one policy version.
-* **Versions per sample.** Every output carries the policy version its trajectory was generated with; the
-  generator puts it in `policy_version` [B] of the DataProto, as the diffusers path does.
+  `digenrl_verl.diffusion.rollout.rollout` (the function the diffusers generator and TAG use) on our
+  `DiffusionAdapter`, loaded inside the vLLM-Omni worker. The trainer recomputes old log-probs whenever the
+  engine is not `diffusers` (the config's `recompute_old_log_probs`).
+* **One request per prompt** with `num_outputs_per_prompt` = that prompt's samples on this rank; the pipeline
+  runs one request at a time (`supports_request_batch = False`, so vLLM-Omni needs `max_num_seqs=1`: the
+  batching is inside a request, over the prompt's samples).
+* **RL knobs through `extra_args["digenrl"]`**; requests without it (vLLM-Omni's start-up warm-up) are answered
+  with `DiffusionOutput(output=None)`.
+* **The output** is vLLM-Omni's envelope, `DiffusionOutput(output={"payload": {"image" | "video": uint8},
+  "metadata": {"rl": record}}, trajectory_*=..., to_cpu=True)`; `model_class_name="DigenRLOmniPipeline"` keeps
+  vLLM-Omni from attaching the architecture's own post-processor to it.
+* **Weights.** torch.distributed is already initialised for vLLM's own world inside a vLLM worker, so the
+  worker never joins our groups: the generator *actor* joins the trainer -> generator group (`weights.sync`,
+  NCCL on GPU) and hands the received tensors into the engine, by `collective_rpc` for LoRA-sized states
+  (`RPC_WEIGHTS_MAX_BYTES`; tensors cross vLLM-Omni's msgpack hop) and by bucketed CUDA IPC for full weights.
+  The worker stages them; they apply only when no request is in flight, so a trajectory carries one version.
+* **A free MASTER_PORT per engine**: the actor inherits verl's worker-group `MASTER_PORT`, which vLLM-Omni reads
+  before its own `master_port`; each engine sets a fresh one before it starts.
 
 Tensors produced by `outputs_to_batch` (an `engines.base.Rollout`, as the diffusers engine returns):
 latents / next_latents fp32 [B, K, *latent], sigmas / next_sigmas fp32 [B, K], log_probs and
 rollout_log_probs fp32 [B, K], step_index int64 [B, K], final_latents fp32 [B, *latent], sample_id int64 [B],
 policy_version int64 [B]; images (responses) uint8 [B, 3, H, W] or [B, T, 3, H, W].
 
-Pins for GPU use (verl-omni a1139baf's `.github/vllm_omni_pin.txt` and `gpu` extra): vllm==0.27.0 with
-vllm-omni at git 444485650b19; pair vllm X.Y with vllm-omni X.Y (`engines.base.VLLM_PIN`, `VLLM_OMNI_GIT_PIN`).
+Pins (`engines.base.VLLM_PIN` / `VLLM_OMNI_PIN`, the `[vllm]` extra): vllm 0.28.0 + vllm-omni 0.28.0, which
+resolve with verl 0.9.1; verl-omni's pair, vllm 0.27.0 + vllm-omni 0.27.0rc1, also works (both are run by the
+contract tier).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 import uuid
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+import warnings
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, Trajectory, rollout
-from digenrl_verl.engines.base import (BACKEND_KEY, ENGINES, VLLM_OMNI, VLLM_OMNI_API_VERSION, VLLM_OMNI_GIT_PIN,
-                                       VLLM_PIN, Rollout, RolloutRows)
+from digenrl_verl.engines.base import (BACKEND_KEY, ENGINES, VLLM_OMNI, VLLM_OMNI_PIN, VLLM_PIN, Rollout,
+                                       RolloutRows)
 from digenrl_verl.engines.spec import PolicySpec
 from digenrl_verl.models.base import DiffusionAdapter
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.registry import load_adapter
 from digenrl_verl.weights.state import load_weights_file
-from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
+from digenrl_verl.weights.sync import CollectiveSpec, Collectives, free_port, state_checksum
 
-__all__ = ["BACKEND_KEY", "VLLM_OMNI_API_VERSION", "VLLM_OMNI_GIT_PIN", "VLLM_PIN", "InProcessOmniEngine",
-           "VllmOmniEngine", "require_vllm_omni", "unavailable_reason"]
+__all__ = ["BACKEND_KEY", "VLLM_OMNI_PIN", "VLLM_PIN", "InProcessOmniEngine", "VllmOmniEngine",
+           "require_vllm_omni", "unavailable_reason"]
 
 ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm_omni"
-PIPELINE_CLASS = "digenrl_verl.engines.vllm_omni.DigenRLOmniPipeline"
+PIPELINE_NAME = "DigenRLOmniPipeline"
+PIPELINE_CLASS = f"digenrl_verl.engines.vllm_omni.{PIPELINE_NAME}"
 WORKER_EXTENSION_CLASS = "digenrl_verl.engines.vllm_omni.DigenRLWorkerExtension"
+#: engine kwargs this module sets itself (a user value for them is refused)
+OWN_ENGINE_KWARGS = ("model", "custom_pipeline_args", "worker_extension_cls", "model_class_name", "dtype",
+                     "master_port")
+#: trainable states up to this size go into the engine by `collective_rpc`; larger ones by bucketed CUDA IPC
+RPC_WEIGHTS_MAX_BYTES = 256 << 20
+IPC_BUCKET_MB = 512
 
 
 # ------------------------------------------------------------------------------------------ availability
@@ -90,21 +104,66 @@ def require_vllm_omni() -> None:
 
 @dataclass(frozen=True)
 class VllmOmniApi:
-    """The vLLM-Omni names this module uses (per vllm-omni 0.30.0; unverified)."""
+    """The vLLM-Omni names this module uses (checked against the pinned wheels by tests/contract)."""
 
     AsyncOmni: Any
     SamplingParams: Any
     DiffusionOutput: Any
+    CustomPipelineWorkerExtension: Any
 
 
-def import_vllm_omni() -> VllmOmniApi:
-    """The one place that imports vLLM-Omni (GPU machines only; checked first, so CPU gets the ValueError)."""
-    require_vllm_omni()
-    from vllm_omni import AsyncOmni
+def import_vllm_omni(*, require: bool = True) -> VllmOmniApi:
+    """The one place that imports vLLM-Omni. `require`: check first that it can run here (a CUDA device), so
+    CPU gets the ValueError; the worker-side classes import it without that check (they run where vLLM-Omni
+    loads them, and the contract tier imports them on CPU)."""
+    if require:
+        require_vllm_omni()
+    from vllm_omni.diffusion.data import DiffusionOutput
+    from vllm_omni.diffusion.worker.diffusion_worker import CustomPipelineWorkerExtension
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
-    from vllm_omni.outputs import DiffusionOutput
 
-    return VllmOmniApi(AsyncOmni, OmniDiffusionSamplingParams, DiffusionOutput)
+    if require:
+        from vllm_omni import AsyncOmni
+    else:
+        AsyncOmni = None  # noqa: N806 - `from vllm_omni import AsyncOmni` needs torchvision (GPU machines only)
+    return VllmOmniApi(AsyncOmni, OmniDiffusionSamplingParams, DiffusionOutput, CustomPipelineWorkerExtension)
+
+
+def build_engine_kwargs(model_path: str, custom_pipeline_args: Mapping[str, Any], user_kwargs: Mapping[str, Any] | None,
+                  *, dtype: str, master_port: int | None = None) -> dict[str, Any]:
+    """The exact keyword arguments `AsyncOmni(**kwargs)` gets.
+
+    `user_kwargs` (`actor_rollout_ref.rollout.engine_kwargs.vllm_omni`) may tune vLLM-Omni (e.g.
+    `gpu_memory_utilization`, `enforce_eager`) but not what this module owns (`OWN_ENGINE_KWARGS`: ValueError);
+    `max_num_seqs` other than 1 warns and is clamped to 1 (DigenRL's pipeline does not batch requests; vLLM-Omni
+    refuses `max_num_seqs` > 1 for such a pipeline). `enable_dummy_pipeline` is not an engine kwarg (0.30:
+    `Unknown diffusion config field`): a custom pipeline is selected by `custom_pipeline_args` alone.
+    """
+    user = dict(user_kwargs or {})
+    own = sorted(set(user) & (set(OWN_ENGINE_KWARGS) | {"enable_dummy_pipeline"}))
+    if own:
+        raise ValueError(f"{ENGINE_KWARGS_KEY}: {own} are set by DigenRL's vLLM-Omni engine; remove them")
+    n = int(user.pop("max_num_seqs", 1))
+    if n != 1:
+        warnings.warn(f"{ENGINE_KWARGS_KEY}.max_num_seqs={n} is clamped to 1: DigenRL's pipeline runs one request "
+                      "(all samples of a prompt) at a time, and vLLM-Omni refuses max_num_seqs > 1 for a pipeline "
+                      "without request batching", stacklevel=2)
+    kwargs = {"model": model_path, "custom_pipeline_args": dict(custom_pipeline_args),
+              "worker_extension_cls": WORKER_EXTENSION_CLASS, "model_class_name": PIPELINE_NAME, "dtype": dtype,
+              "max_num_seqs": 1, **user}
+    if master_port is not None:
+        kwargs["master_port"] = int(master_port)
+    return kwargs
+
+
+def isolate_master_port(host: str = "127.0.0.1") -> int:
+    """Give this process's next vLLM-Omni engine a free port of its own: vLLM-Omni reads `MASTER_PORT` before
+    its `master_port` argument, and a generator actor inherits verl's worker-group `MASTER_PORT` (several
+    generators per node would collide). Returns the port, also to be passed as `master_port`."""
+    port = free_port(host)
+    os.environ["MASTER_PORT"] = str(port)
+    return port
+
 
 
 # ------------------------------------------------------------------------------------------ requests
@@ -320,85 +379,152 @@ def build_core(custom_args: Mapping[str, Any], device: str, *, register: bool = 
     return TrajectoryPipelineCore(adapter, version=int(args.get("start_version", 0)), register=register)
 
 
-# ------------------------------------------------------------------------------------------ vLLM glue (GPU)
-def make_pipeline_class():
-    """The vLLM-Omni custom pipeline class (imports vllm_omni: GPU machines only). UNTESTED.
-
-    Loaded by vLLM-Omni through `enable_dummy_pipeline=True, custom_pipeline_args={"pipeline_class":
-    PIPELINE_CLASS}`. It wraps a `TrajectoryPipelineCore` over our adapter and fills the trajectory fields of
-    vLLM-Omni's `DiffusionOutput` (`trajectory_latents`, `trajectory_timesteps`, `trajectory_log_probs`) plus
-    `metadata["rl"]` with the full per-sample record.
-    """
-    api = import_vllm_omni()
-
-    class _DigenRLOmniPipeline(torch.nn.Module):
-        """vLLM-Omni pipeline: one request = one prompt × num_outputs_per_prompt trajectories."""
-
-        supports_request_batch = False  # one request runs at a time; prompts batch inside a request
-
-        def __init__(self, od_config: Any, **kwargs: Any) -> None:
-            super().__init__()
-            args = dict(getattr(od_config, "custom_pipeline_args", None) or {})
-            args.setdefault("model", getattr(od_config, "model", None))
-            self.core = build_core(args, "cuda")
-
-        @torch.no_grad()
-        def forward(self, req: Any) -> Any:
-            params = req.sampling_params
-            images, rl = pipeline_output(self.core, req.prompt, int(params.num_outputs_per_prompt),
-                                         dict(params.extra_args or {}))
-            return api.DiffusionOutput(images=images, trajectory_latents=rl["next_latents"],
-                                   trajectory_timesteps=rl["sigmas"], trajectory_log_probs=rl["log_probs"],
-                                   multimodal_output={"metadata": {"rl": rl}})
-
-    return _DigenRLOmniPipeline
+def worker_device() -> torch.device:
+    """The device a vLLM-Omni worker runs its pipeline on (the worker has set its CUDA device); CPU elsewhere."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
-def __getattr__(name: str) -> Any:  # `DigenRLOmniPipeline` resolves lazily (vLLM-Omni imports it by name)
-    if name == "DigenRLOmniPipeline":
-        return make_pipeline_class()
-    raise AttributeError(name)
+# ------------------------------------------------------------------------------------------ pipeline (worker side)
+def prompt_text(prompt: Any) -> str:
+    """The text of a vLLM-Omni prompt: a string, or an `OmniTextPrompt` dict (`{"prompt", "negative_prompt"}`)."""
+    if isinstance(prompt, Mapping):
+        return str(prompt["prompt"])
+    return str(prompt)
 
 
-class DigenRLWorkerExtension:
-    """Mixed into vLLM-Omni's worker (`worker_extension_cls=WORKER_EXTENSION_CLASS`); called through
-    `collective_rpc`. UNTESTED inside vLLM; the same methods run on CPU under `InProcessOmniEngine` (weights over
-    gloo from the trainer, staged, then used by the next request).
+def media_key(images: torch.Tensor) -> str:
+    return "video" if images.dim() == 5 else "image"
 
-    The extension finds the pipeline core of its process through the module registry, so it does not depend
-    on vLLM-Omni's worker internals.
 
-    Known gap (found in review, not run): a vLLM worker process has already initialised torch.distributed for
-    vLLM's own world, so `Collectives` would skip its `init_process_group` and build its subgroups on vLLM's
-    world instead of the trainer → generator group. A GPU run needs a separate (stateless) group for this link,
-    e.g. vLLM's `StatelessProcessGroup` + `PyNcclCommunicator`, as verl's checkpoint engine does. The in-process
-    engine does not have this problem (the generator actor has no other process group).
+class DigenRLPipelineMethods:
+    """What the vLLM-Omni custom pipeline does, free of vLLM (the class vLLM-Omni loads, `DigenRLOmniPipeline`,
+    is this plus `torch.nn.Module`; `InProcessOmniEngine` runs it in-process).
+
+    vLLM-Omni's loader builds it as `cls(od_config=...)` under its default dtype (bf16), reads `weights_sources`
+    and calls `load_weights(weights)`; its worker calls `forward(batch)` with a `DiffusionRequestBatch` (one
+    request here: `supports_request_batch = False`), first with the start-up warm-up request.
     """
 
-    _digenrl_collectives: Collectives | None = None  # class defaults: vLLM builds the worker, not this mixin
+    supports_request_batch = False
+    #: the weights come from the model directory through our adapter's `from_pretrained` in `__init__`; vLLM-Omni's
+    #: loader has nothing to stream (empty sources), and calls `load_weights` with no tensors
+    weights_sources: tuple = ()
+    core: TrajectoryPipelineCore
+    output_cls: Any = None  # the DiffusionOutput class (vLLM-Omni's, or the in-process stand-in)
+
+    def _digenrl_init(self, od_config: Any, output_cls: Any, device: torch.device | str) -> None:
+        args = dict(getattr(od_config, "custom_pipeline_args", None) or {})
+        args.pop("pipeline_class", None)
+        args.setdefault("model", getattr(od_config, "model", None))
+        self.output_cls = output_cls
+        # the loader sets a bf16 default dtype around this constructor; our adapter loads in its own dtype and the
+        # SDE math is fp32, so build under the dtype torch starts with
+        with _default_dtype(torch.float32):
+            self.core = build_core(args, str(device))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """vLLM-Omni's loader entry (no tensors at start-up), and verl-omni's full-weight update entry (one bucket of
+        (name, tensor) pairs). Tensors are staged with the core's current version; the version moves with
+        `DigenRLWorkerExtension.digenrl_stage_weights`. Returns the names loaded."""
+        got = {name: tensor for name, tensor in weights}
+        if got:
+            version, current = self.core.current_weights()
+            unknown = sorted(set(got) - set(current))
+            if unknown:
+                raise ValueError(f"load_weights: {unknown[:5]} are not trainable weights of the DigenRL pipeline")
+            self.core.stage_weights({**current, **got}, version)
+        return set(got)
+
+    @torch.no_grad()
+    def forward(self, req: Any) -> Any:
+        """One `DiffusionRequestBatch` (`.requests`, `.prompts`, `.sampling_params`, `.is_dummy_run()`)."""
+        if req.is_dummy_run():
+            return self.output_cls(output=None)
+        if len(req.requests) != 1:
+            raise ValueError(f"DigenRL's pipeline runs one request at a time, got {len(req.requests)} (max_num_seqs=1)")
+        params = req.sampling_params
+        extra = dict(params.extra_args or {})
+        if "digenrl" not in extra:  # a request that is not a DigenRL rollout (warm-up variants): nothing to do
+            return self.output_cls(output=None)
+        images, rl = pipeline_output(self.core, prompt_text(req.prompts[0]), int(params.num_outputs_per_prompt),
+                                     extra)
+        return self.output_cls(output={"payload": {media_key(images): images}, "metadata": {"rl": rl}},
+                               trajectory_latents=rl["next_latents"], trajectory_timesteps=rl["sigmas"],
+                               trajectory_log_probs=rl["log_probs"], to_cpu=True)
+
+
+class _default_dtype:
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __enter__(self) -> None:
+        self.saved = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.set_default_dtype(self.saved)
+
+
+def read_request_output(out: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(images uint8, rl record) from what the client streams for one request (vLLM-Omni's `OmniRequestOutput`:
+    `images` is the payload as a list, the envelope's metadata is in `multimodal_output["metadata"]`)."""
+    mm = getattr(out, "multimodal_output", None) or {}
+    rl = (mm.get("metadata") or {}).get("rl")
+    if rl is None:
+        raise RuntimeError(f"vLLM-Omni output of request {getattr(out, 'request_id', '?')} carries no DigenRL record "
+                           f"(multimodal_output keys {sorted(mm)}, error {getattr(out, 'error', None)!r})")
+    images = list(getattr(out, "images", None) or [])
+    if len(images) != 1 or not isinstance(images[0], torch.Tensor):
+        raise RuntimeError(f"vLLM-Omni output carries {len(images)} payloads, expected one uint8 tensor")
+    return images[0], rl
+
+
+# ------------------------------------------------------------------------------------------ worker extension
+class DigenRLWorkerMethods:
+    """The `collective_rpc` methods of DigenRL's worker extension, free of vLLM (`DigenRLWorkerExtension` is this
+    plus vLLM-Omni's `CustomPipelineWorkerExtension`, whose `re_init_pipeline` the worker calls at start).
+
+    Arguments and results are plain data (ints, strings, dicts of tensors): they cross vLLM-Omni's msgpack hop.
+    The pipeline core is found on the worker's `model_runner.pipeline`, else in this process's registry.
+    """
+
     _digenrl_core: TrajectoryPipelineCore | None = None
 
     def digenrl_attach_core(self, core: TrajectoryPipelineCore) -> None:
-        """Serve `core` (the in-process engine's); vLLM workers find theirs in the module registry."""
+        """Serve `core` (the in-process engine's)."""
         self._digenrl_core = core
 
-    def digenrl_join(self, spec: CollectiveSpec, generator_rank: int) -> int:
-        """Join the trainer → generator process group as generator `generator_rank` (NCCL on GPU)."""
-        self._digenrl_collectives = Collectives(spec, "generator", generator_rank)
-        return self._digenrl_collectives.global_rank
-
     def _digenrl_active_core(self) -> TrajectoryPipelineCore:
-        return self._digenrl_core if self._digenrl_core is not None else _active_core()
+        if self._digenrl_core is not None:
+            return self._digenrl_core
+        pipeline = getattr(getattr(self, "model_runner", None), "pipeline", None)
+        core = getattr(pipeline, "core", None)
+        return core if isinstance(core, TrajectoryPipelineCore) else _active_core()
 
-    def digenrl_receive_weights(self, version: int) -> int:
-        """Receive the trainable weights broadcast by trainer rank 0 and stage them as `version`."""
-        if self._digenrl_collectives is None:
-            raise RuntimeError("the vLLM-Omni worker received weights before digenrl_join")
+    def digenrl_weights_meta(self) -> dict[str, list]:
+        """`{name: [shape, dtype name]}` of the trainable weights (the actor allocates its receive buffers)."""
+        _, state = self._digenrl_active_core().current_weights()
+        return {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in state.items()}
+
+    def digenrl_stage_weights(self, state: Mapping[str, torch.Tensor], version: int) -> int:
+        """Stage a whole trainable state as `version` (the LoRA-sized path: the tensors came by RPC)."""
         core = self._digenrl_active_core()
-        buffers = {k: v.detach().clone() for k, v in core.adapter.trainable_state(device=None).items()}
-        self._digenrl_collectives.receive_weights(buffers)
-        core.stage_weights(buffers, version)
-        return version
+        device = next(iter(core.adapter.trainable_state(device=None).values())).device
+        core.stage_weights({k: v.to(device) for k, v in state.items()}, int(version))
+        return int(version)
+
+    def digenrl_receive_ipc(self, zmq_handle: str, version: int, use_shm: bool = False) -> int:
+        """Receive a whole trainable state in buckets over CUDA IPC (verl's `BucketedWeightReceiver`, the actor
+        runs the sender) and stage it as `version`. UNTESTED (needs CUDA)."""
+        from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightReceiver
+
+        received: dict[str, torch.Tensor] = {}
+        receiver = BucketedWeightReceiver(zmq_handle=zmq_handle, device=worker_device(), use_shm=use_shm)
+        # bucket views die with the bucket: clone what is kept
+        receiver.receive_weights(lambda weights, *_: received.update({k: v.clone() for k, v in weights}))
+        return self.digenrl_stage_weights(received, version)
 
     def digenrl_version(self) -> int:
         return self._digenrl_active_core().version
@@ -410,9 +536,8 @@ class DigenRLWorkerExtension:
 
     def digenrl_load_weights(self, path: str, version: int) -> int:
         """Stage the trainable weights of a checkpoint directory as `version` (resume)."""
-        core = self._digenrl_active_core()
-        core.stage_weights(load_weights_file(path), version)
-        return version
+        self._digenrl_active_core().stage_weights(load_weights_file(path), int(version))
+        return int(version)
 
 
 def _active_core() -> TrajectoryPipelineCore:
@@ -421,25 +546,122 @@ def _active_core() -> TrajectoryPipelineCore:
     return _CORES[0]
 
 
+_LAZY: dict[str, type] = {}
+
+
+def make_pipeline_class() -> type:
+    """`DigenRLOmniPipeline`: `DigenRLPipelineMethods` + `torch.nn.Module`, returning vLLM-Omni's `DiffusionOutput`
+    (imports vllm_omni). Loaded by vLLM-Omni through `custom_pipeline_args={"pipeline_class": PIPELINE_CLASS}`."""
+    if PIPELINE_NAME not in _LAZY:
+        api = import_vllm_omni(require=False)
+
+        class DigenRLOmniPipeline(DigenRLPipelineMethods, torch.nn.Module):
+            def __init__(self, *, od_config: Any, prefix: str = "") -> None:
+                torch.nn.Module.__init__(self)
+                self._digenrl_init(od_config, api.DiffusionOutput, worker_device())
+
+        DigenRLOmniPipeline.__module__ = __name__
+        DigenRLOmniPipeline.__qualname__ = PIPELINE_NAME
+        _LAZY[PIPELINE_NAME] = DigenRLOmniPipeline
+    return _LAZY[PIPELINE_NAME]
+
+
+def make_worker_extension_class() -> type:
+    """`DigenRLWorkerExtension`: `DigenRLWorkerMethods` on top of vLLM-Omni's `CustomPipelineWorkerExtension`
+    (passing `worker_extension_cls` replaces that class, whose `re_init_pipeline` loads our pipeline at start)."""
+    if "DigenRLWorkerExtension" not in _LAZY:
+        api = import_vllm_omni(require=False)
+        cls = type("DigenRLWorkerExtension", (DigenRLWorkerMethods, api.CustomPipelineWorkerExtension),
+                   {"__module__": __name__, "__doc__": DigenRLWorkerMethods.__doc__})
+        _LAZY["DigenRLWorkerExtension"] = cls
+    return _LAZY["DigenRLWorkerExtension"]
+
+
+def __getattr__(name: str) -> Any:  # vLLM-Omni resolves both classes by qualified name in its worker
+    if name == PIPELINE_NAME:
+        return make_pipeline_class()
+    if name == "DigenRLWorkerExtension":
+        return make_worker_extension_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ------------------------------------------------------------------------------------------ RPC contract
+class VllmOmniRpcError(RuntimeError):
+    """A worker-side failure that vLLM-Omni's `collective_rpc` returned as a dict instead of raising."""
+
+
+def _error_of(result: Any) -> str | None:
+    if isinstance(result, Mapping) and (result.get("error") is True or result.get("supported") is False):
+        return str(result.get("reason") or result.get("error") or result)
+    return None
+
+
+def unwrap_rpc_result(method: str, results: Any) -> Any:
+    """The first worker's answer of `collective_rpc(method)`, raising on vLLM-Omni's error dicts.
+
+    `AsyncOmni.collective_rpc` returns one entry per stage; a diffusion stage's entry is the list of its workers'
+    results (`[[worker_result]]`), or, when the worker failed, `{"error": True, "reason": ...}` (the stage
+    client) or `{"supported": False, "error": ...}` (the stage pool).
+    """
+    if not isinstance(results, (list, tuple)) or not results:
+        raise VllmOmniRpcError(f"collective_rpc({method!r}) returned {results!r}, expected one entry per stage")
+    stage = results[0]
+    why = _error_of(stage)
+    if why is None and isinstance(stage, (list, tuple)):
+        if not stage:
+            raise VllmOmniRpcError(f"collective_rpc({method!r}): the stage returned no worker result")
+        errors = [e for e in map(_error_of, stage) if e is not None]
+        why = errors[0] if errors else None
+        stage = stage[0]
+    if why is not None:
+        raise VllmOmniRpcError(f"vLLM-Omni worker failed in {method}: {why}")
+    return stage
+
+
+def plain_rpc_args(args: Sequence[Any]) -> tuple:
+    """RPC arguments cross vLLM-Omni's msgpack hop, where a dataclass arrives as a dict: only plain data (None,
+    bool, int, float, str, tensors, lists / tuples / dicts of those) may go. TypeError otherwise."""
+
+    def check(x: Any, where: str) -> None:
+        if x is None or isinstance(x, (bool, int, float, str, torch.Tensor)):
+            return
+        if isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                check(v, f"{where}[{i}]")
+            return
+        if isinstance(x, Mapping):
+            for k, v in x.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"RPC argument {where} has a non-string key {k!r}")
+                check(v, f"{where}[{k!r}]")
+            return
+        kind = "a dataclass (it would arrive as a dict)" if is_dataclass(x) else type(x).__name__
+        raise TypeError(f"RPC argument {where} is {kind}: send plain data across vLLM-Omni's msgpack hop")
+
+    for i, a in enumerate(args):
+        check(a, f"args[{i}]")
+    return tuple(args)
+
+
+# ------------------------------------------------------------------------------------------ engine (actor side)
 @ENGINES.register("vllm_omni")
 class VllmOmniEngine:
-    """The `RolloutEngine` of `actor_rollout_ref.rollout.name=vllm_omni`: the driver side of a vLLM-Omni engine.
+    """The `RolloutEngine` of `actor_rollout_ref.rollout.name=vllm_omni`: the generator actor's side.
 
     One request per prompt to its client (`build_requests`), outputs mapped back to the rows' order
-    (`outputs_to_batch`); the policy weights live in the client's worker process, which joins the trainer →
-    generator process group and receives the weights through `DigenRLWorkerExtension` (`collective_rpc`).
-    `version` is the version this side expects the client to hold; every request names it, and `checksum`
-    checks it. With the `async_omni` client UNTESTED; with `inprocess` tested on CPU in a Ray run.
+    (`outputs_to_batch`). The actor joins the trainer -> generator group itself (`join`), receives each new
+    version there and hands it to the engine's worker (`receive_weights`). `version` is the version this side
+    expects the worker to hold; every request names it, and `checksum` checks it.
 
     Args:
         model_path: the diffusers directory (`actor_rollout_ref.model.path`).
         pipeline / rollout: the run's `PipelineConfig` / `RolloutConfig`.
-        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni` (e.g. max_num_seqs, step_execution).
-        dtype: the model dtype of the client's pipeline.
-        start_version: the policy version of the weights the client loads.
-        lora: the policy's LoRA config (the client's model must have the trainer's trainable parameters).
-        client: `async_omni` (vLLM-Omni's AsyncOmni) or `inprocess` (`InProcessOmniEngine`).
-        device: where the in-process client runs (vLLM-Omni places its own workers).
+        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni` (see `build_engine_kwargs`).
+        dtype: the model dtype of the worker's pipeline.
+        start_version: the policy version of the weights the worker loads.
+        lora: the policy's LoRA config (the worker's model must have the trainer's trainable parameters).
+        client: `async_omni` (vLLM-Omni's AsyncOmni, started on first use, after `join`) or `inprocess`.
+        device: where the in-process client runs, and where received weights live in the actor.
     """
 
     def __init__(self, model_path: str, pipeline: PipelineConfig, rollout: RolloutConfig,
@@ -447,21 +669,22 @@ class VllmOmniEngine:
                  *, lora: LoraConfig | None = None, client: str = "async_omni", device: str = "cuda") -> None:
         self.pipeline, self.rollout = pipeline, rollout
         self.version = int(start_version)
-        custom = {"pipeline_class": PIPELINE_CLASS, "model": model_path, "dtype": dtype,
-                  "start_version": start_version, "lora": asdict(lora) if lora is not None else None,
-                  "pipeline": {k: v for k, v in asdict(pipeline).items() if v is not None}}
-        kwargs = {"max_num_seqs": 8, **dict(engine_kwargs or {})}
+        self.device = device
+        self.custom = {"pipeline_class": PIPELINE_CLASS, "model": model_path, "dtype": dtype,
+                       "start_version": int(start_version), "lora": asdict(lora) if lora is not None else None,
+                       "pipeline": {k: v for k, v in asdict(pipeline).items() if v is not None}}
+        self.kwargs = build_engine_kwargs(model_path, self.custom, engine_kwargs, dtype=dtype)
+        self.collectives: Collectives | None = None
+        self._meta: dict[str, list] | None = None
+        self._client: Any = None
+        self.loop = asyncio.new_event_loop()  # one loop for every call: an async client binds to the first one
         if client == "inprocess":
-            self.client: Any = InProcessOmniEngine(model=model_path, custom_pipeline_args=custom, device=device)
+            self._client = InProcessOmniEngine(model=model_path, custom_pipeline_args=self.custom, device=device)
             self.params_cls: Any = SamplingParams
         elif client == "async_omni":
-            api = import_vllm_omni()
-            self.client = api.AsyncOmni(model=model_path, enable_dummy_pipeline=True, custom_pipeline_args=custom,
-                                        worker_extension_cls=WORKER_EXTENSION_CLASS, **kwargs)
-            self.params_cls = api.SamplingParams
+            self.params_cls = None  # vLLM-Omni's, once the client starts
         else:
             raise ValueError(f"unknown vLLM-Omni client {client!r}; valid: ['async_omni', 'inprocess']")
-        self.loop = asyncio.new_event_loop()  # one loop for every call: an async client binds to the first one
 
     @classmethod
     def from_policy(cls, spec: PolicySpec) -> "VllmOmniEngine":
@@ -472,20 +695,36 @@ class VllmOmniEngine:
         return cls(spec.model_path, spec.pipeline, spec.rollout, engine.engine_kwargs, dtype=dtype,
                    start_version=spec.start_version, lora=spec.lora, client=engine.client, device=spec.device)
 
+    @property
+    def client(self) -> Any:
+        """The engine client; `AsyncOmni` starts here on first use (after `join`, so torch.distributed in this
+        actor belongs to our group whatever vLLM-Omni does in-process), with a free MASTER_PORT of its own."""
+        if self._client is None:
+            api = import_vllm_omni()
+            kwargs = dict(self.kwargs, master_port=isolate_master_port())
+
+            async def start() -> Any:
+                return api.AsyncOmni(**kwargs)
+
+            self._client = self.loop.run_until_complete(start())
+            self.params_cls = api.SamplingParams
+        return self._client
+
     async def _generate(self, rows: RolloutRows) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """All requests of the rows concurrently; (tensors, images) in row order."""
         requests = build_requests(rows.prompts, rows.uids, rows.sample_indices, step=rows.step, version=self.version,
                                   pipeline=self.pipeline, rollout=self.rollout)
+        client = self.client
 
         async def one(req: OmniRequest) -> Mapping[str, Any]:
             params = self.params_cls(**req.sampling, extra_args=req.extra_args)
             final = None
-            async for out in self.client.generate({"prompt": req.prompt, "negative_prompt": req.negative_prompt},
-                                                  params, request_id=req.request_id):
+            async for out in client.generate({"prompt": req.prompt, "negative_prompt": req.negative_prompt},
+                                             params, request_id=req.request_id):
                 final = out
-            rl = final.multimodal_output["metadata"]["rl"]
+            images, rl = read_request_output(final)
             traj = Trajectory.from_tensors(rl, rl["sde_type"], rl["noise_level"])
-            return {"trajectory": traj, "images": final.images, "policy_version": rl["policy_version"],
+            return {"trajectory": traj, "images": images, "policy_version": rl["policy_version"],
                     "sample_indices": rl["sample_indices"]}
 
         outputs = await asyncio.gather(*(one(r) for r in requests))
@@ -496,32 +735,77 @@ class VllmOmniEngine:
         tensors, images = self.loop.run_until_complete(self._generate(rows))
         return Rollout(tensors, images)
 
-    def rpc(self, method: str, *args: Any) -> Any:
-        """`collective_rpc` into the worker extension; the answer of the client's first worker."""
-        out = self.client.collective_rpc(method, args=args)
-        if inspect.isawaitable(out):  # AsyncOmni's collective_rpc may be a coroutine
-            out = self.loop.run_until_complete(_await(out))
-        return out[0] if isinstance(out, (list, tuple)) else out
+    async def _rpc(self, method: str, *args: Any) -> Any:
+        out = self.client.collective_rpc(method, args=plain_rpc_args(args))
+        if inspect.isawaitable(out):
+            out = await out
+        return unwrap_rpc_result(method, out)
 
+    def rpc(self, method: str, *args: Any) -> Any:
+        """`collective_rpc` into the worker extension; the first worker's answer (errors raise)."""
+        return self.loop.run_until_complete(self._rpc(method, *args))
+
+    # -- weights ----------------------------------------------------------------------------------------
     def join(self, spec: CollectiveSpec, generator_rank: int) -> int:
-        return int(self.rpc("digenrl_join", spec, generator_rank))
+        """Join the trainer -> generator group in this actor (torch.distributed is free here, unlike inside a
+        vLLM worker); the engine's worker never joins."""
+        import torch.distributed as dist
+
+        if dist.is_initialized() and self.collectives is None:
+            raise RuntimeError("torch.distributed is already initialised in the vLLM-Omni generator actor: it would "
+                               "join that world instead of the trainer -> generator group")
+        self.collectives = Collectives(spec, "generator", generator_rank)
+        return self.collectives.global_rank
+
+    def weights_meta(self) -> dict[str, list]:
+        """`{name: [shape, dtype]}` of the worker's trainable weights (asked once)."""
+        if self._meta is None:
+            self._meta = dict(self.rpc("digenrl_weights_meta"))
+        return self._meta
 
     def receive_weights(self, version: int) -> int:
-        self.rpc("digenrl_receive_weights", version)
-        self.version = version
-        return version
+        """Receive `version` from trainer rank 0 into buffers of this actor, then hand them to the worker."""
+        if self.collectives is None:
+            raise RuntimeError("the vLLM-Omni generator received weights before join")
+        device = "cuda" if self.collectives.spec.backend == "nccl" else "cpu"
+        buffers = {k: torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+                   for k, (shape, dtype) in self.weights_meta().items()}
+        self.collectives.receive_weights(buffers)
+        self.hand_over(buffers, version)
+        self.version = int(version)
+        return int(version)
+
+    def hand_over(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Into the engine's worker: by RPC (CPU tensors through the msgpack hop) up to `RPC_WEIGHTS_MAX_BYTES`
+        or when the tensors are not on CUDA; else by bucketed CUDA IPC (UNTESTED: needs CUDA)."""
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        on_cuda = any(t.is_cuda for t in state.values())
+        if nbytes <= RPC_WEIGHTS_MAX_BYTES or not on_cuda:
+            self.rpc("digenrl_stage_weights", {k: v.detach().cpu() for k, v in state.items()}, int(version))
+            return
+        self.loop.run_until_complete(self._hand_over_ipc(state, int(version)))
+
+    async def _hand_over_ipc(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
+
+        handle = f"ipc:///tmp/digenrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+        sender = BucketedWeightSender(zmq_handle=handle, bucket_size_mb=IPC_BUCKET_MB, use_shm=False)
+        # the sender blocks on its zmq socket: it runs on a thread of its own while the RPC that starts the
+        # worker's receiver is awaited here
+        send = asyncio.to_thread(lambda: asyncio.run(sender.async_send_weights(iter(list(state.items())))))
+        await asyncio.gather(self._rpc("digenrl_receive_ipc", handle, version, False), send)
 
     def load_weights(self, path: str, version: int) -> int:
-        self.rpc("digenrl_load_weights", path, version)
-        self.version = version
-        return version
+        self.rpc("digenrl_load_weights", str(path), int(version))
+        self.version = int(version)
+        return int(version)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The client's weights (those its next request uses)."""
+        """The worker's weights (those its next request uses)."""
         return self.rpc("digenrl_trainable_state")["state"]
 
     def checksum(self) -> str:
-        """Checksum of the client's weights, which must be `version`."""
+        """Checksum of the worker's weights, which must be `version`."""
         answer = self.rpc("digenrl_trainable_state")
         if answer["version"] != self.version:
             raise RuntimeError(f"vLLM-Omni engine expected to hold version {self.version}, its worker holds "
@@ -529,14 +813,11 @@ class VllmOmniEngine:
         return state_checksum(answer["state"])
 
 
-async def _await(x: Any) -> Any:
-    return await x
-
-
-# ------------------------------------------------------------------------------------------ in-process engine
+# ------------------------------------------------------------------------------------------ in-process client
 @dataclass
 class SamplingParams:
-    """The fields of vLLM-Omni's `OmniDiffusionSamplingParams` the DigenRL pipeline reads."""
+    """Stand-in for vLLM-Omni's `OmniDiffusionSamplingParams` (the fields DigenRL sends; the contract tier checks
+    they are fields of the real class)."""
 
     height: int | None = None
     width: int | None = None
@@ -550,34 +831,133 @@ class SamplingParams:
     extra_args: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class InProcessOutput:
-    """What the in-process engine streams per request (the `DiffusionOutput` fields the generator reads)."""
+DUMMY_REQUEST_ID = "dummy_req_id"  # vLLM-Omni's warm-up request id (`vllm_omni.diffusion.request`)
 
-    images: Any
-    multimodal_output: dict[str, Any]
+
+@dataclass
+class StandInRequest:
+    """Stand-in for `OmniDiffusionRequest` (fields checked against the real class by the contract tier)."""
+
+    prompt: Any
+    sampling_params: Any
+    request_id: str
+
+    @classmethod
+    def is_dummy_run_request_id(cls, request_id: str | None) -> bool:
+        return request_id == DUMMY_REQUEST_ID or (isinstance(request_id, str)
+                                                  and request_id.startswith(DUMMY_REQUEST_ID + "/"))
+
+
+@dataclass
+class StandInRequestBatch:
+    """Stand-in for `DiffusionRequestBatch`: the members the pipeline reads."""
+
+    requests: list
+
+    @property
+    def prompts(self) -> list:
+        return [r.prompt for r in self.requests]
+
+    @property
+    def sampling_params(self) -> Any:
+        assert len(self.requests) == 1, "RequestBatch with multiple requests does not have a single sampling_params"
+        return self.requests[0].sampling_params
+
+    @property
+    def request_id(self) -> str:
+        return self.requests[0].request_id
+
+    def is_dummy_run(self) -> bool:
+        return self.requests[0].is_dummy_run_request_id(self.request_id)
+
+
+@dataclass
+class StandInDiffusionOutput:
+    """Stand-in for `vllm_omni.diffusion.data.DiffusionOutput`: the fields the pipeline sets."""
+
+    output: Any = None
+    trajectory_timesteps: Any = None
+    trajectory_latents: Any = None
+    trajectory_log_probs: Any = None
+    trajectory_decoded: Any = None
+    to_cpu: bool = False
+
+
+@dataclass
+class StandInRequestOutput:
+    """Stand-in for the `OmniRequestOutput` vLLM-Omni's formatter makes of an envelope output."""
+
+    request_id: str
+    images: list
+    multimodal_output: dict
+
+
+def stand_in_format(request: Any, output: Any) -> StandInRequestOutput:
+    """What vLLM-Omni's post-processing + formatter make of the pipeline's output, when no post-processor is
+    attached (`model_class_name=DigenRLOmniPipeline`): payload -> `images` list, metadata -> `multimodal_output`.
+    The contract tier checks it against the real formatter."""
+    if output.output is None:
+        return StandInRequestOutput(request.request_id, [], {})
+    payload, metadata = output.output["payload"], output.output.get("metadata") or {}
+    primary = next(k for k in ("video", "image") if k in payload)
+    return StandInRequestOutput(request.request_id, [payload[primary]], {"metadata": metadata} if metadata else {})
+
+
+@dataclass(frozen=True)
+class OmniClasses:
+    """The vLLM-Omni classes `InProcessOmniEngine` builds its requests and outputs with: the stand-ins above, or,
+    in the contract tier, the real ones (`request`, `request_batch`, `output`, and `format(request, output)`)."""
+
+    request: Any = StandInRequest
+    request_batch: Any = StandInRequestBatch
+    output: Any = StandInDiffusionOutput
+    format: Any = stand_in_format
+
+
+class InProcessPipeline(DigenRLPipelineMethods):
+    """The pipeline's methods on a plain object (no `torch.nn.Module`, no vLLM)."""
+
+    def __init__(self, od_config: Any, output_cls: Any, device: str) -> None:
+        self._digenrl_init(od_config, output_cls, device)
+
+
+@dataclass
+class InProcessConfig:
+    """The two `OmniDiffusionConfig` fields the pipeline reads."""
+
+    model: str
+    custom_pipeline_args: dict
 
 
 class InProcessOmniEngine:
-    """A vLLM-free client with the interface `VllmOmniEngine` uses from `AsyncOmni`: `generate` streams one
-    output per request, `collective_rpc` calls the `DigenRLWorkerExtension`. It runs the same pipeline core and
-    the same `pipeline_output` record as the vLLM-Omni pipeline, one request at a time, in this process.
+    """A client with `AsyncOmni`'s interface (`generate`, `collective_rpc`, same signatures: checked by the
+    contract tier) that runs DigenRL's pipeline methods and worker-extension methods in this process.
 
-    It is the reference engine of the backend on machines without vLLM-Omni (CPU tests of everything between
-    the generator worker and the pipeline: requests, extra args, the rl record, the row mapping, per-sample
-    versions, weight staging through the extension). It is not selectable from the config; vLLM's request
-    scheduling and its process layout are exactly what it does not exercise.
+    It is the CPU reference of the backend inside a Ray run (tests/trainer): requests built like vLLM-Omni builds
+    them (`OmniClasses`: stand-ins, or the real classes in the contract tier), one `forward` per request, the
+    output formatted like vLLM-Omni formats it, RPC answers shaped like `AsyncOmni.collective_rpc`'s
+    (`[[worker_result]]`, worker errors as `{"error": True, "reason": ...}`). Not selectable from the config;
+    vLLM's scheduling, processes and msgpack hop are what it does not run.
     """
 
-    def __init__(self, model: str, custom_pipeline_args: Mapping[str, Any], device: str = "cpu") -> None:
-        self.core = build_core({"model": model, **dict(custom_pipeline_args)}, device, register=False)
-        self.extension = DigenRLWorkerExtension()
-        self.extension.digenrl_attach_core(self.core)
+    def __init__(self, model: str, custom_pipeline_args: Mapping[str, Any], device: str = "cpu",
+                 classes: OmniClasses | None = None) -> None:
+        self.classes = classes or OmniClasses()
+        self.pipeline = InProcessPipeline(InProcessConfig(model, dict(custom_pipeline_args)), self.classes.output,
+                                          device)
+        self.core = self.pipeline.core
+        self.worker = DigenRLWorkerMethods()
+        self.worker.digenrl_attach_core(self.core)
 
-    async def generate(self, prompt: Mapping[str, Any], params: SamplingParams, request_id: str):
-        images, rl = pipeline_output(self.core, prompt["prompt"], int(params.num_outputs_per_prompt),
-                                     dict(params.extra_args or {}))
-        yield InProcessOutput(images=images, multimodal_output={"metadata": {"rl": rl}})
+    async def generate(self, prompt: Any, sampling_params: Any = None, request_id: str = "", **kwargs: Any):
+        request = self.classes.request(prompt=prompt, sampling_params=sampling_params, request_id=request_id)
+        output = self.pipeline.forward(self.classes.request_batch(requests=[request]))
+        yield self.classes.format(request, output)
 
-    def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
-        return [getattr(self.extension, method)(*args)]
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
+                             kwargs: dict | None = None, stage_ids: list[int] | None = None) -> list[Any]:
+        try:
+            result = getattr(self.worker, method)(*args, **(kwargs or {}))
+        except Exception as e:  # noqa: BLE001 - vLLM-Omni reports worker exceptions as data, not raises
+            return [{"error": True, "reason": f"{type(e).__name__}: {e}"}]
+        return [[result]]

@@ -197,6 +197,9 @@ class ScheduleConfig(ScheduleSettings):
         n: samples per prompt (group size).
         checkpoint_every: a checkpoint barrier after every global step s with (s + 1) % k == 0 (the driver drains:
             nothing of step s + 1 starts before the checkpoint ends); 0 = no barrier.
+        micro_batch_size: the colocated plan's micro-batch: samples per rank (verl-omni's
+            ``ppo_micro_batch_size_per_gpu``); None = a rank's whole share of the step, one micro-batch. See
+            `plan.ColocatedPlanner`. The disaggregated plans ignore it (a GAP micro-batch is one prompt group).
     """
 
     pools: Optional[Mapping[str, PoolSpec]] = None
@@ -205,6 +208,7 @@ class ScheduleConfig(ScheduleSettings):
     prompts_per_step: int = 8
     n: int = 8
     checkpoint_every: int = 0
+    micro_batch_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -213,6 +217,8 @@ class ScheduleConfig(ScheduleSettings):
         for name, low in (("num_steps", 1), ("prompts_per_step", 1), ("n", 1), ("start_step", 0),
                           ("checkpoint_every", 0)):
             _int_at_least(name, getattr(self, name), low)
+        if self.micro_batch_size is not None:
+            _int_at_least("micro_batch_size", self.micro_batch_size, 1)
         object.__setattr__(self, "pools", self._normalised_pools())
 
     @classmethod

@@ -37,7 +37,10 @@ Invariants (tested in ``tests/schedule``):
   state saved is drained (no queued or half-generated micro-batch of a later step exists).
 
 Colocated mode is the same loop with one pool in both roles: lanes and trainer are the same ranks, a
-full-batch barrier holds, and the OPT_STEP gives the generators the new version (no SYNC).
+full-batch barrier holds, and the OPT_STEP gives the generators the new version (no SYNC). Its micro-batches are
+verl-omni's (`plan.ColocatedPlanner`: ``config.micro_batch_size`` samples of every rank's share), and a colocated
+task names only the ranks its micro-batch gives samples to (the plan's split), so a rank is busy exactly when it
+has work.
 
 Failure handling: a completion with ``ok=False`` whose ``info["dead_workers"]`` names workers removes
 them (the generator pool is re-cut into lanes over the live ranks). A failed GEN/TAG_GEN goes back to
@@ -60,7 +63,7 @@ from typing import Any, Iterator, Sequence
 from digenrl_verl.schedule.bts import BtsCosts, BtsState, GenPhase
 from digenrl_verl.schedule.config import ScheduleConfig
 from digenrl_verl.schedule.cost import CostProfiler
-from digenrl_verl.schedule.plan import MicroBatch, Planner, make_planner, split_even
+from digenrl_verl.schedule.plan import MicroBatch, Planner, planner_for, split_even
 from digenrl_verl.schedule.select import FirstFree, LaneSelector
 from digenrl_verl.schedule.staleness import GenRequest, StalenessPolicy
 from digenrl_verl.schedule.tag import BubbleContext, TagPolicy, make_tag_policy
@@ -169,7 +172,7 @@ class Driver:
         self.colocated = config.mode == "colocated"
         self.tag_policy = tag_policy or make_tag_policy(config.tag)
         self.staleness = staleness or StalenessPolicy.of(config.tcss)
-        self.planner = planner or make_planner(config.gap)
+        self.planner = planner or planner_for(config)
         self.profiler = profiler or CostProfiler()
         self.trace = trace or Trace()
         self.selector = selector or FirstFree()
@@ -388,8 +391,8 @@ class Driver:
         st, idx = found
         mb = st.mbs[idx].mb
         st.pending.remove(idx)
-        self._issue_gen(TaskKind.GEN, st, idx, lane, self.planner.assign(mb, lane, self.config.n),
-                        self.gen_version)
+        assignment = self.planner.assign(mb, lane, self.config.n)
+        self._issue_gen(TaskKind.GEN, st, idx, self._task_workers(lane, assignment), assignment, self.gen_version)
         return True
 
     def _next_gen(self) -> tuple[_Step, int] | None:
@@ -563,15 +566,25 @@ class Driver:
         m = self.steps[step].mbs[idx]
         m.status = MbStatus.SCORING
         assignment = split_even(m.mb.samples, lane) if on_trainer else self.planner.assign(m.mb, lane, self.config.n)
-        self._submit(TaskKind.SCORE, step, idx, lane, m.gen_version or 0, assignment,
+        self._submit(TaskKind.SCORE, step, idx, self._task_workers(lane, assignment), m.gen_version or 0, assignment,
                      "on the trainer (no live generator)" if on_trainer else "")
 
     def _issue_update(self, st: _Step, idx: int) -> None:
         m = st.mbs[idx]
         m.status = MbStatus.UPDATING
         flags = {"tsp"} if self.config.tsp.enabled else set()
-        self._submit(TaskKind.UPDATE, st.step, idx, tuple(self.trn_workers), self.trainer_version,
-                     split_even(m.mb.samples, self.trn_workers), "", flags)
+        assignment = self.planner.update_assignment(m.mb, self.trn_workers)
+        self._submit(TaskKind.UPDATE, st.step, idx, self._task_workers(tuple(self.trn_workers), assignment),
+                     self.trainer_version, assignment, "", flags)
+
+    def _task_workers(self, workers: tuple[str, ...], assignment: Assignment) -> tuple[str, ...]:
+        """The workers a sample task occupies. Colocated: the ranks the plan gives samples to (the others are free,
+        and are not counted busy). Disaggregated: the whole lane / trainer pool (sharded trainer ranks run every
+        forward together, even without a sample of their own)."""
+        if not self.colocated:
+            return workers
+        given = {w for w, samples in assignment if samples}
+        return tuple(w for w in workers if w in given)
 
     def _submit(self, kind: TaskKind, step: int, mb: int | None, workers: tuple[str, ...], version: int,
                 assignment: Assignment, detail: str, flags: set[str] | None = None) -> Task:

@@ -1,6 +1,7 @@
 """Micro-batch plans: how one global step's samples are cut into pipeline units, and who runs them.
 
-Two planners, both pure functions of (prompts, n, ranks):
+Three planners, each a pure function of (prompts, n, ranks) and its own parameters; `planner_for(config)` picks
+the one a `ScheduleConfig` runs (the driver, hence the Ray runtime and the simulator, use it):
 
 * **GAP** (generation-axis pipeline, the paper's Fig. 5b): a micro-batch is *one prompt group*; its n
   samples are spread over a *lane* of generator ranks, so a complete group (all a GRPO advantage needs)
@@ -8,6 +9,14 @@ Two planners, both pure functions of (prompts, n, ranks):
   step = prompts.
 * **Batch-axis** (the baseline, Fig. 5a): each rank owns whole groups; a micro-batch is one group per
   rank, run together. Pipeline units per step = ``ceil(prompts / ranks)``.
+* **Colocated** (verl-omni's layout, every colocated run): the step's ``prompts * n`` samples are cut into
+  contiguous per-rank shares (verl's data-parallel split of the batch, sizes differing by at most one), and
+  each share into chunks of ``micro_batch_size`` samples (``ppo_micro_batch_size_per_gpu``; None: the whole
+  share). Micro-batch ``i`` is the ``i``-th chunk of every rank, run together, so every rank is busy in every
+  micro-batch but (when the shares do not divide evenly) the last ones. A micro-batch may cut prompt groups:
+  colocated updates wait for the whole scored batch (advantages need whole groups). Units per step =
+  ``ceil(ceil(prompts * n / ranks) / micro_batch_size)``. The plan's per-rank split is part of the
+  micro-batch (`MicroBatch.split`), so generation, scoring and update of a micro-batch run on the same ranks.
 
 Fig. 5's example, 2 GPUs and 4 prompts x 2 samples::
 
@@ -15,6 +24,13 @@ Fig. 5's example, 2 GPUs and 4 prompts x 2 samples::
     4
     >>> len(BatchAxisPlanner().microbatches(step=0, prompts=4, n=2, ranks=2))
     2
+
+The 32-rank FLUX recipe (32 prompts x 16, ``ppo_micro_batch_size_per_gpu=8``): 2 micro-batches of 8 samples on
+each of the 32 ranks::
+
+    >>> mbs = ColocatedPlanner(8).microbatches(step=0, prompts=32, n=16, ranks=32)
+    >>> len(mbs), {len(s) for s in mbs[0].split}, len(mbs[0].split)
+    (2, {8}, 32)
 
 Uneven sizes:
 
@@ -34,6 +50,7 @@ import abc
 from dataclasses import dataclass
 from typing import Sequence
 
+from digenrl_verl.schedule.config import ScheduleConfig
 from digenrl_verl.schedule.types import Assignment
 
 
@@ -44,14 +61,23 @@ class MicroBatch:
     Attributes:
         step: global step.
         index: micro-batch index within the step, ``0 .. B-1``.
-        prompts: prompt indices (whole groups only, so group statistics need nothing else).
-        samples: sample indices, ``prompt * n + j`` for each prompt and ``j < n``, ascending.
+        prompts: prompt indices the samples belong to (GAP and batch-axis: whole groups only, so group statistics
+            need nothing else; colocated: possibly parts of groups).
+        samples: sample indices (GAP and batch-axis: ``prompt * n + j`` for each prompt and ``j < n``), ascending.
+        split: the plan's per-rank split, rank ``r``'s samples at position ``r`` (colocated plan); empty: the
+            planner cuts ``samples`` over whichever ranks run the micro-batch.
     """
 
     step: int
     index: int
     prompts: tuple[int, ...]
     samples: tuple[int, ...]
+    split: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.split and sorted(s for part in self.split for s in part) != list(self.samples):
+            raise ValueError(f"micro-batch {self.index} of step {self.step}: its split {self.split} does not hold "
+                             f"exactly its samples {self.samples}")
 
 
 def split_even(items: Sequence[int], workers: Sequence[str]) -> Assignment:
@@ -108,6 +134,10 @@ class Planner(abc.ABC):
     def assign(self, mb: MicroBatch, lane: Sequence[str], n: int) -> Assignment:
         """Which samples of ``mb`` each rank of ``lane`` handles (generation and scoring)."""
 
+    def update_assignment(self, mb: MicroBatch, trainers: Sequence[str]) -> Assignment:
+        """Which samples of ``mb`` each trainer rank updates: contiguous, even shares over all of them."""
+        return split_even(mb.samples, trainers)
+
 
 class GapPlanner(Planner):
     """Generation-axis pipeline: one prompt group per micro-batch, spread over a lane."""
@@ -150,5 +180,56 @@ class BatchAxisPlanner(Planner):
         return tuple((w, tuple(s)) for w, s in per_rank.items() if s)
 
 
+class ColocatedPlanner(Planner):
+    """verl-omni's colocated micro-batches: chunks of ``micro_batch_size`` samples of every rank's share of the
+    batch (see the module docstring). The pool is one lane; a micro-batch is generated, scored and updated on the
+    ranks of its split.
+
+    Args:
+        micro_batch_size: samples per rank per micro-batch (``ppo_micro_batch_size_per_gpu``); None: a rank's whole
+            share, one micro-batch per step.
+    """
+
+    name = "colocated"
+
+    def __init__(self, micro_batch_size: int | None = None) -> None:
+        if micro_batch_size is not None and (isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int)
+                                             or micro_batch_size < 1):
+            raise ValueError(f"ColocatedPlanner(micro_batch_size={micro_batch_size!r}): use an integer >= 1 or None")
+        self.micro_batch_size = micro_batch_size
+
+    def microbatches(self, step: int, prompts: int, n: int, ranks: int) -> list[MicroBatch]:
+        shares = [s for _, s in split_even(range(prompts * n), [str(r) for r in range(max(ranks, 1))])]
+        size = self.micro_batch_size or max(len(s) for s in shares)
+        out = []
+        for index in range(-(-max(len(s) for s in shares) // size)):
+            split = tuple(tuple(s[index * size:(index + 1) * size]) for s in shares)
+            # shares shrink with the rank (split_even), so the ranks left without a sample are the last ones
+            split = tuple(part for part in split if part)
+            samples = tuple(sorted(i for part in split for i in part))
+            out.append(MicroBatch(step, index, tuple(sorted({i // n for i in samples})), samples, split))
+        return out
+
+    def lanes(self, workers: Sequence[str], n: int) -> list[tuple[str, ...]]:
+        return [tuple(workers)] if workers else []
+
+    def assign(self, mb: MicroBatch, lane: Sequence[str], n: int) -> Assignment:
+        if len(mb.split) > len(lane):  # the plan was cut for more ranks than are given: even shares
+            return split_even(mb.samples, lane)
+        return tuple((lane[r], part) for r, part in enumerate(mb.split))
+
+    def update_assignment(self, mb: MicroBatch, trainers: Sequence[str]) -> Assignment:
+        return self.assign(mb, trainers, 0)
+
+
 def make_planner(gap: bool) -> Planner:
+    """The disaggregated plans: GAP, or the batch-axis split."""
     return GapPlanner() if gap else BatchAxisPlanner()
+
+
+def planner_for(config: ScheduleConfig) -> Planner:
+    """The plan a schedule runs: colocated runs follow `ColocatedPlanner` (``config.micro_batch_size``), whatever
+    ``gap`` says; disaggregated runs GAP or the batch-axis split (``config.gap``)."""
+    if config.mode == "colocated":
+        return ColocatedPlanner(config.micro_batch_size)
+    return make_planner(config.gap)

@@ -108,6 +108,50 @@ def test_colocated_plan_generates_scores_then_updates():
     assert [r.version for r in results] == [0, 1]
 
 
+def _colocated_run(ranks: int, prompts: int, n: int, micro: int | None,
+                   tsp: bool = True) -> tuple[Driver, ScheduleConfig]:
+    cluster = ClusterSpec.parse(f"col={ranks}xG")
+    cfg = ScheduleConfig(mode="colocated", pools=cluster.pools, prompts_per_step=prompts, n=n, num_steps=2,
+                         micro_batch_size=micro, tsp=TspConfig(enabled=tsp))
+    driver = Driver(cfg, SimExecutor(cluster, profile()))
+    driver.run()
+    assert check_run(cfg, driver.trace.completions) == []
+    _updated_once(driver, cfg)
+    return driver, cfg
+
+
+def test_colocated_flux_32_ranks_every_rank_busy_in_every_update():
+    # the 32-rank FLUX recipe's shape (32 prompts x n=16) with ppo_micro_batch_size_per_gpu=8: two UPDATEs per step,
+    # each with 8 samples on every one of the 32 ranks (GAP units of one group of 16 left 16 ranks idle, counted
+    # busy); TSP flags the UPDATEs (trainer.digenrl.tsp.enabled honoured in colocated mode)
+    driver, cfg = _colocated_run(32, 32, 16, 8)
+    workers = {f"col:{i}" for i in range(32)}
+    for step in (0, 1):
+        updates = [c.task for c in driver.trace.completions if c.task.kind == TaskKind.UPDATE and c.task.step == step]
+        assert len(updates) == 2
+        for task in updates:
+            assert set(task.workers) == workers and {len(s) for _, s in task.assignment} == {8}
+            assert "tsp" in task.flags
+        gens = [c.task for c in driver.trace.completions if c.task.kind == TaskKind.GEN and c.task.step == step]
+        assert [g.assignment for g in gens] == [u.assignment for u in updates]  # one plan for GEN, SCORE, UPDATE
+    # no rank idles while counted busy: each rank's busy time is the sum of its own tasks, the same on every rank
+    busy = {w: driver.busy_seconds[w] for w in workers}
+    assert max(busy.values()) == pytest.approx(min(busy.values()))
+    per_timestep, _ = _colocated_run(32, 32, 16, 8, tsp=False)
+    assert not any("tsp" in c.task.flags for c in per_timestep.trace.completions)
+
+
+def test_colocated_uneven_shares_leave_only_finished_ranks_out():
+    # 5 prompts x 3 = 15 samples on 4 ranks: shares 4, 4, 4, 3; micro-batches of 3: [3, 3, 3, 3], [1, 1, 1]
+    driver, _ = _colocated_run(4, 5, 3, 3)
+    for kind in (TaskKind.GEN, TaskKind.SCORE, TaskKind.UPDATE):
+        tasks = [c.task for c in driver.trace.completions if c.task.kind == kind and c.task.step == 0]
+        assert [t.workers for t in tasks] == [("col:0", "col:1", "col:2", "col:3"), ("col:0", "col:1", "col:2")]
+        assert [t.work for t in tasks] == [3, 1]
+    one, _ = _colocated_run(4, 5, 3, None)
+    assert [c.task.work for c in one.trace.completions if c.task.kind == TaskKind.UPDATE] == [4, 4]
+
+
 def test_step_by_step_equals_one_run_and_resume_starts_at_version_k():
     cfg = _cfg(tcss=TcssConfig(staleness=1, max_stale_fraction=0.5), start_step=7)
     whole = Driver(cfg, SimExecutor(CLUSTER, profile()))

@@ -9,13 +9,20 @@ Run on a GPU machine: `bash tests/gpu/run_gpu_checks.sh`. Written without a GPU:
 * NCCL weight sync between two processes on two GPUs with the plugin's `Collectives` (trainer → generator);
 * one real disaggregated step through the entry point with GPU pools (`use_gpu=true`, `trainer.device=cuda`;
   every worker loads its adapter on its GPU, `PolicySpec.device`);
+* on one GPU: one disaggregated step with both pools at 0.5 GPU on the same device (`PoolSpec.gpu_fraction`)
+  and the cross-pool group on gloo (NCCL refuses two ranks on one device), checksums equal after the sync;
 * with three GPUs or more: an FSDP2 trainer pool of two ranks over NCCL against `ddp` (same grad norm);
-* with vLLM-Omni installed and two GPUs: one step with `actor_rollout_ref.rollout.name=vllm_omni`.
+* with vLLM-Omni installed: one step with `actor_rollout_ref.rollout.name=vllm_omni` (on one GPU, shared as above).
+
+`bash tests/gpu/run_gpu_checks.sh` runs these as bounded checks (tests/gpu/gpu_checks.py); the figures a test
+records with `record_property` appear on its summary line.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 
 import pytest
 import torch
@@ -35,7 +42,7 @@ def gpu_tiny_dirs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["sde", "cps", "dance", "ode"])
-def test_sde_step_on_cuda_matches_cpu(kind):
+def test_sde_step_on_cuda_matches_cpu(kind, record_property):
     from digenrl_verl.diffusion.sde import sde_step
 
     g = torch.Generator().manual_seed(0)
@@ -44,13 +51,14 @@ def test_sde_step_on_cuda_matches_cpu(kind):
     cpu = sde_step(kind, v, x, sigma, sigma_next, 0.7, noise=z)
     gpu = sde_step(kind, v.cuda(), x.cuda(), sigma.cuda(), sigma_next.cuda(), 0.7, noise=z.cuda())
     torch.testing.assert_close(gpu.prev_sample.cpu(), cpu.prev_sample, rtol=1e-5, atol=1e-5)
+    record_property(f"{kind}_max_abs_diff", f"{float((gpu.prev_sample.cpu() - cpu.prev_sample).abs().max()):.1e}")
     if cpu.log_prob is not None:
         torch.testing.assert_close(gpu.log_prob.cpu(), cpu.log_prob, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("arch", tiny_architectures())
-def test_tiny_rollout_logprobs_and_tsp_backward_on_cuda(arch, dtype, gpu_tiny_dirs):
+def test_tiny_rollout_logprobs_and_tsp_backward_on_cuda(arch, dtype, gpu_tiny_dirs, record_property):
     from digenrl_verl.diffusion.loss import LossConfig
     from digenrl_verl.diffusion.noise import SampleKey
     from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
@@ -71,6 +79,8 @@ def test_tiny_rollout_logprobs_and_tsp_backward_on_cuda(arch, dtype, gpu_tiny_di
     recomputed = compute_log_probs(adapter, cond, traj, tsp_cfg=TSPConfig("batched"))
     ratio = (recomputed - traj.log_probs).exp()
     assert (ratio - 1).abs().max().item() < RATIO_TOL[dtype], f"{arch} {dtype}: on-policy ratio off by {ratio}"
+    if arch == "FluxPipeline":
+        record_property(f"flux_{str(dtype)[6:]}_max_ratio_err", f"{(ratio - 1).abs().max().item():.1e}")
     params = adapter.trainable_parameters()
     accumulate_gradients(adapter, cond, traj, torch.tensor([1.0, -1.0, 0.5, -0.5], device="cuda"), LossConfig(),
                          TSPConfig("batched"), loss_denominator=float(traj.batch_size * traj.num_steps))
@@ -140,6 +150,21 @@ def test_one_disaggregated_step_with_gpu_pools(gpu_tiny_dirs, tmp_path):
             ray.shutdown()
 
 
+def _share_one_gpu(monkeypatch) -> None:
+    """Both pools on the one GPU: each worker at 0.5 GPU (`PoolSpec.gpu_fraction`) and the cross-pool group on
+    gloo, since NCCL refuses two ranks on one device. No config key sets these yet, so the test patches the two
+    names the runner builds its pools and its collective spec with (driver process only)."""
+    from digenrl_verl.trainer import runner
+    from digenrl_verl.weights.sync import CollectiveSpec
+    from digenrl_verl.workers.pools import PoolSpec
+
+    def gloo_spec(*args, **kwargs):
+        return CollectiveSpec(*args, **{**kwargs, "backend": "gloo"})
+
+    monkeypatch.setattr(runner, "PoolSpec", functools.partial(PoolSpec, gpu_fraction=0.5))
+    monkeypatch.setattr(runner, "CollectiveSpec", gloo_spec)
+
+
 def _gpu_run(gpu_tiny_dirs, tmp_path, *overrides):
     import ray
 
@@ -162,7 +187,25 @@ def _gpu_run(gpu_tiny_dirs, tmp_path, *overrides):
     finally:
         trainer.shutdown()
     assert summary["steps"] == 1 and len({s["checksum"] for s in stats}) == 1  # whole weights reached the generator
+    trainer.checksums = [s["checksum"] for s in stats]
     return trainer
+
+
+@pytest.mark.slow
+def test_one_disaggregated_step_on_one_gpu(gpu_tiny_dirs, tmp_path, monkeypatch, record_property):
+    """Generator and trainer pools on the same GPU (0.5 each), gloo sync, checksums equal after the step."""
+    import ray
+
+    _share_one_gpu(monkeypatch)
+    t0 = time.perf_counter()
+    try:
+        trainer = _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2")
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    record_property("step_s", f"{time.perf_counter() - t0:.1f}")
+    record_property("checksum", trainer.checksums[0][:12])
+    record_property("workers", len(trainer.checksums))
 
 
 @pytest.mark.slow
@@ -175,8 +218,20 @@ def test_fsdp2_trainer_over_nccl_matches_ddp(gpu_tiny_dirs, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="vLLM-Omni generator + trainer: two GPUs")
-def test_one_step_with_the_vllm_omni_backend(gpu_tiny_dirs, tmp_path):
+def test_one_step_with_the_vllm_omni_backend(gpu_tiny_dirs, tmp_path, monkeypatch, record_property):
+    """vLLM-Omni generator with the tiny FLUX: one step, the weight update reaches it (checksums equal).
+    On one GPU the generator and the trainer share it (see `_share_one_gpu`)."""
+    import ray
+
     pytest.importorskip("vllm_omni")
-    _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=vllm_omni",
-             "trainer.digenrl.tag.policy=off")
+    if torch.cuda.device_count() < 2:
+        _share_one_gpu(monkeypatch)
+    t0 = time.perf_counter()
+    try:
+        trainer = _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2",
+                           "actor_rollout_ref.rollout.name=vllm_omni", "trainer.digenrl.tag.policy=off")
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    record_property("step_s", f"{time.perf_counter() - t0:.1f}")
+    record_property("checksum", trainer.checksums[0][:12])

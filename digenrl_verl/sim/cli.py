@@ -4,8 +4,8 @@ Examples::
 
     digenrl-sim --scenario hunyuanvideo-20-0.6                 # full DigenRL on one scenario
     digenrl-sim --scenario wan2.1 --tag-policy static --tag-static-k 8 --png wan.png --trace wan.json
-    digenrl-sim --suite ladder --scenario flux.1               # the ablation ladder of one scenario
-    digenrl-sim --suite paper --json                           # every paper-like scenario x the ladder
+    digenrl-sim --suite ladder --scenario flux.1 --costs calibrated   # every row of one scenario
+    digenrl-sim --suite paper --json                           # every paper-like scenario x {ideal, calibrated}
     digenrl-sim --suite scale --json                           # 1024 GPUs, 1024 micro-batches per step
     digenrl-sim --list
 
@@ -13,7 +13,11 @@ Schedule flags are generated from ``ScheduleSettings`` (the dataclass behind ``t
 setting, ``--<section>-<field>`` (``--tag-policy``, ``--tcss-staleness``, ``--tsp-enabled`` / ``--no-tsp-enabled``,
 ``--gap`` / ``--no-gap``, ...), applied on top of full DigenRL (``scenarios.FULL_DIGENRL_SETTINGS``).
 With ``--json`` the last line printed is one JSON object. Figures are simulated from modelled costs
-(``digenrl_verl.sim.profiles``); the paper's numbers are printed next to them for reference only.
+(``digenrl_verl.sim.profiles``). ``--suite paper`` runs every scenario twice: ``ideal`` (no colocation cost terms)
+and ``calibrated`` (the terms of ``sim.profiles.ColocationCosts``, the unknown one fitted on one paper figure); each
+has the rows ``colocated-verl-omni``, ``colocated-best`` and ``digenrl`` (and the ablation ladder between), the key
+``digenrl_vs_colocated_best``, and, where the paper reports the scenario, the paper's range; the held-out prediction
+errors are under ``predictions``.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from typing import Any, Sequence
 from digenrl_verl.schedule.config import ScheduleConfig, ScheduleSettings, TcssConfig
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.profiles import PROFILES, get_profile
-from digenrl_verl.sim.scenarios import (FULL_DIGENRL_SETTINGS, LADDER, PAPER_SUITE, SCENARIOS, RunOutcome, Scenario,
-                                        get_scenario, run_config, run_ladder)
+from digenrl_verl.sim.scenarios import (COSTS, DISAGGREGATED_LADDER, FULL_DIGENRL_SETTINGS, HETERO_TARGET,
+                                        IDEAL_PARITY_TARGET, PAPER_FIGURES, PAPER_SUITE, PAPER_VS_VERL_OMNI,
+                                        SCENARIOS, RunOutcome, Scenario, calibrate, costs_named, get_scenario,
+                                        paper_check, predictions, ratios, run_config, run_ladder)
 
 EFFICIENCY_TARGET = 0.95
 SCALE = Scenario("scale-1024", "synthetic-scale", "gen=512xH800,trn=512xH800", prompts_per_step=1024, n=16,
@@ -42,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default="hunyuanvideo-20-0.6", help=f"one of {sorted(SCENARIOS)}")
     p.add_argument("--suite", choices=("paper", "ladder", "scale"), help="run a suite instead of one config")
+    p.add_argument("--costs", choices=COSTS, default="ideal",
+                   help="--suite ladder: colocation cost terms off (ideal) or on (calibrated); "
+                        "the paper suite runs both")
     p.add_argument("--profile", help="override the scenario's cost profile")
     p.add_argument("--cluster", help="override the cluster, e.g. 'gen=8xH800,trn=8xH800' or 'col=16xH800'")
     _add_settings_flags(p)
@@ -148,10 +157,11 @@ def _write_outputs(args: argparse.Namespace, outcome: RunOutcome) -> None:
         save_gantt(trace, args.png, title=f"{outcome.label} ({outcome.cluster.describe()})")
 
 
-def ladder_report(s: Scenario, outcomes: list[RunOutcome]) -> dict[str, Any]:
-    """Rows plus the checks: the ladder from naive on is monotone, full DigenRL reaches the target."""
+def ladder_report(s: Scenario, outcomes: list[RunOutcome], costs: str = "ideal") -> dict[str, Any]:
+    """Rows, the headline ratios and the checks of one scenario under one cost setting: the disaggregated ladder
+    (naive .. digenrl) is monotone; with calibrated costs, the paper's figures for the scenario."""
     rows = [o.summary() for o in outcomes]
-    steps = [o for o in outcomes if o.label != "colocated"]
+    steps = [o for o in outcomes if o.label in DISAGGREGATED_LADDER]
     violations = [f"{b.label} ({b.makespan:.1f}s) slower than {a.label} ({a.makespan:.1f}s)"
                   for a, b in zip(steps, steps[1:]) if b.makespan > a.makespan * (1 + 1e-9)]
     # the same check on the time after step 0 ended, i.e. once the online profile has measured every cost
@@ -160,14 +170,30 @@ def ladder_report(s: Scenario, outcomes: list[RunOutcome]) -> dict[str, Any]:
 
     steady = [f"{b.label} slower than {a.label} after step 0 ({after0(b):.1f}s vs {after0(a):.1f}s)"
               for a, b in zip(steps, steps[1:]) if after0(b) > after0(a) * (1 + 1e-9)]
-    full = outcomes[-1]
-    return {
-        "scenario": s.name, "profile": s.profile, "cluster": s.cluster, "prompts_per_step": s.prompts_per_step,
-        "n": s.n, "num_steps": s.num_steps, "rows": rows, "monotone": not violations, "violations": violations,
+    full = next(o for o in outcomes if o.label == "digenrl")
+    out: dict[str, Any] = {
+        "scenario": s.name, "costs": costs, "profile": s.profile, "cluster": s.cluster,
+        "prompts_per_step": s.prompts_per_step, "n": s.n, "num_steps": s.num_steps, "rows": rows, **ratios(outcomes),
+        "monotone": not violations, "violations": violations,
         "monotone_after_step0": not steady, "violations_after_step0": steady,
-        "full_efficiency": full.efficiency, "full_speedup_vs_naive": full.extra["speedup_vs_naive"],
+        "full_efficiency": full.efficiency, "full_speedup_vs_naive": full.extra.get("speedup_vs_naive"),
         "paper_speedup_vs_naive": s.paper_speedup,
     }
+    homogeneous = len(ClusterSpec.parse(s.cluster).speeds) == 1
+    if costs == "calibrated":
+        paper = PAPER_FIGURES.get(s.name)
+        if paper is not None:
+            out["paper"] = dict(paper)
+            out["paper_check"] = {"vs_colocated": paper_check(out["digenrl_vs_colocated_best"],
+                                                              paper["vs_colocated"])}
+            if "vs_colocated_without_tcss" in paper:
+                out["paper_check"]["vs_colocated_without_tcss"] = paper_check(
+                    out["digenrl_without_tcss_vs_colocated_best"], paper["vs_colocated_without_tcss"])
+        if homogeneous and "digenrl_vs_colocated_verl_omni" in out:
+            out["paper_vs_verl_omni"] = dict(PAPER_VS_VERL_OMNI)
+            out.setdefault("paper_check", {})["vs_colocated_verl_omni"] = paper_check(
+                out["digenrl_vs_colocated_verl_omni"], PAPER_VS_VERL_OMNI["range"])
+    return out
 
 
 def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -190,33 +216,64 @@ def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> 
     return buf.getvalue().rstrip()
 
 
+def _fmt_range(r: Sequence[float] | None) -> str:
+    return f"{r[0]:.2f}-{r[1]:.2f}" if r else "-"
+
+
 def _run_suite_paper(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
+    calibrated, calibration = calibrate()
     reports = []
     for name in tqdm(PAPER_SUITE, desc="scenarios", file=sys.stderr, disable=None):
-        reports.append(ladder_report(SCENARIOS[name], run_ladder(SCENARIOS[name], jitter=args.jitter, seed=args.seed)))
-    header = ["scenario"] + [f"{lab}" for lab in LADDER] + ["eff(full)", "paper"]
+        for costs in COSTS:
+            outcomes = run_ladder(SCENARIOS[name], costs=costs_named(costs), jitter=args.jitter, seed=args.seed)
+            reports.append(ladder_report(SCENARIOS[name], outcomes, costs))
+    header = ["scenario", "costs", "verl-omni s", "col-best s", "digenrl s", "digenrl/col-best",
+              "digenrl/verl-omni", "paper vs colocated", "where"]
     rows = []
     for r in reports:
-        cells = [r["scenario"]] + [f"{row['speedup_vs_naive']:.2f}x" for row in r["rows"]]
-        rows.append(cells + [f"{r['full_efficiency']:.3f}", r["paper_speedup_vs_naive"] or "-"])
-    print(_table("speedup over naive disaggregation (simulated; paper figures for reference)", header, rows))
+        by = {row["label"]: row for row in r["rows"]}
+        check = r.get("paper_check", {}).get("vs_colocated")
+        rows.append([r["scenario"], r["costs"], f"{by['colocated-verl-omni']['makespan_s']:.0f}",
+                     f"{by['colocated-best']['makespan_s']:.0f}", f"{by['digenrl']['makespan_s']:.0f}",
+                     f"{r['digenrl_vs_colocated_best']:.3f}x", f"{r['digenrl_vs_colocated_verl_omni']:.2f}x",
+                     _fmt_range(r.get("paper", {}).get("vs_colocated")), check["where"] if check else "-"])
+    print(_table("speedups of full DigenRL (simulated; 'x' = baseline makespan / DigenRL makespan)", header, rows))
+    preds = predictions(reports, calibration)
+    print(f"calibration: {calibration['parameter']} = {calibration['value']:.3g} GB/s fits "
+          f"{calibration['figure']} to {calibration['target']:.3f}x (paper {_fmt_range(calibration['paper_range'])})")
+    print(_table("paper figures: calibration and held-out predictions", ["figure", "metric", "held out", "paper",
+                                                                        "simulated", "error vs mid", "where"],
+                 [[p["figure"].split(": ", 1)[-1][:48], p["metric"], str(p["held_out"]), _fmt_range(p["paper"]),
+                   _fmt_range(p["simulated_range"]), f"{p['error_vs_midpoint']:+.1%}", p["where"]] for p in preds]))
+    ideal_homog = [r for r in reports if r["costs"] == "ideal" and len(ClusterSpec.parse(r["cluster"]).speeds) == 1]
+    parity = min(r["digenrl_vs_colocated_best"] for r in ideal_homog)
+    hetero = {r["costs"]: r["digenrl_vs_colocated_best"] for r in reports
+              if len(ClusterSpec.parse(r["cluster"]).speeds) > 1}
     effs = [r["full_efficiency"] for r in reports]
     out = {
-        "suite": "paper", "efficiency_target": EFFICIENCY_TARGET, "scenarios": reports,
+        "suite": "paper", "costs": list(COSTS), "scenarios": reports, "calibration": calibration,
+        "calibrated_costs": {"switch_gb_s": calibrated.switch_gb_s}, "predictions": preds,
+        "ideal_parity_target": IDEAL_PARITY_TARGET, "ideal_min_digenrl_vs_colocated_best": parity,
+        "ideal_below_parity_target": {r["scenario"]: r["digenrl_vs_colocated_best"] for r in ideal_homog
+                                      if r["digenrl_vs_colocated_best"] < IDEAL_PARITY_TARGET},
+        "hetero_target": HETERO_TARGET, "hetero_digenrl_vs_colocated_best": hetero,
+        "efficiency_target": EFFICIENCY_TARGET,
         "all_efficiency_at_least_target": all(e >= EFFICIENCY_TARGET for e in effs),
         "min_full_efficiency": min(effs), "all_monotone": all(r["monotone"] for r in reports),
         "all_monotone_after_step0": all(r["monotone_after_step0"] for r in reports),
-        "violations": {r["scenario"]: r["violations"] for r in reports if r["violations"]},
+        "violations": {f"{r['scenario']} ({r['costs']})": r["violations"] for r in reports if r["violations"]},
     }
-    for r in reports:
-        for v in r["violations"]:
-            print(f"ladder not monotone in {r['scenario']}: {v}")
+    print(f"ideal homogeneous: min digenrl/colocated-best {parity:.3f} (target {IDEAL_PARITY_TARGET}); "
+          f"heterogeneous: {', '.join(f'{k} {v:.2f}x' for k, v in hetero.items())} (target {HETERO_TARGET})")
+    for key, vs in out["violations"].items():
+        for v in vs:
+            print(f"ladder not monotone in {key}: {v}")
     return out
 
 
-def _ladder_table(s: Scenario, outcomes: list[RunOutcome]) -> str:
+def _ladder_table(s: Scenario, outcomes: list[RunOutcome], costs: str = "ideal") -> str:
     header = ["row", "makespan s", "samples/s", "x naive", "LB s", "LB/makespan", "util", "TAG mb", "stale"]
     rows = []
     for o in outcomes:
@@ -224,7 +281,7 @@ def _ladder_table(s: Scenario, outcomes: list[RunOutcome]) -> str:
         rows.append([o.label, f"{o.makespan:.1f}", f"{o.samples_per_s:.3f}", f"{m['speedup_vs_naive']:.2f}",
                      f"{o.bound.value:.1f}", f"{o.efficiency:.3f}", f"{m['utilisation']:.3f}",
                      str(m["tag_microbatches"]), str(m["stale_samples"])])
-    return _table(f"{s.name}: {s.profile} on {s.cluster}, {s.prompts_per_step}x{s.n} per step, "
+    return _table(f"{s.name} ({costs} costs): {s.profile} on {s.cluster}, {s.prompts_per_step}x{s.n} per step, "
                   f"{s.num_steps} steps", header, rows)
 
 
@@ -260,10 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             out = _run_scale(args)
         elif args.suite == "ladder":
             s = _scenario(args)
-            outcomes = run_ladder(s, jitter=args.jitter, seed=args.seed)
-            print(_ladder_table(s, outcomes))
+            outcomes = run_ladder(s, costs=costs_named(args.costs), jitter=args.jitter, seed=args.seed)
+            print(_ladder_table(s, outcomes, args.costs))
             _write_outputs(args, outcomes[-1])
-            out = {"suite": "ladder", **ladder_report(s, outcomes)}
+            out = {"suite": "ladder", **ladder_report(s, outcomes, args.costs)}
         else:
             s = _scenario(args)
             cluster = ClusterSpec.parse(s.cluster)

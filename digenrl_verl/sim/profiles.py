@@ -21,11 +21,18 @@ use); ``tsp_factor``, ``loop_overhead``, ``tag_overhead`` and the checkpoint's b
 bandwidth in particular are modelling choices. The
 simulator's speedups follow from them, so they show what the schedule does for costs of this shape,
 not what a real cluster measures.
+
+The second half of the module models what **colocation** costs on GPUs beyond that compute (`ColocationCosts`:
+engine switch, reward-model residency, memory ceilings on the TSP chunk and micro-batch, heterogeneous speed and
+memory, the TAG context switch, verl-omni's old-log-prob recompute), each with its formula, source and value;
+`colocated_row` / `disaggregated_row` turn a profile into the profile one row of a scenario runs with. The one
+unknown, the engine switch's effective bandwidth, is calibrated on one paper figure (`sim.scenarios.calibrate`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.sim.registry import NamedRegistry
@@ -146,3 +153,270 @@ register_profile(CostProfile("synthetic-scale", gen=10.0, score=0.1, update_loop
 
 def get_profile(name: str) -> CostProfile:
     return PROFILES.lookup(name)
+
+
+# ============================================================================ colocation cost terms
+# What separates colocated from disaggregated execution on GPUs, beyond the per-sample compute above. Each term
+# has a formula, a source and a value; `ColocationCosts` switches them on ("calibrated") or off ("ideal").
+# Sources: "reference §n" is the verl-omni reference shipped with the project (verl-omni `main` at a1139baf,
+# read, not run), section n; "issue 13" is the issue that asked for this model, quoting the DigenRL paper.
+
+TRAIN_STATE_BYTES_PER_PARAM = 16.0
+"""Trainer state per parameter of a full fine-tune while training: fp32 weights (4), fp32 gradients (4) and AdamW's
+two fp32 moments (8). Source: reference §3 (`fsdp_config.model_dtype=fp32`, AdamW `optim`). FSDP shards it over the
+ranks that train (`train_state_gb`)."""
+
+OFFLOAD_STATE_BYTES_PER_PARAM = 12.0
+"""What `param_offload` + `optimizer_offload` move to the host after training and back before the next one, per
+parameter: fp32 weights and the two AdamW moments (gradients are freed, not moved). Source: reference §4 (the
+Qwen-Image and Wan2.2 recipes set `actor.fsdp_config.{param_offload,optimizer_offload}=True`)."""
+
+ROLLOUT_BYTES_PER_PARAM = 2.0
+"""Rollout engine weights per parameter: bf16. Source: reference §3 (`rollout.dtype=bfloat16`)."""
+
+ROLLOUT_TP = 1
+"""Tensor parallelism of the colocated rollout engine: 1, i.e. a whole bf16 copy per rank. Source: reference §4 (the
+Qwen-Image recipe sets `rollout.tensor_model_parallel_size=1`; the default is 2)."""
+
+USABLE_MEMORY_FRACTION = 0.9
+"""Share of a GPU's memory that tensors may use (the rest: CUDA context, NCCL buffers, allocator fragmentation).
+Source: assumption."""
+
+FORWARD_SHARE = 1.0 / 3.0
+"""A forward pass costs this share of a forward+backward pass (backward ~ 2 forwards). Source: assumption (the usual
+2:1 backward/forward FLOP ratio)."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Memory-side facts of a workload (the per-sample times are in its `CostProfile`).
+
+    Args:
+        rm_params_billion: reward model parameters (bf16 weights on the ranks that score).
+        rm_tp: tensor parallelism of the reward model's engine (its weights per rank = params x 2 B / rm_tp).
+        act_gb_per_row: activation memory of one trained row (one sample at one timestep) in a forward+backward
+            with gradient checkpointing, GB: ``tokens x hidden x blocks x 2 B x 1.5`` (one bf16 checkpoint per
+            block plus one block recomputed at a time), x 2 when CFG runs at training. Assumption (the token count
+            follows the resolution in the profile's comment).
+        vo_micro_batch: verl-omni's ``ppo_micro_batch_size_per_gpu`` for this kind of workload (reference §4:
+            4 in the Wan2.2 video recipe, 16 in the Qwen-Image image recipe); the per-timestep loop runs that many
+            samples per pass, capped by memory.
+        note: where the numbers come from.
+    """
+
+    rm_params_billion: float
+    rm_tp: int
+    act_gb_per_row: float
+    vo_micro_batch: int
+    note: str = ""
+
+
+FOOTPRINTS: NamedRegistry[Footprint] = NamedRegistry("footprint")
+
+
+def _act_gb(tokens: int, hidden: int, blocks: int, cfg: bool) -> float:
+    return tokens * hidden * blocks * 2 * 1.5 * (2 if cfg else 1) / 1e9
+
+
+# HunyuanVideo 13B at ~480p x 53 frames: latent 14 x 30 x 53 patches ~ 22.3k tokens + 256 text, hidden 3072,
+# 60 blocks, no CFG at training; VideoAlign reward (~2B, assumption).
+for _steps in (20, 30, 40):
+    for _frac in (0.4, 0.6):
+        FOOTPRINTS.register(f"hunyuanvideo-{_steps}-{_frac}", Footprint(
+            2.0, 1, _act_gb(22_500, 3072, 60, False), 4, "VideoAlign RM ~2B (assumption); micro-batch: Wan2.2 recipe"))
+# Wan2.1 14B at 480p x 33 frames: latent 9 x 30 x 52 ~ 14k tokens, hidden 5120, 40 blocks, CFG at training;
+# HPSv3 reward (Qwen2-VL based, ~7B: assumption; reference §4 names hpsv3 for Wan2.2).
+FOOTPRINTS.register("wan2.1", Footprint(7.0, 1, _act_gb(14_000, 5120, 40, True), 4,
+                                        "HPSv3 RM ~7B (assumption); micro-batch: Wan2.2 recipe"))
+# FLUX.1-dev 12B at 1024^2: 4096 image + 512 text tokens, hidden 3072, 57 blocks, no CFG; PickScore (~1B).
+FOOTPRINTS.register("flux.1", Footprint(1.0, 1, _act_gb(4_608, 3072, 57, False), 16,
+                                        "PickScore RM ~1B (assumption); micro-batch: Qwen-Image recipe"))
+# Qwen-Image 20B at 1024^2: 4096 + 256 tokens, hidden 3072, 60 blocks, true CFG; Qwen3-VL-8B OCR judge at TP 4
+# (reference §4, the Qwen-Image recipe).
+FOOTPRINTS.register("qwen-image", Footprint(8.0, 4, _act_gb(4_352, 3072, 60, True), 16,
+                                            "Qwen3-VL-8B RM at TP 4 and micro-batch 16: Qwen-Image recipe (§4)"))
+FOOTPRINTS.register("synthetic-scale", Footprint(0.0, 1, 0.0, 1, "not a paper workload: no memory model"))
+
+
+def get_footprint(name: str) -> Footprint:
+    return FOOTPRINTS.lookup(name)
+
+
+def train_state_gb(params_billion: float, ranks: int) -> float:
+    """Trainer state per rank, GB: ``P x TRAIN_STATE_BYTES_PER_PARAM / ranks`` (FSDP over the training ranks)."""
+    return params_billion * TRAIN_STATE_BYTES_PER_PARAM / ranks
+
+
+def rollout_weights_gb(params_billion: float) -> float:
+    """Rollout engine weights per rank, GB: ``P x ROLLOUT_BYTES_PER_PARAM / ROLLOUT_TP``."""
+    return params_billion * ROLLOUT_BYTES_PER_PARAM / ROLLOUT_TP
+
+
+def rm_weights_gb(fp: Footprint) -> float:
+    """Reward model weights per rank, GB: ``R x 2 B / rm_tp`` (bf16)."""
+    return fp.rm_params_billion * 2.0 / fp.rm_tp
+
+
+def rows_that_fit(memory_gb: float, resident_gb: float, fp: Footprint) -> int:
+    """Trained rows one pass may hold: ``floor((memory x USABLE_MEMORY_FRACTION - resident) / act_gb_per_row)``
+    (0: not even one row fits; no limit when the footprint has no activation model)."""
+    if fp.act_gb_per_row <= 0:
+        return 1 << 30
+    return max(0, int((memory_gb * USABLE_MEMORY_FRACTION - resident_gb) // fp.act_gb_per_row))
+
+
+def tsp_unit(profile: CostProfile, chunk_rows: int) -> float:
+    """Seconds per sample of a TSP update whose chunk holds ``chunk_rows`` trained rows.
+
+    A pass costs a fixed overhead plus a per-row part, so a row costs ``a + b / c`` x fwdbwd with c rows per pass,
+    anchored at the profile's two points: c = 1 is the per-timestep loop (``update_loop``), c >= K (a whole
+    sample's K trained timesteps in one pass) is ``update_tsp``. Beyond K rows nothing more is gained (assumption:
+    the GEMMs are saturated). Source: assumption (the shape); the end points are the profile's.
+    """
+    k = int(profile.source.get("trained_timesteps", 1))
+    if chunk_rows >= k or k <= 1:
+        return profile.update_tsp
+    if chunk_rows < 1:
+        raise ValueError(f"{profile.name}: not one trained row fits in memory")
+    # per-row cost r(c) = a + b / c with r(1) = loop / K and r(K) = tsp / K
+    loop_row, tsp_row = profile.update_loop / k, profile.update_tsp / k
+    b = (loop_row - tsp_row) / (1.0 - 1.0 / k)
+    a = loop_row - b
+    return k * (a + b / chunk_rows)
+
+
+def recompute_unit(profile: CostProfile) -> float:
+    """Seconds per sample of verl-omni's old-log-prob recompute: one forward per trained timestep in the
+    per-timestep loop, ``update_loop x FORWARD_SHARE``. Source: reference §5 step 4 (`infer_actor_batch` gives
+    `old_log_probs`; only bypass mode copies `rollout_log_probs`) and §7 (the loop). Value: per profile, e.g. FLUX.1
+    16.5 s x 1/3 = 5.5 s per sample."""
+    return profile.update_loop * FORWARD_SHARE
+
+
+@dataclass(frozen=True)
+class ColocationCosts:
+    """Which colocation cost terms a simulated run pays.
+
+    ``"ideal"``: none (no switch, no residency, no memory ceiling, TAG without its context switch): on identical
+    devices a colocated run with TSP is then the limit disaggregation can at best match. ``"calibrated"``: every
+    term on, with `switch_gb_s` calibrated on one paper figure (`sim.scenarios.calibrate`).
+
+    The terms (formula; source; value):
+
+    1. **Engine switch** (colocated, once per step, on every rank; charged on the step's OPT_STEP): the bytes each rank
+       moves between host and device, or into the rollout engine, divided by `switch_gb_s`. Offload mode (verl-omni's
+       recipes): ``2 x P x OFFLOAD_STATE_BYTES_PER_PARAM / N`` (trainer state off and on) ``+ 2 x rollout weights``
+       (engine sleep and wake) ``+ rollout weights`` (resharding the new weights into the engine) ``+ 2 x RM
+       weights`` (reward model sleep and wake). Resident mode (nothing offloaded): ``rollout weights`` only.
+       Sources: reference §5 steps 2 and 9 (`sleep_replicas()` after generation, `update_weights` every step), §4
+       (offload flags), §3 (`checkpoint_engine.backend=naive`, `free_cache_engine=True`). Value: `switch_bytes_gb`
+       / `switch_gb_s`.
+    2. **Reward model residency** (colocated): in offload mode the RM sleeps and wakes every step (in term 1); in
+       resident mode its weights (`rm_weights_gb`) stay on every rank and take memory from training. Disaggregated:
+       the RM lives on the generators, next to the rollout weights. Sources: reference §3
+       (`reward.reward_model.*`), §4 (the Qwen-Image recipe's Qwen3-VL-8B judge on the training GPUs), §14 (verl-omni
+       measured 420 s -> 360 s per step when the RM moved to its own GPU).
+    3. **Memory ceiling** (every row that trains): the rows a pass may hold, `rows_that_fit`, after the trainer state
+       (`train_state_gb` over the ranks that train: all ranks colocated, the trainer pool disaggregated) and, in
+       colocated resident mode, the rollout and RM weights. It caps the TSP chunk (`tsp_unit`: fewer than K rows per
+       pass costs more per row) and verl-omni's micro-batch (reported; the loop's cost is per row). Source:
+       assumption (`Footprint.act_gb_per_row`, `USABLE_MEMORY_FRACTION`), GPU memory from the cluster spec.
+    4. **Heterogeneous speed and memory**: colocated ranks run in lock-step at the slowest class's speed and hold
+       what the smallest memory allows (`ClusterSpec.colocated`); disaggregated pools run at their own. Source:
+       assumption (the classes' speeds in the scenario's cluster spec).
+    5. **TAG context switch** (disaggregated): a TAG micro-batch costs ``gen x tag_overhead`` on the trainer (FSDP
+       weights gathered per forward, the trainer switched from training to sampling and back); ideal: 1.0. Source:
+       assumption (the profile's ``tag_overhead``, 1.15): the paper describes the switch (issue 13), the reference
+       does not quantify it.
+    6. **Old-log-prob recompute** (`colocated-verl-omni` only, both costs: it is verl-omni's algorithmic choice, not a
+       colocation cost): `recompute_unit` per sample.
+    7. **vLLM-Omni request queueing at large batch** (issue 13 names it among verl-omni's costs): not modelled, 0;
+       no figure in the reference quantifies it.
+
+    Args:
+        name: ``"ideal"`` or ``"calibrated"``.
+        switch_gb_s: effective bandwidth of the engine switch, GB/s per rank (calibrated; None with ideal).
+    """
+
+    name: str
+    switch_gb_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in ("ideal", "calibrated"):
+            raise ValueError(f"ColocationCosts.name={self.name!r}: use 'ideal' or 'calibrated'")
+        if self.name == "calibrated" and (self.switch_gb_s is None or self.switch_gb_s <= 0):
+            raise ValueError("calibrated colocation costs need switch_gb_s > 0")
+
+    @property
+    def on(self) -> bool:
+        return self.name == "calibrated"
+
+
+IDEAL = ColocationCosts("ideal")
+
+
+def switch_bytes_gb(mode: str, params_billion: float, ranks: int, fp: Footprint) -> float:
+    """GB one colocated rank moves per step in the engine switch (term 1 of `ColocationCosts`)."""
+    weights = rollout_weights_gb(params_billion)
+    if mode == "resident":
+        return weights
+    if mode == "offload":
+        return (2.0 * params_billion * OFFLOAD_STATE_BYTES_PER_PARAM / ranks + 2.0 * weights + weights
+                + 2.0 * rm_weights_gb(fp))
+    raise ValueError(f"unknown colocated memory mode {mode!r}: use 'offload' or 'resident'")
+
+
+@dataclass(frozen=True)
+class RowCosts:
+    """A row's cost profile and what the memory model decided for it."""
+
+    profile: CostProfile
+    info: dict[str, Any]
+
+
+def colocated_row(profile: CostProfile, fp: Footprint, costs: ColocationCosts, *, ranks: int, memory_gb: float,
+                  tsp: bool, recompute: bool, mode: str) -> RowCosts:
+    """Cost profile of a colocated row (``mode``: ``"offload"`` or ``"resident"``, see `ColocationCosts`)."""
+    params = float(profile.source.get("params_billion", 0.0))
+    k = int(profile.source.get("trained_timesteps", 1))
+    update_loop = profile.update_loop + (recompute_unit(profile) if recompute else 0.0)
+    info: dict[str, Any] = {"memory_mode": mode if costs.on else "ideal", "recompute": recompute}
+    if not costs.on:
+        return RowCosts(replace(profile, update_loop=update_loop), info)
+    resident = train_state_gb(params, ranks)
+    if mode == "resident":
+        resident += rollout_weights_gb(params) + rm_weights_gb(fp)
+    rows = rows_that_fit(memory_gb, resident, fp)
+    switch_gb = switch_bytes_gb(mode, params, ranks, fp)
+    switch_s = switch_gb / costs.switch_gb_s
+    info.update(resident_gb=resident, rows_per_pass=rows, switch_gb=switch_gb, switch_s=switch_s,
+                feasible=rows >= 1)
+    if rows < 1:
+        return RowCosts(profile, info)
+    if tsp:
+        info["tsp_chunk_rows"] = min(rows, k * 1_000)
+        update_tsp = tsp_unit(profile, rows)
+    else:
+        update_tsp = profile.update_tsp
+        info["micro_batch"] = min(fp.vo_micro_batch, rows)
+    return RowCosts(replace(profile, update_loop=update_loop, update_tsp=update_tsp,
+                            opt_step=profile.opt_step + switch_s), info)
+
+
+def disaggregated_row(profile: CostProfile, fp: Footprint, costs: ColocationCosts, *, trainer_ranks: int,
+                      trainer_memory_gb: float, generator_memory_gb: float) -> RowCosts:
+    """Cost profile of a disaggregated row: the trainer pool's memory ceiling caps the TSP chunk; TAG pays its
+    context switch (calibrated) or not (ideal)."""
+    params = float(profile.source.get("params_billion", 0.0))
+    if not costs.on:
+        return RowCosts(replace(profile, tag_overhead=1.0), {"tag_overhead": 1.0})
+    resident = train_state_gb(params, trainer_ranks)
+    rows = rows_that_fit(trainer_memory_gb, resident, fp)
+    gen_resident = rollout_weights_gb(params) + rm_weights_gb(fp)
+    info = {"tag_overhead": profile.tag_overhead, "resident_gb": resident, "rows_per_pass": rows,
+            "generator_resident_gb": gen_resident,
+            "feasible": rows >= 1 and gen_resident <= generator_memory_gb * USABLE_MEMORY_FRACTION}
+    if rows < 1:
+        return RowCosts(profile, info)
+    info["tsp_chunk_rows"] = rows
+    return RowCosts(replace(profile, update_tsp=tsp_unit(profile, rows)), info)

@@ -8,7 +8,8 @@ import pytest
 
 from digenrl_verl.bench.__main__ import main as bench_main
 from digenrl_verl.sim.cli import main
-from digenrl_verl.sim.scenarios import LADDER, PAPER_SUITE
+from digenrl_verl.sim.scenarios import (COSTS, DISAGGREGATED_LADDER, HEADLINE_ROWS, IDEAL_PARITY_TARGET, LADDER,
+                                        PAPER_FIGURES, PAPER_SUITE)
 
 
 def _last_json(capsys) -> dict:
@@ -29,22 +30,83 @@ def paper(tmp_path_factory):
     return json.loads(lines[-1]), "\n".join(lines[:-1])
 
 
-def test_paper_suite_full_digenrl_reaches_the_efficiency_target(paper):
+def test_paper_suite_every_scenario_has_the_three_rows_keys_and_costs(paper):
     out, table = paper
-    assert [s["scenario"] for s in out["scenarios"]] == list(PAPER_SUITE)
+    assert [(s["scenario"], s["costs"]) for s in out["scenarios"]] == [(n, c) for n in PAPER_SUITE for c in COSTS]
     for s in out["scenarios"]:
-        assert [r["label"] for r in s["rows"]] == list(LADDER)
-        assert s["full_efficiency"] >= 0.95, s["scenario"]
+        labels = [r["label"] for r in s["rows"]]
+        assert labels == list(LADDER) and set(HEADLINE_ROWS) <= set(labels)
+        assert s["costs"] in ("ideal", "calibrated")
+        by = {r["label"]: r["makespan_s"] for r in s["rows"]}
+        assert s["digenrl_vs_colocated_best"] == pytest.approx(by["colocated-best"] / by["digenrl"])
+        assert s["digenrl_vs_colocated_verl_omni"] == pytest.approx(by["colocated-verl-omni"] / by["digenrl"])
+        assert s["full_efficiency"] >= 0.95, (s["scenario"], s["costs"])
         assert all(r["efficiency"] <= 1.0 + 1e-9 for r in s["rows"])  # LB is a lower bound
+        if s["costs"] == "calibrated" and s["scenario"] in PAPER_FIGURES:
+            assert s["paper"]["source"] and len(s["paper"]["vs_colocated"]) == 2
+            assert s["paper_check"]["vs_colocated"]["where"] in ("inside", "above", "below")
+        if s["costs"] == "ideal":
+            assert "paper" not in s
     assert out["all_efficiency_at_least_target"] and out["min_full_efficiency"] >= 0.95
-    assert "speedup over naive" in table and "2.49-3.34" in table and "2.44-2.85" in table
+    assert "digenrl/col-best" in table and "held-out" in table and "calibration:" in table
+
+
+def test_ideal_homogeneous_digenrl_reaches_parity_with_colocated_best(paper):
+    """On identical devices without switching costs colocated-best is the limit; DigenRL reaches >= 0.97 of it
+    everywhere but FLUX.1, where the measured 0.965 is the TCSS guard's drain (docs/benchmarks.md): the generators
+    idle ~12 s per step (last UPDATE + OPT_STEP + SYNC) because a stale GEN (8.3 s) would end 0.3 s after the
+    trainer's estimated end."""
+    out, _ = paper
+    ideal = {s["scenario"]: s for s in out["scenarios"] if s["costs"] == "ideal"}
+    for name, s in ideal.items():
+        if name == "hetero-8+8":
+            assert s["digenrl_vs_colocated_best"] > 1.2  # the slow class paces colocated
+        elif name == "flux.1":
+            assert s["digenrl_vs_colocated_best"] == pytest.approx(0.965, abs=0.003)
+        else:
+            assert s["digenrl_vs_colocated_best"] >= IDEAL_PARITY_TARGET, name
+        # ideal: no switch, the memory model is off, TAG pays no context switch
+        rows = {r["label"]: r for r in s["rows"]}
+        assert rows["colocated-best"]["cost_model"]["memory_mode"] == "ideal"
+        assert rows["digenrl"]["cost_model"]["tag_overhead"] == 1.0
+    assert out["ideal_below_parity_target"].keys() == {"flux.1"}
+    assert out["ideal_min_digenrl_vs_colocated_best"] == pytest.approx(ideal["flux.1"]["digenrl_vs_colocated_best"])
+
+
+def test_calibration_fits_one_figure_and_reports_held_out_errors(paper):
+    out, _ = paper
+    cal = out["calibration"]
+    assert cal["figure"] == "flux.1" and cal["parameter"] == "switch_gb_s" and cal["value"] > 0
+    assert cal["reached"] == pytest.approx(cal["target"], rel=1e-3)
+    flux = next(s for s in out["scenarios"] if s["scenario"] == "flux.1" and s["costs"] == "calibrated")
+    assert flux["digenrl_vs_colocated_best"] == pytest.approx(cal["target"], rel=1e-3)
+    preds = {(p["metric"], tuple(p["scenarios"])): p for p in out["predictions"]}
+    held = [p for p in out["predictions"] if p["held_out"]]
+    assert [p for p in out["predictions"] if not p["held_out"]][0]["scenarios"] == ["flux.1"]
+    assert len(held) >= 5  # HunyuanVideo and Wan2.1 with and without TCSS, heterogeneous, over veRL-Omni
+    for p in held:
+        lo, hi = p["paper"]
+        mid = (lo + hi) / 2
+        assert p["error_vs_midpoint"] == pytest.approx(p["simulated_mean"] / mid - 1)
+        assert p["where"] in ("inside", "above", "below")
+    # the measured predictions (docs/benchmarks.md states them): Wan2.1 and HunyuanVideo are under-predicted,
+    # the gain over veRL-Omni lands inside the paper's range
+    wan = preds[("digenrl_vs_colocated_best", ("wan2.1",))]
+    assert wan["where"] == "below" and wan["simulated_mean"] == pytest.approx(1.008, abs=0.01)
+    vo = next(p for p in held if p["metric"] == "digenrl_vs_colocated_verl_omni")
+    assert vo["where"] == "inside" and vo["range_overlap"]
+    # calibrated colocated rows pay the switch; verl-omni's row also recomputes old log-probs
+    rows = {r["label"]: r for r in flux["rows"]}
+    assert rows["colocated-best"]["cost_model"]["switch_s"] > 0
+    assert rows["colocated-verl-omni"]["cost_model"]["recompute"] is True
+    assert set(rows["colocated-best"]["cost_model"]["modes_makespan_s"]) == {"offload", "resident"}
 
 
 def test_paper_suite_ablation_ladder_is_monotone(paper):
-    """Every ladder step is no slower than the one before, over the whole run (step 0's online profiling
-    included) and after step 0, in every scenario, for every transition from naive on."""
+    """Every disaggregated ladder step is no slower than the one before, over the whole run (step 0's online
+    profiling included) and after step 0, in every scenario and cost setting, for every transition from naive on."""
     out, _ = paper
-    chain = [label for label in LADDER if label != "colocated"]
+    chain = list(DISAGGREGATED_LADDER)
     for s in out["scenarios"]:
         rows = {r["label"]: r for r in s["rows"]}
         for a, b in zip(chain, chain[1:]):
@@ -67,6 +129,10 @@ def test_ladder_writes_trace_png_and_text(tmp_path, capsys):
     assert json.loads(trace.read_text())["traceEvents"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert " SYNC s1 " in text.read_text()
+    assert main(["--suite", "ladder", "--scenario", "flux.1", "--steps", "1", "--prompts", "8", "--costs", "calibrated",
+                 "--json"]) == 0
+    out = _last_json(capsys)
+    assert out["costs"] == "calibrated" and "digenrl_vs_colocated_best" in out and "paper_check" in out
 
 
 def test_single_run_overrides_and_errors(capsys):

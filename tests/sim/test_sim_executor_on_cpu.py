@@ -140,3 +140,41 @@ def test_checkpoint_barriers_cost_the_modelled_drain():
     barred1, ckpts1 = _makespan(dataclasses.replace(tcss, checkpoint_every=2), cluster, profile)
     lost = barred1 - plain1 - ckpts1 * profile.checkpoint
     assert ckpts1 == 2 and plain1 < plain and 0.0 < lost <= plain - plain1, (plain, plain1, barred1)
+
+
+def test_cluster_memory_per_class():
+    c = ClusterSpec.parse("gen=8xL40S@0.4/48,trn=8xH800")
+    assert c.memory_gb("L40S") == 48.0 and c.memory_gb("H800") == 80.0 and c.pool_memory_gb("trn") == 80.0
+    assert c.colocated().pool_memory_gb("col") == 48.0  # the smallest memory caps colocated ranks
+    assert ClusterSpec.parse("gen=1xZ9").memory_gb("Z9") == 80.0
+    for bad in ("gen=1xA/0", "gen=1xA/40,trn=1xA/80"):
+        with pytest.raises(ValueError):
+            ClusterSpec.parse(bad)
+
+
+def test_colocation_cost_terms():
+    from digenrl_verl.sim.profiles import (IDEAL, ColocationCosts, colocated_row, disaggregated_row, get_footprint,
+                                           recompute_unit, rows_that_fit, switch_bytes_gb, train_state_gb, tsp_unit)
+    p, fp = get_profile("flux.1"), get_footprint("flux.1")
+    # TSP chunk: K rows or more cost update_tsp, one row costs the loop, in between a + b / c per row
+    k = p.source["trained_timesteps"]
+    assert tsp_unit(p, k) == pytest.approx(p.update_tsp) and tsp_unit(p, 10 * k) == pytest.approx(p.update_tsp)
+    assert tsp_unit(p, 1) == pytest.approx(p.update_loop)
+    assert p.update_tsp < tsp_unit(p, k // 2) < p.update_loop
+    assert recompute_unit(p) == pytest.approx(p.update_loop / 3)
+    assert train_state_gb(12.0, 16) == pytest.approx(12.0)
+    assert rows_that_fit(80.0, 12.0, fp) == int((72.0 - 12.0) // fp.act_gb_per_row)
+    assert switch_bytes_gb("resident", 12.0, 16, fp) == pytest.approx(24.0)  # bf16 weights into the engine
+    assert switch_bytes_gb("offload", 12.0, 16, fp) == pytest.approx(2 * 9.0 + 3 * 24.0 + 2 * 2.0)
+    cal = ColocationCosts("calibrated", 2.0)
+    best = colocated_row(p, fp, cal, ranks=16, memory_gb=80.0, tsp=True, recompute=False, mode="offload")
+    assert best.profile.opt_step == pytest.approx(p.opt_step + switch_bytes_gb("offload", 12.0, 16, fp) / 2.0)
+    vo = colocated_row(p, fp, IDEAL, ranks=16, memory_gb=80.0, tsp=False, recompute=True, mode="offload")
+    assert vo.profile.update_loop == pytest.approx(p.update_loop * (1 + 1 / 3)) and vo.profile.opt_step == p.opt_step
+    ideal = disaggregated_row(p, fp, IDEAL, trainer_ranks=8, trainer_memory_gb=80.0, generator_memory_gb=80.0)
+    assert ideal.profile.tag_overhead == 1.0 and ideal.profile.update_tsp == p.update_tsp
+    small = disaggregated_row(p, fp, cal, trainer_ranks=8, trainer_memory_gb=40.0, generator_memory_gb=80.0)
+    assert small.info["rows_per_pass"] == int((36.0 - 24.0) // fp.act_gb_per_row) < k
+    assert small.profile.update_tsp > p.update_tsp and small.profile.tag_overhead == p.tag_overhead
+    with pytest.raises(ValueError):
+        ColocationCosts("calibrated")

@@ -10,7 +10,9 @@ from digenrl_verl.sim.hetero import hetero_report, main
 
 
 def test_hetero_8p8_simulation_reports_the_gain_over_colocated(capsys):
+    """Gains over colocated-best under the calibrated colocation costs (the default)."""
     report = hetero_report()
+    assert report["costs"] == "calibrated" and report["baseline"] == "colocated-best"
     rows = {r["label"]: r for r in report["rows"]}
     scen = rows["slow generators (scenario)"]
     assert scen["cluster"] == "gen=8xA800@0.6,trn=8xH800"

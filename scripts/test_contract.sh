@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The contract tier: tests/contract/ with the real vLLM-Omni, in .venv-contract (built or reused by
+# scripts/contract_venv.sh: vllm + vllm-omni at the pinned pair, CPU torch). Extra args go to pytest, e.g.
+#   bash scripts/test_contract.sh                                 # the contract tier
+#   bash scripts/test_contract.sh tests/models tests/diffusion    # the CPU tests on vLLM-Omni's diffusers pin
+# DIGENRL_CONTRACT_VLLM=0.27.0 DIGENRL_CONTRACT_VLLM_OMNI=0.27.0rc1 DIGENRL_CONTRACT_VENV=.venv-contract-027 runs
+# it on verl-omni's pair. The main suite (scripts/test.sh) collects tests/contract too and skips it there
+# (each module starts with pytest.importorskip("vllm_omni")).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+source scripts/contract_venv.sh
+export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+       MPLBACKEND=Agg VLLM_TARGET_DEVICE=cpu
+if [[ $# -eq 0 ]]; then set -- tests/contract; fi
+"$CONTRACT_PY" -c "import vllm, vllm_omni, diffusers; print(f'contract venv: vllm {vllm.__version__}, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}')"
+exec "$CONTRACT_PY" -m pytest -q -p no:randomly --durations=10 "$@"

@@ -175,9 +175,9 @@ NO_EFFECT: dict[str, str] = {
     f"{A}.rollout.rollout_attn_backend": "attention uses the diffusers default of the model",
     f"{A}.model.attn_backend": "attention uses the diffusers default of the model",
     f"{A}.rollout.max_prompt_embed_length": f"the text length is {A}.rollout.pipeline.max_sequence_length",
-    f"{A}.rollout.log_prob_micro_batch_size_per_gpu": "old log-probs are recomputed per micro-batch (one prompt "
-                                                      "group)",
-    f"{A}.ref.log_prob_micro_batch_size_per_gpu": "the KL reference runs per micro-batch (one prompt group)",
+    f"{A}.ref.log_prob_micro_batch_size_per_gpu": "the KL reference's forward runs inside each update pass, on the "
+                                                  "same rows as the policy's (a micro-batch, chunked by "
+                                                  "trainer.digenrl.tsp.chunk_size)",
     f"{A}.rollout.n_gpus_per_node": "size the generator pool with trainer.digenrl.pools.generator",
     f"{A}.rollout.agent.num_workers": "there is no agent loop: generators are driven by the schedule",
     f"{A}.rollout.val_kwargs": "validation runs are not implemented",
@@ -303,11 +303,14 @@ def build_model(keys: RecipeKeys) -> ModelChoice:
 
 @dataclass(frozen=True)
 class Shape:
-    """The step batch: `prompts` per step x `n` samples each, `total_steps` global steps."""
+    """The step batch: `prompts` per step x `n` samples each, `total_steps` global steps; `micro_batch_size`: the
+    colocated plan's samples per rank per micro-batch (`ppo_micro_batch_size_per_gpu`; None: a rank's whole share,
+    and always None for disaggregated runs, whose micro-batch is one prompt group)."""
 
     prompts: int
     n: int
     total_steps: int
+    micro_batch_size: int | None = None
 
 
 def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
@@ -325,8 +328,11 @@ def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
     role = digenrl.trainer_role
     ranks = digenrl.pools[role].size
     micro = keys(f"{A}.actor.ppo_micro_batch_size_per_gpu")
+    if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 1):
+        raise ValueError(f"{A}.actor.ppo_micro_batch_size_per_gpu={micro!r} must be a positive number of samples per "
+                         "GPU, or null (a rank's whole share of the step)")
     share = -(-n // ranks)
-    if micro is not None and micro < share:
+    if digenrl.mode == "disaggregated" and micro is not None and micro < share:
         raise ValueError(f"{A}.actor.ppo_micro_batch_size_per_gpu={micro} is smaller than one prompt group's share "
                          f"per {role} rank (ceil(rollout.n={n} / {ranks} ranks) = {share}): a micro-batch is one "
                          f"group; raise it to >= {share} or null")
@@ -334,7 +340,8 @@ def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
     if not isinstance(total, int) or total < 1:
         raise ValueError(f"trainer.total_training_steps={total!r} must be a positive number of global steps")
     _check_pool_sizes(digenrl, prompts * n)
-    return Shape(prompts, n, total)
+    # colocated: verl-omni's micro-batches, `micro` samples of every rank's share (schedule.plan.ColocatedPlanner)
+    return Shape(prompts, n, total, micro if digenrl.mode == "colocated" else None)
 
 
 def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
@@ -467,8 +474,14 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
     recompute = keys(f"{A}.rollout.recompute_old_log_probs")
     if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics
         recompute = policy.engine.name != "diffusers" or policy.dtype != "float32"
+    log_prob_micro = keys(f"{A}.rollout.log_prob_micro_batch_size_per_gpu")
+    if log_prob_micro is not None and (isinstance(log_prob_micro, bool) or not isinstance(log_prob_micro, int)
+                                       or log_prob_micro < 1):
+        raise ValueError(f"{A}.rollout.log_prob_micro_batch_size_per_gpu={log_prob_micro!r} must be a positive "
+                         "number of samples per GPU, or null (a rank's whole micro-batch per recompute pass)")
     return TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp.chunk_size,
-                     recompute_old_log_probs=bool(recompute), sharding=build_sharding(keys, digenrl, n))
+                     recompute_old_log_probs=bool(recompute), log_prob_micro_batch_size=log_prob_micro,
+                     sharding=build_sharding(keys, digenrl, n))
 
 
 def build_reward(keys: RecipeKeys) -> RewardConfig:

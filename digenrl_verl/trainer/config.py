@@ -22,6 +22,7 @@ from digenrl_verl.config.verl_omni import (RecipeKeys, build_advantage, build_ch
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig
+from digenrl_verl.schedule.plan import planner_for
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
 
 # the schedule's pool names per role of `trainer.digenrl.pools`
@@ -63,6 +64,7 @@ class RunSpec:
         """The resolved plan and pools (what `dry_run` prints)."""
         s = self.schedule
         pools = ", ".join(f"{role}: {p.size} worker(s){' on ' + p.placement if p.placement else ''}"
+                          f"{f' at {p.gpu_fraction} GPU each' if p.shares_a_device else ''}"
                           for role, p in ((r, self.digenrl.pools[r]) for r in self.digenrl.roles))
         lines = [
             f"model: {self.policy.model_path} ({self.architecture}), "
@@ -76,17 +78,37 @@ class RunSpec:
             f"schedule: gap={s.gap} pipeline={s.pipeline} tsp={s.tsp.enabled} tag={s.tag.policy}"
             f"{' k=' + str(s.tag.static_k) if s.tag.policy == 'static' else ''} staleness={s.tcss.staleness} "
             f"max_stale_fraction={s.tcss.max_stale_fraction} max_gen_futures={s.tcss.max_gen_futures}",
+            *([self._colocated_plan()] if s.mode == "colocated" else []),
             f"engines: generation {self.policy.engine.name} ({self.policy.dtype if self.policy.engine.name == 'diffusers' else self.policy.engine.dtype}"
             f" on {self.policy.device}); trainer "
             f"{'FSDP2 (fully_shard) over ' + str(self.digenrl.pools['trainer'].size) + ' ranks' if self.train.sharding.sharded else 'whole model per rank (ddp)'}"
             f", model dtype {self.policy.dtype}",
             f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}; lr={self.train.optim.lr}; "
-            f"old log-probs: {'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}",
+            f"old log-probs: {'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}"
+            f"{self._log_prob_micro()}",
             f"reward: {self.reward.weights()}"
             f"{' (custom: ' + str(self.reward.custom_reward_function_path) + ')' if self.reward.custom_reward_function_path else ''}",
             f"output: {self.output_dir}",
         ]
         return "\n".join(lines)
+
+    def _colocated_plan(self) -> str:
+        """The colocated plan's micro-batches (`schedule.plan.ColocatedPlanner`), as the driver will cut them."""
+        s = self.schedule
+        ranks = s.pools[s.trainer_pool].size
+        mbs = planner_for(s).microbatches(s.start_step, s.prompts_per_step, s.n, ranks)
+        sizes = sorted({len(part) for mb in mbs for part in mb.split}, reverse=True)
+        micro = "null (a rank's whole share)" if s.micro_batch_size is None else s.micro_batch_size
+        busy = sorted({len(mb.split) for mb in mbs})
+        return (f"colocated micro-batches: ppo_micro_batch_size_per_gpu={micro} -> {len(mbs)} per step of "
+                f"{'/'.join(map(str, sizes))} sample(s) per rank; ranks busy in each: "
+                f"{'-'.join(map(str, busy))} of {ranks}")
+
+    def _log_prob_micro(self) -> str:
+        size = self.train.log_prob_micro_batch_size
+        if not self.train.recompute_old_log_probs or size is None:
+            return ""
+        return f" in micro-batches of {size} sample(s) per rank"
 
 
 
@@ -115,7 +137,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
         raise ValueError(f"trainer.total_training_steps={shape.total_steps} is already reached by the checkpoint "
                          f"(step {start_step}); raise it to continue training")
     schedule = schedule_of(digenrl, num_steps=num_steps, start_step=start_step, prompts_per_step=shape.prompts,
-                           n=shape.n, checkpoint_every=checkpoint.every)
+                           n=shape.n, checkpoint_every=checkpoint.every, micro_batch_size=shape.micro_batch_size)
     return RunSpec(digenrl=digenrl, schedule=schedule, policy=policy, train=train, reward=reward, advantage=advantage,
                    data=build_data(keys), logging=build_logging(keys), checkpoint=checkpoint,
                    prompts_per_step=shape.prompts, n=shape.n, num_steps=num_steps, architecture=model.architecture,

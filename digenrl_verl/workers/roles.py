@@ -271,12 +271,44 @@ class TrainingMixin:
             fresh = data.batch["policy_version"] == self.version
             if bool(fresh.any()) or self.lockstep:  # lock-step ranks all run the pass, needed or not
                 old = old.clone()
-                old[fresh] = compute_log_probs(self.adapter, cond, traj, tsp_cfg=tsp_cfg, min_passes=passes)[fresh]
+                old[fresh] = self._old_log_probs(cond, traj, tsp_cfg, max_share)[fresh]
         stats = accumulate_gradients(self.adapter, cond, traj, advantages.to(self.device, torch.float32),
                                      self.train_spec.loss, tsp_cfg, loss_denominator, old_log_probs=old,
                                      min_passes=passes)
         self.busy_s += time.perf_counter() - t0
         return dict(vars(stats))  # LossStats sums: the driver side merges them across micro-batches and ranks
+
+    def _old_log_probs(self, cond: Any, traj: Trajectory, tsp_cfg: TSPConfig, max_share: int) -> torch.Tensor:
+        """The recompute pass: log-probs [B, K] under the current weights, in chunks of
+        `log_prob_micro_batch_size` samples (verl-omni's `rollout.log_prob_micro_batch_size_per_gpu`; None: all B at
+        once). Lock-step (FSDP2) ranks pad to the passes the largest share (`max_share`) runs."""
+        size = self.train_spec.log_prob_micro_batch_size or max(traj.batch_size, max_share, 1)
+        k = traj.num_steps
+
+        def passes_of(samples: int) -> int:
+            return sum(count_passes(min(size, samples - i), k, tsp_cfg) for i in range(0, samples, size))
+
+        target = passes_of(max_share) if self.lockstep else 0
+        starts = range(0, traj.batch_size, size)
+        out, done = [], 0
+        for j, first in enumerate(starts):
+            idx = torch.arange(first, min(first + size, traj.batch_size))
+            pad = target - done if j == len(starts) - 1 else 0
+            out.append(compute_log_probs(self.adapter, cond.index_select(idx), traj.index_select(idx),
+                                         tsp_cfg=tsp_cfg, min_passes=pad))
+            done += count_passes(len(idx), k, tsp_cfg)
+        return torch.cat(out)
+
+    def accumulated_gradients(self) -> dict[str, torch.Tensor]:
+        """This rank's gradients accumulated since the last optimizer step, before the all-reduce (FSDP2: this
+        rank's shards), on the CPU; parameters without a gradient are left out. Actor calls run in order, so called
+        just before an OPT_STEP it returns what that step will reduce (inspection, equivalence tests)."""
+        out = {}
+        for name, p in self.trainable().items():
+            if p.grad is not None:
+                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                out[name] = grad.detach().to("cpu", copy=True)
+        return out
 
     def save_checkpoint(self, path: str) -> int:
         """Rank 0 writes weights, optimizer moments and RNG into `path`; returns the version saved. Every

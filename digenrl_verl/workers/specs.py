@@ -43,6 +43,8 @@ class TrainSpec:
         recompute_old_log_probs: recompute old log-probs with the trainer's weights before the update
             (verl-omni's extra forward) instead of using the rollout ones. Only samples generated with the
             trainer's current version are recomputed; stale samples keep their behaviour log-probs.
+        log_prob_micro_batch_size: samples per forward of that recompute pass, per rank (verl-omni's
+            `actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu`); None = a rank's whole micro-batch.
         sharding: replicated data parallel or FSDP2 over the trainer ranks (`workers.sharding`).
     """
 
@@ -50,4 +52,5 @@ class TrainSpec:
     optim: OptimSpec = field(default_factory=OptimSpec)
     tsp_chunk_size: int | None = None
     recompute_old_log_probs: bool = False
+    log_prob_micro_batch_size: int | None = None
     sharding: ShardingSpec = field(default_factory=ShardingSpec)

@@ -5,6 +5,8 @@ from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs, count_passes
+from digenrl_verl.workers.roles import TrainingMixin
+from digenrl_verl.workers.specs import TrainSpec
 
 PROMPTS = ["a red cube", "a blue sphere", "a green cone"]
 CFGS = {
@@ -151,3 +153,41 @@ def test_recomputed_old_log_probs_and_errors(tiny_adapter):
                        RolloutConfig(num_inference_steps=4, sde_type="ode", noise_level=0.0))
     with pytest.raises(ValueError, match="cannot be trained"):
         accumulate_gradients(tiny_adapter, cond, ode_traj, adv, LossConfig(), TSPConfig(), 1)
+
+
+class _RecomputeHost(TrainingMixin):
+    """The trainer's old-log-prob recompute pass on a bare adapter (no Ray, no process group)."""
+
+    def __init__(self, adapter, log_prob_micro_batch_size, lockstep=False):
+        self.adapter = adapter
+        self.train_spec = TrainSpec(recompute_old_log_probs=True, log_prob_micro_batch_size=log_prob_micro_batch_size)
+        self.lockstep = lockstep
+
+
+@pytest.mark.parametrize("mode", ["per_timestep", "batched"])
+def test_old_log_probs_in_log_prob_micro_batches_equal_one_pass(make_tiny_adapter, mode):
+    # actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu: the recompute pass runs in chunks of that many
+    # samples per rank (verl-omni's meaning); the log-probs do not depend on the chunking
+    adapter = make_tiny_adapter(seed=4)
+    cond, traj = _sample(adapter, CFGS["window_cps"], group=2)  # 6 samples
+    _perturb(adapter)
+    tsp = TSPConfig(mode, 4 if mode == "batched" else None)
+    whole = compute_log_probs(adapter, cond, traj, tsp_cfg=tsp)
+    calls = []
+    hook = adapter.transformer.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        for size, forwards in ((None, count_passes(6, traj.num_steps, tsp)), (6, count_passes(6, traj.num_steps, tsp)),
+                               (4, count_passes(4, traj.num_steps, tsp) + count_passes(2, traj.num_steps, tsp)),
+                               (1, 6 * count_passes(1, traj.num_steps, tsp))):
+            calls.clear()
+            got = _RecomputeHost(adapter, size)._old_log_probs(cond, traj, tsp, max_share=6)
+            assert torch.allclose(got, whole, rtol=0, atol=1e-5), size
+            assert len(calls) == forwards, size
+        # lock-step (FSDP2) ranks pad to the passes of the largest share: here 8 samples in chunks of 4
+        calls.clear()
+        host = _RecomputeHost(adapter, 4, lockstep=True)
+        got = host._old_log_probs(cond, traj, tsp, max_share=8)
+        assert torch.allclose(got, whole, rtol=0, atol=1e-5)
+        assert len(calls) == 2 * count_passes(4, traj.num_steps, tsp)
+    finally:
+        hook.remove()

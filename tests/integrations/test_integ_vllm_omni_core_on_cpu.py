@@ -1,6 +1,6 @@
 """The vLLM-free parts of the vLLM-Omni engine (`engines.vllm_omni`) on CPU: requests (one per prompt), the
 trajectory pipeline core (our SDE code, so its log-probs are the trainer's), the mapping back to shard order, and
-versions."""
+versions. The parts that touch vLLM-Omni are held to the real package in tests/contract (a second venv)."""
 
 from __future__ import annotations
 
@@ -111,3 +111,28 @@ def test_outputs_must_cover_the_shard():
     reqs = vl.build_requests(PROMPTS, UIDS, INDEX, step=STEP, version=0, pipeline=PIPE, rollout=CFG)
     with pytest.raises(ValueError, match="2 requests but 1 outputs"):
         vl.outputs_to_batch(reqs, [{}], list(range(5)), 5)
+
+
+def test_engine_kwargs_never_name_enable_dummy_pipeline_and_clamp_max_num_seqs():
+    with pytest.warns(UserWarning, match="max_num_seqs=8 is clamped to 1"):
+        kw = vl.build_engine_kwargs("m", {"pipeline_class": vl.PIPELINE_CLASS}, {"max_num_seqs": 8}, dtype="float32")
+    assert kw["max_num_seqs"] == 1 and "enable_dummy_pipeline" not in kw
+    assert kw["model_class_name"] == vl.PIPELINE_NAME and kw["worker_extension_cls"] == vl.WORKER_EXTENSION_CLASS
+
+
+def test_rpc_results_unwrap_and_worker_errors_raise():
+    assert vl.unwrap_rpc_result("m", [[{"version": 1}]]) == {"version": 1}
+    for bad in ([{"error": True, "reason": "boom"}], [{"supported": False, "error": "boom"}],
+                [[{"error": True, "reason": "boom"}]]):
+        with pytest.raises(vl.VllmOmniRpcError, match="boom"):
+            vl.unwrap_rpc_result("m", bad)
+    with pytest.raises(TypeError, match="dataclass"):
+        vl.plain_rpc_args((CFG,))
+
+
+def test_isolate_master_port_sets_a_free_port(monkeypatch):
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    port = vl.isolate_master_port()
+    import os
+
+    assert os.environ["MASTER_PORT"] == str(port) and port != 29500

@@ -1,11 +1,12 @@
-"""The vLLM-Omni generator backend's glue, run on CPU with its vLLM-free reference engine.
+"""The vLLM-Omni generator backend's glue, run on CPU with its in-process client.
 
 The generator worker holds the engine `actor_rollout_ref.rollout.name` names; `vllm_omni` is `VllmOmniEngine`, which
-drives a client through the interface it uses from vLLM-Omni's `AsyncOmni`: one request per prompt, the rl record in
-the output metadata, weights through `collective_rpc` into `DigenRLWorkerExtension`. Here the client is
-`InProcessOmniEngine`, which runs the same pipeline core in the actor; vLLM itself (request scheduling, its worker
-processes) does not run on CPU.
-The reference is the same run on the diffusers backend: the trainer must not be able to tell them apart.
+drives a client through `AsyncOmni`'s interface: one request per prompt, the rl record in the output envelope's
+metadata, `collective_rpc` answers shaped like vLLM-Omni's. The generator actor joins the weight-sync group itself
+(gloo here) and hands every version to the engine's worker by RPC (`digenrl_stage_weights`). Here the client is
+`InProcessOmniEngine`, which runs the pipeline's and the worker extension's methods in the actor (its stand-ins are
+checked against the real vLLM-Omni classes in tests/contract); vLLM itself (scheduling, worker processes) does not
+run on CPU. The reference is the same run on the diffusers backend: the trainer must not be able to tell them apart.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def test_omni_generator_backend_trains_exactly_like_the_diffusers_backend(train_
     assert [h["reward/mean"] for h in omni.reporter.history] == [h["reward/mean"] for h in reference.reporter.history]
     a, b = reference.trainable_state("trn:0"), omni.trainable_state("trn:0")
     assert max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
-    # the weights reached the engines through the worker extension: engine checksum == trainer checksum per step
+    # the weights reached the engines (actor -> RPC -> worker extension): engine checksum == trainer's per step
     for snapshot in omni.seen:
         assert len({s["checksum"] for s in snapshot.values()}) == 1, snapshot
     assert omni.seen[-1]["gen:0"]["version"] == 2

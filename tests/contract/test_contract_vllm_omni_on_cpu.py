@@ -149,11 +149,20 @@ def test_load_weights_takes_buckets_of_trainable_weights(pipeline):
 
 # -- point 8: the start-up warm-up request -----------------------------------------------------------------------
 def test_warm_up_request_is_answered_with_an_empty_output(engine, pipeline):
-    req = engine._make_dummy_request(height=512, width=512, guidance_scale=0.0)
-    assert req.prompt == {"prompt": "dummy run"} and "digenrl" not in req.sampling_params.extra_args
-    out = pipeline.forward(DiffusionRequestBatch([req]))
+    """vLLM-Omni's own `_dummy_run` (engine start-up), its request handed to our pipeline as the worker would."""
+    seen = []
+
+    def run(req):
+        seen.append(req)
+        return pipeline.forward(DiffusionRequestBatch([req]))
+
+    engine.add_req_and_wait_for_response = run
+    engine._dummy_run()  # raises "Dummy run failed" on an error output: engine init would abort
+    (req,) = seen
+    assert req.prompt == {"prompt": "dummy run"} and "digenrl" not in (req.sampling_params.extra_args or {})
+    out = run(req)
     assert isinstance(out, DiffusionOutput) and out.output is None and not out.error
-    assert engine.postprocess_output(req, out)[0].images == []  # init does not abort
+    assert engine.postprocess_output(req, out)[0].images == []
 
 
 # -- points 4, 5, 7 and the post-processor: forward -> DiffusionOutput -> formatter -> serializer -----------------

@@ -265,9 +265,16 @@ class RayExecutor:
             adv.update({i: float(a) for i, a in zip(finite, res.advantages)})
         return torch.tensor([adv[s] if math.isfinite(adv[s]) else 0.0 for s in samples], dtype=torch.float32)
 
+    def loss_denominator(self, task: Task) -> float:
+        """The loss of every UPDATE of a step is a sum over its rows divided by the step's rows (samples x K), so
+        any cut of the step into micro-batches (GAP groups, colocated chunks, TSP chunks) accumulates one gradient."""
+        return float(len(self.step_batch(task.step)) * self.rows_per_sample)
+
     def _update(self, task: Task) -> _InFlight:
+        """UPDATE: each rank of the assignment (colocated: the plan's split of the micro-batch; disaggregated: even
+        shares over the trainer pool) runs forward/backward over its samples; gradients accumulate until OPT_STEP."""
         f = _InFlight(task, self.now(), [], [])
-        denominator = len(self.step_batch(task.step)) * self.rows_per_sample
+        denominator = self.loss_denominator(task)
         max_share = max(len(samples) for _, samples in task.assignment)
         for worker, samples in task.assignment:
             adv = self.advantages(task.step, samples) if samples else torch.zeros(0)

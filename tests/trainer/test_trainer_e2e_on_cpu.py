@@ -11,6 +11,7 @@ import torch
 
 from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.types import TaskKind
+from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
 pytestmark = pytest.mark.slow  # every test here trains on Ray workers
@@ -29,14 +30,6 @@ def _max_rel_diff(a, b):
     return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)) for k in a)
 
 
-class InitRecordingTrainer(DigenRLTrainer):
-    """Keeps the trainer's weights as built, before any step."""
-
-    def make_executor(self):
-        self.initial = _state(self, next(w for w in self.workers if w.startswith(("trn:", "col:"))))
-        return super().make_executor()
-
-
 class SyncCheckingTrainer(DigenRLTrainer):
     """After every global step, ask each worker for (version, checksum of its trainable weights)."""
 
@@ -48,24 +41,78 @@ class SyncCheckingTrainer(DigenRLTrainer):
         return out
 
 
-def test_disaggregated_on_policy_run_gives_the_colocated_weights(train_run):
-    # AdamW's eps is raised from 1e-8 to 1e-3 here. GRPO gradients are sums of +/- terms, so some elements cancel
-    # to ~0, where fp32 summation order (which changes with micro-batching, TSP and TAG by design) decides the
-    # sign; Adam's first step maps any g >> eps to lr*sign(g), turning that 1e-7 noise into +/-lr in the weights
-    # (measured: 3.8e-3 max relative difference with eps=1e-8, 2.1e-6 with eps=1e-3). A larger eps keeps the
-    # update a smooth function of the gradient, so the test measures the schedule, not Adam's sign amplifier.
-    steps = ["trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3",
-             "actor_rollout_ref.actor.optim.eps=1e-3"]
-    colocated = train_run(*SMALL, *steps, "trainer.digenrl.mode=colocated", trainer_cls=InitRecordingTrainer,
-                          name="colocated")
-    disagg = train_run(*SMALL, *steps, *DISAGG, name="disaggregated")
+GRAD_TOL = 1e-5  # relative, per tensor (max |a - b| / max |b|); a 0.1% error in one micro-batch's loss exceeds it
+
+
+class FirstStepGradientExecutor(RayExecutor):
+    """Records the gradient the first optimizer step reduces: every trainer rank's accumulated gradients, asked for
+    just before that OPT_STEP (actor calls run in order), summed over the ranks (the all-reduce is a sum)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.first_grads: dict[str, torch.Tensor] | None = None
+
+    def submit(self, task):
+        if task.kind == TaskKind.OPT_STEP and self.first_grads is None:
+            parts = ray.get([self.workers[w].accumulated_gradients.remote() for w in task.workers])
+            self.first_grads = {k: sum(p[k] for p in parts if k in p) for k in parts[0]}
+        super().submit(task)
+
+
+class ScaledMicroBatchExecutor(FirstStepGradientExecutor):
+    """A mutant: the loss of step 0's micro-batch 0 is scaled by 1.001 (its denominator divided by it)."""
+
+    def loss_denominator(self, task):
+        scale = 1.001 if (task.step, task.microbatch) == (0, 0) else 1.0
+        return super().loss_denominator(task) / scale
+
+
+class GradientTrainer(DigenRLTrainer):
+    executor_cls = FirstStepGradientExecutor
+
+    def make_executor(self):
+        return self.executor_cls(self.workers, self.step_batch, self.run.advantage,
+                                 self.run.policy.rollout.num_train_steps, on_result=self.on_result,
+                                 on_checkpoint=self.on_checkpoint)
+
+
+class MutantTrainer(GradientTrainer):
+    executor_cls = ScaledMicroBatchExecutor
+
+
+def test_on_policy_modes_accumulate_the_per_timestep_colocated_gradient(train_run):
+    # The reference is verl-omni's colocated loop: per-timestep forward/backward, one micro-batch of each rank's
+    # whole share (ppo_micro_batch_size_per_gpu=null). Compared at the first optimizer step, where every run starts
+    # from the same weights, on the gradient itself: default AdamW eps (1e-8) maps any gradient to ~lr*sign(g) in
+    # the weights, so weights would hide a scaled gradient and flip on elements that cancel to ~0.
+    one_step = ["trainer.total_training_steps=1"]
+    reference = train_run(*SMALL, *one_step, "trainer.digenrl.mode=colocated", "trainer.digenrl.tsp.enabled=false",
+                          trainer_cls=GradientTrainer, name="per_timestep")
+    micro = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+    colocated_tsp = train_run(*SMALL, *one_step, *micro, "trainer.digenrl.mode=colocated",
+                              "trainer.digenrl.tsp.enabled=true", trainer_cls=GradientTrainer, name="colocated_tsp")
+    disagg = train_run(*SMALL, *one_step, *DISAGG, trainer_cls=GradientTrainer, name="disaggregated")
+    mutant = train_run(*SMALL, *one_step, *micro, "trainer.digenrl.mode=colocated", "trainer.digenrl.tsp.enabled=true",
+                       trainer_cls=MutantTrainer, name="mutant")
+    ref = reference.executor.first_grads
+    assert max(float(g.abs().max()) for g in ref.values()) > 0
+    # colocated + TSP: verl-omni's batch-axis micro-batches of ppo_micro_batch_size_per_gpu=2 samples on every rank
+    # (8 samples, 2 ranks: 4 each, so 2 UPDATEs per step, both ranks busy in each), TSP-flagged
+    updates = [c.task for c in colocated_tsp.driver.trace.sorted_completions() if c.task.kind == TaskKind.UPDATE]
+    assert len(updates) == 2 and all("tsp" in t.flags for t in updates)
+    assert [dict(t.assignment) for t in updates] == [{"col:0": (0, 1), "col:1": (4, 5)},
+                                                      {"col:0": (2, 3), "col:1": (6, 7)}]
+    assert not any("tsp" in c.task.flags for c in reference.driver.trace.sorted_completions())
+    assert len([c for c in reference.driver.trace.completions if c.task.kind == TaskKind.UPDATE]) == 1
     # the disaggregated run really used TAG and pipelining (else the comparison proves little)
     kinds = {c.task.kind for c in disagg.driver.trace.sorted_completions()}
     assert TaskKind.TAG_GEN in kinds and TaskKind.SYNC in kinds
-    a, b = _state(colocated, "col:0"), _state(disagg, "trn:0")
-    assert _max_rel_diff(a, colocated.initial) > 1e-3  # training moved the weights
-    assert _max_rel_diff(a, b) <= 1e-5
-    assert _max_rel_diff(_state(colocated, "col:1"), a) == 0.0  # colocated ranks stay identical
+    errors = {name: _max_rel_diff(t.executor.first_grads, ref)
+              for name, t in (("colocated_tsp", colocated_tsp), ("disaggregated", disagg), ("mutant", mutant))}
+    assert errors["colocated_tsp"] <= GRAD_TOL and errors["disaggregated"] <= GRAD_TOL, errors
+    assert errors["mutant"] > 10 * GRAD_TOL, errors  # the check sees a 0.1% error in one micro-batch's loss
+    assert _max_rel_diff(_state(colocated_tsp, "col:1"), _state(colocated_tsp, "col:0")) == 0.0  # ranks in step
+    print(f"first-step gradient errors vs the per-timestep colocated loop: {errors}")
 
 
 def test_disaggregated_reward_rises_weights_stay_in_sync_and_outputs_are_written(train_run):

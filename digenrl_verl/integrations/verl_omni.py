@@ -163,7 +163,7 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
         if isinstance(mine, Mapping):
             ours.trainer.digenrl = OmegaConf.merge(ours.trainer.digenrl, mine)
         else:
-            ours.trainer.digenrl.pools = pools_from_layout(src, mode)
+            ours.trainer.digenrl.pools = OmegaConf.merge(ours.trainer.digenrl.pools, pools_from_layout(src, mode))
         ours.trainer.digenrl.mode = mode
         functions = _dig(src, "reward.reward_functions")
         custom = _dig(src, "reward.custom_reward_function.path")

@@ -41,7 +41,7 @@ def test_pool_placement_keys_reach_the_run_spec(tiny_dirs):
         "trainer.digenrl.pools.trainer.custom_resource=kind_b"]))
     assert spec.digenrl.pools["generator"].custom_resource == "kind_a"
     assert {name: p.worker_class for name, p in spec.schedule.pools.items()} == {"gen": "kind_a", "trn": "kind_b"}
-    with pytest.raises(ValueError, match=r"pools\.generator\.accelerator_type='A800' needs .*use_gpu=true"):
+    with pytest.raises(ValueError, match=r"pools\.generator\.accelerator_type='A800' is invalid: needs use_gpu=true"):
         build_run(compose([f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}",
                            "trainer.digenrl.mode=disaggregated",
                            "trainer.digenrl.pools.generator.accelerator_type=A800"]))

@@ -21,7 +21,8 @@ from digenrl_verl.schedule.types import Completion, Executor, ScheduleError, Tas
 __all__ = [
     "Bound", "StepCosts", "colocated_lower_bound", "run_lower_bound", "step_lower_bound",
     "BtsCosts", "BtsResult", "BtsSolver", "BtsState", "GenPhase", "exhaustive", "rollout",
-    "PoolSpec", "ScheduleConfig", "ScheduleSettings", "TagConfig", "TcssConfig", "TspConfig", "CostProfiler", "Driver", "DriverStats", "StepResult",
+    "PoolSpec", "ScheduleConfig", "ScheduleSettings", "TagConfig", "TcssConfig", "TspConfig",
+    "CostProfiler", "Driver", "DriverStats", "StepResult",
     "BatchAxisPlanner", "GapPlanner", "MicroBatch", "Planner", "make_planner",
     "GenRequest", "StalenessPolicy",
     "BtsTag", "BubbleContext", "NoTag", "StaticTag", "TagDecision", "TagPolicy", "make_tag_policy",

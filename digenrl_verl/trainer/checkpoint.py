@@ -19,7 +19,8 @@ Atomicity: everything is written into `global_step_<k>.tmp-<id>/` and renamed in
 `latest_checkpoint` ignores. Keep-last-N removes older complete checkpoints after the new one is in place.
 
 The runner checkpoints at a drained step boundary: the schedule issues a CHECKPOINT task at each checkpoint
-step and starts nothing of the next step before it ends, so no micro-batch of step k+1 is in flight or queued (the TCSS queue is empty) when step k is saved.
+step and starts nothing of the next step before it ends, so no micro-batch of step k+1 is in flight or queued
+(the TCSS queue is empty) when step k is saved.
 `meta.json` records that state explicitly (`tcss.queued_microbatches = []`); resuming rebuilds the
 driver at step k with version k, which replays exactly what an uninterrupted run does after its own
 checkpoint at step k.

@@ -46,7 +46,8 @@ def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", 
     for f in [files] if isinstance(files, str) else list(files):
         path = Path(f)
         if not path.exists():
-            raise ValueError(f"data.train_files: {f!r} does not exist; give a .txt (one prompt per line) or .parquet file")
+            raise ValueError(f"data.train_files: {f!r} does not exist; give a .txt (one prompt per line) or .parquet "
+                             "file")
         if path.suffix == ".parquet":
             import pandas as pd
 

@@ -27,6 +27,8 @@ class PoolConfig:
         use_gpu: one GPU per worker (needs `trainer.device=cuda`).
         accelerator_type: Ray accelerator type of those GPUs (heterogeneous clusters; GPU pools only).
         custom_resource: a custom Ray resource the pool's nodes advertise (placement without GPUs).
+        gpu_fraction: GPUs per worker when use_gpu: 1, or 1/k to share a device (e.g. 0.5: the generator and the
+            trainer pool on one GPU; their weight sync then runs over gloo, since NCCL needs one device per rank).
     """
 
     nnodes: int = 1
@@ -34,6 +36,7 @@ class PoolConfig:
     use_gpu: bool = False
     accelerator_type: Optional[str] = None
     custom_resource: Optional[str] = None
+    gpu_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.nnodes, bool) or not isinstance(self.nnodes, int) or self.nnodes < 1:
@@ -42,6 +45,11 @@ class PoolConfig:
                 or self.workers_per_node < 1):
             raise ConfigError("workers_per_node", self.workers_per_node,
                               "an empty pool cannot run tasks; give it at least 1 worker")
+        share = 1.0 / self.gpu_fraction if isinstance(self.gpu_fraction, (int, float)) and self.gpu_fraction > 0 else 0
+        if not 0 < share or abs(share - round(share)) > 1e-9 or self.gpu_fraction > 1:
+            raise ConfigError("gpu_fraction", self.gpu_fraction, "use 1/k for an integer k >= 1 (1, 0.5, 0.25, ...)")
+        if self.gpu_fraction != 1.0 and not self.use_gpu:
+            raise ConfigError("gpu_fraction", self.gpu_fraction, "a fraction of a GPU needs use_gpu=true")
         if self.accelerator_type and not self.use_gpu:
             raise ConfigError("accelerator_type", self.accelerator_type,
                               "needs use_gpu=true; on CPU place pools with custom_resource instead")
@@ -49,6 +57,10 @@ class PoolConfig:
     @property
     def size(self) -> int:
         return self.nnodes * self.workers_per_node
+
+    @property
+    def shares_a_device(self) -> bool:
+        return self.use_gpu and self.gpu_fraction < 1.0
 
     @property
     def placement(self) -> str:

@@ -124,7 +124,8 @@ class DigenRLTrainer:
         run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
         specs = {f"{r}_pool": PoolSpec(f"{r}_pool_{run_id}_", (d.pools[r].workers_per_node,) * d.pools[r].nnodes,
                                        use_gpu=d.pools[r].use_gpu, accelerator_type=d.pools[r].accelerator_type,
-                                       custom_resource=d.pools[r].custom_resource) for r in d.roles}
+                                       custom_resource=d.pools[r].custom_resource,
+                                       gpu_fraction=d.pools[r].gpu_fraction) for r in d.roles}
         self.pool_manager = manager = PoolManager(specs, {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles})
         for role in d.roles:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
@@ -136,7 +137,9 @@ class DigenRLTrainer:
                 self.workers[f"{ROLE_POOL[role]}:{i}"] = actor
         trainers = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         gens = self.worker_groups.get("generator")
-        backend = "nccl" if self.run.policy.device == "cuda" else "gloo"
+        # NCCL needs one device per rank: pools that share GPUs (gpu_fraction < 1) sync over gloo
+        shared = any(d.pools[r].shares_a_device for r in d.roles)
+        backend = "nccl" if self.run.policy.device == "cuda" and not shared else "gloo"
         # rendezvous on trainer rank 0's node, at the free port verl picked there for this worker group (the
         # workers never start verl's own process group, so the port is ours)
         spec = CollectiveSpec(str(trainers.master_address), int(trainers.master_port), trainers.world_size,

@@ -20,7 +20,6 @@ records with `record_property` appear on its summary line.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -150,19 +149,9 @@ def test_one_disaggregated_step_with_gpu_pools(gpu_tiny_dirs, tmp_path):
             ray.shutdown()
 
 
-def _share_one_gpu(monkeypatch) -> None:
-    """Both pools on the one GPU: each worker at 0.5 GPU (`PoolSpec.gpu_fraction`) and the cross-pool group on
-    gloo, since NCCL refuses two ranks on one device. No config key sets these yet, so the test patches the two
-    names the runner builds its pools and its collective spec with (driver process only)."""
-    from digenrl_verl.trainer import runner
-    from digenrl_verl.weights.sync import CollectiveSpec
-    from digenrl_verl.workers.pools import PoolSpec
-
-    def gloo_spec(*args, **kwargs):
-        return CollectiveSpec(*args, **{**kwargs, "backend": "gloo"})
-
-    monkeypatch.setattr(runner, "PoolSpec", functools.partial(PoolSpec, gpu_fraction=0.5))
-    monkeypatch.setattr(runner, "CollectiveSpec", gloo_spec)
+# Both pools on the one GPU: each worker at 0.5 GPU (`trainer.digenrl.pools.<role>.gpu_fraction`); the runner then
+# syncs weights over gloo, since NCCL refuses two ranks on one device.
+SHARE_ONE_GPU = ("trainer.digenrl.pools.generator.gpu_fraction=0.5", "trainer.digenrl.pools.trainer.gpu_fraction=0.5")
 
 
 def _gpu_run(gpu_tiny_dirs, tmp_path, *overrides):
@@ -192,14 +181,13 @@ def _gpu_run(gpu_tiny_dirs, tmp_path, *overrides):
 
 
 @pytest.mark.slow
-def test_one_disaggregated_step_on_one_gpu(gpu_tiny_dirs, tmp_path, monkeypatch, record_property):
+def test_one_disaggregated_step_on_one_gpu(gpu_tiny_dirs, tmp_path, record_property):
     """Generator and trainer pools on the same GPU (0.5 each), gloo sync, checksums equal after the step."""
     import ray
 
-    _share_one_gpu(monkeypatch)
     t0 = time.perf_counter()
     try:
-        trainer = _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2")
+        trainer = _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2", *SHARE_ONE_GPU)
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -218,17 +206,16 @@ def test_fsdp2_trainer_over_nccl_matches_ddp(gpu_tiny_dirs, tmp_path):
 
 
 @pytest.mark.slow
-def test_one_step_with_the_vllm_omni_backend(gpu_tiny_dirs, tmp_path, monkeypatch, record_property):
+def test_one_step_with_the_vllm_omni_backend(gpu_tiny_dirs, tmp_path, record_property):
     """vLLM-Omni generator with the tiny FLUX: one step, the weight update reaches it (checksums equal).
-    On one GPU the generator and the trainer share it (see `_share_one_gpu`)."""
+    On one GPU the generator and the trainer share it (`SHARE_ONE_GPU`)."""
     import ray
 
     pytest.importorskip("vllm_omni")
-    if torch.cuda.device_count() < 2:
-        _share_one_gpu(monkeypatch)
+    share = SHARE_ONE_GPU if torch.cuda.device_count() < 2 else ()
     t0 = time.perf_counter()
     try:
-        trainer = _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2",
+        trainer = _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2", *share,
                            "actor_rollout_ref.rollout.name=vllm_omni", "trainer.digenrl.tag.policy=off")
     finally:
         if ray.is_initialized():

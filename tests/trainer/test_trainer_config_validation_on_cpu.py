@@ -120,3 +120,13 @@ def test_fsdp_wrap_keys_reach_the_sharding_spec(tiny_flux_dir):
 def test_fsdp2_in_colocated_mode_warns_that_ranks_keep_whole_models(tiny_flux_dir):
     with pytest.warns(UserWarning, match="colocated ranks keep a whole model"):
         _build(tiny_flux_dir, "trainer.digenrl.mode=colocated", "actor_rollout_ref.actor.strategy=fsdp2")
+
+
+def test_pools_may_share_a_gpu_by_fraction():
+    from digenrl_verl.config.digenrl import DigenRLConfig
+
+    digenrl = DigenRLConfig.from_node({"pools": {"generator": {"use_gpu": True, "gpu_fraction": 0.5}}})
+    assert digenrl.pools.generator.shares_a_device and not digenrl.pools.trainer.shares_a_device
+    for bad, why in (({"use_gpu": True, "gpu_fraction": 0.3}, "1/k"), ({"gpu_fraction": 0.5}, "use_gpu=true")):
+        with pytest.raises(ValueError, match=rf"trainer\.digenrl\.pools\.trainer\.gpu_fraction=.*{why}"):
+            DigenRLConfig.from_node({"pools": {"trainer": bad}})

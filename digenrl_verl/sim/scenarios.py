@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from digenrl_verl.schedule.bounds import Bound, StepCosts, colocated_lower_bound, run_lower_bound
 from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, TspConfig
 from digenrl_verl.schedule.driver import Driver, StepResult
-from digenrl_verl.schedule.plan import make_planner, split_even
+from digenrl_verl.schedule.plan import planner_for, split_even
 from digenrl_verl.schedule.tag import BtsTag
 from digenrl_verl.schedule.trace import TraceMetrics
 from digenrl_verl.schedule.types import TaskKind
@@ -132,7 +132,7 @@ def get_scenario(name: str) -> Scenario:
 
 def step_costs(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfile) -> StepCosts:
     """The true per-micro-batch costs of ``config`` on ``cluster`` (for the lower bound)."""
-    planner = make_planner(config.gap)
+    planner = planner_for(config)
     gen_pool, trn_pool = config.pools[config.generator_pool], config.pools[config.trainer_pool]
     gen_speed, trn_speed = cluster.speed(gen_pool.worker_class), cluster.speed(trn_pool.worker_class)
     gen_workers, trn_workers = config.workers(config.generator_pool), config.workers(config.trainer_pool)

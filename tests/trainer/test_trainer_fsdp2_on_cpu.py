@@ -23,8 +23,8 @@ RUN = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=3", "trainer.dige
        "trainer.digenrl.pools.trainer.workers_per_node=2", "trainer.digenrl.tag.policy=static",
        "trainer.digenrl.tag.static_k=1",
        "trainer.digenrl.tsp.chunk_size=3", "trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3",
-       # see test_disaggregated_on_policy_run_gives_the_colocated_weights: a larger eps keeps Adam's first step a
-       # smooth function of the gradient, so summation-order noise in ~0 elements is not amplified to +/-lr
+       # a larger eps keeps Adam's first step a smooth function of the gradient, so summation-order noise in ~0
+       # elements is not amplified to +/-lr (the on-policy equivalence test compares gradients instead)
        "actor_rollout_ref.actor.optim.eps=1e-3"]
 
 

@@ -319,6 +319,7 @@ class DigenRLTrainer:
             "utilisation": metrics.utilisation, "bubble_fraction": metrics.bubble_fraction,
             "reward_first": rewards[0] if rewards else float("nan"),
             "reward_last": rewards[-1] if rewards else float("nan"),
+            **LossStats.run_clip_metrics(self.reporter.history),
             **final_eval,
             "output_dir": str(self.output_dir),
         }

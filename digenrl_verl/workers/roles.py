@@ -272,9 +272,10 @@ class TrainingMixin:
             if bool(fresh.any()) or self.lockstep:  # lock-step ranks all run the pass, needed or not
                 old = old.clone()
                 old[fresh] = self._old_log_probs(cond, traj, tsp_cfg, max_share)[fresh]
+        stale = data.batch["policy_version"] < self.version  # TCSS rows: clip stats apart (`LossStats`)
         stats = accumulate_gradients(self.adapter, cond, traj, advantages.to(self.device, torch.float32),
                                      self.train_spec.loss, tsp_cfg, loss_denominator, old_log_probs=old,
-                                     min_passes=passes)
+                                     min_passes=passes, stale=stale)
         self.busy_s += time.perf_counter() - t0
         return dict(vars(stats))  # LossStats sums: the driver side merges them across micro-batches and ranks
 

@@ -109,3 +109,70 @@ def test_stats_merge_and_validation():
         LossConfig(clip_ratio=0)
     with pytest.raises(ValueError, match="loss_denominator"):
         policy_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), LossConfig(), 0)
+
+
+def test_stale_and_on_policy_clip_fractions_are_counted_apart():
+    # 6 rows, clip 0.05: rows 0-2 on-policy (ratio 1, 1, e^0.1: one clipped), rows 3-5 stale with ratios e^0.1,
+    # e^-0.1, e^0.01: two clipped; the clipped branch (no gradient) wins on row 3 (A > 0, ratio > 1+ε) and row 2,
+    # not on row 4 (A > 0, ratio < 1-ε: the unclipped, pessimistic branch keeps its gradient)
+    logp = torch.tensor([0.0, 0.0, 0.1, 0.1, -0.1, 0.01], requires_grad=True)
+    adv = torch.tensor([1.0, -1.0, 1.0, 1.0, 1.0, -1.0])
+    stale = torch.tensor([False, False, False, True, True, True])
+    loss, st = policy_loss(logp, torch.zeros(6), adv, LossConfig(clip_ratio=0.05), 6, stale=stale)
+    loss.backward()
+    assert (logp.grad == 0).tolist() == [False, False, True, True, False, False]  # zero-grad rows: 2 and 3
+    m = st.metrics()
+    assert m["actor/pg_clipfrac"] == pytest.approx(3 / 6)
+    assert m["actor/onpolicy_clip_frac"] == pytest.approx(1 / 3)
+    assert m["actor/stale_clip_frac"] == pytest.approx(2 / 3)
+    assert m["actor/stale_zero_grad_frac"] == pytest.approx(1 / 3)
+    assert m["actor/pg_zero_grad_frac"] == pytest.approx(2 / 6)
+    assert m["actor/stale_rows"] == 3
+    # no mask: every row on-policy; merged with the masked stats the sums add up
+    _, plain = policy_loss(logp.detach(), torch.zeros(6), adv, LossConfig(clip_ratio=0.05), 6)
+    assert plain.metrics()["actor/stale_rows"] == 0 and plain.metrics()["actor/stale_clip_frac"] == 0.0
+    assert plain.metrics()["actor/onpolicy_clip_frac"] == pytest.approx(3 / 6)
+    both = (st + plain).metrics()
+    assert both["actor/stale_clip_frac"] == pytest.approx(2 / 3)
+    assert both["actor/onpolicy_clip_frac"] == pytest.approx((1 + 3) / (3 + 6))
+    # run level, from the per-step metric rows: weighted by rows, not a mean of the steps' fractions
+    run = LossStats.run_clip_metrics([st.metrics(), plain.metrics(), LossStats(rows=3, stale_rows=3).metrics()])
+    assert run["actor/stale_clip_frac"] == pytest.approx(2 / 6)
+    assert run["actor/onpolicy_clip_frac"] == pytest.approx(4 / 9)
+    assert run["actor/stale_zero_grad_frac"] == pytest.approx(1 / 6)
+
+
+def test_tsp_passes_the_stale_samples_to_their_rows(tiny_adapter):
+    # samples 0 and 3 of 6 are stale: their K rows each, whatever the chunking (chunks of 4 rows cross samples)
+    from digenrl_verl.diffusion.noise import SampleKey
+    from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
+    from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
+
+    cfg = RolloutConfig(num_inference_steps=5, sde_type="sde", noise_level=0.7)
+    prompts = ["a red cube", "a blue sphere", "a green cone"] * 2
+    cond = tiny_adapter.encode_prompts(prompts)
+    traj = rollout(tiny_adapter, cond, [SampleKey(1, f"u{i % 3}", i // 3) for i in range(6)], cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # one "optimizer step" away from the sampling policy
+        for p in tiny_adapter.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 2e-3)
+    ratio = torch.exp(compute_log_probs(tiny_adapter, cond, traj) - traj.log_probs)
+    clip = float((ratio - 1).abs().flatten().median())  # about half the rows clipped
+    stale = torch.tensor([True, False, False, True, False, False])
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
+    k = traj.num_steps
+    for tsp in (TSPConfig("batched", 4), TSPConfig("per_timestep")):
+        st = accumulate_gradients(tiny_adapter, cond, traj, adv, LossConfig(clip_ratio=clip), tsp, 6 * k,
+                                  stale=stale)
+        clipped = (ratio - 1).abs() > clip
+        zero = ((adv[:, None] > 0) & (ratio > 1 + clip)) | ((adv[:, None] < 0) & (ratio < 1 - clip))
+        m = st.metrics()
+        assert m["actor/stale_rows"] == 2 * k
+        assert m["actor/stale_clip_frac"] == pytest.approx(float(clipped[stale].float().mean()))
+        assert m["actor/onpolicy_clip_frac"] == pytest.approx(float(clipped[~stale].float().mean()))
+        assert m["actor/stale_zero_grad_frac"] == pytest.approx(float(zero[stale].float().mean()))
+        assert 0 < m["actor/pg_clipfrac"] < 1  # the mask matters: stale and on-policy rows differ in general
+        for p in tiny_adapter.trainable_parameters():
+            p.grad = None
+    with pytest.raises(ValueError, match="stale must be"):
+        accumulate_gradients(tiny_adapter, cond, traj, adv, LossConfig(), TSPConfig(), 6 * k, stale=stale[:2])

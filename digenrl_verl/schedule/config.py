@@ -71,12 +71,16 @@ class TcssConfig:
             so TCSS never delays a SYNC (the schedule then depends on measured costs). False: start stale GENs
             whenever the limits allow (deterministic given the limits).
         max_gen_futures: at most this many GEN/TAG tasks in flight at once (None: no limit).
+        guard_slack: with the guard, a stale GEN may still start when its estimated end is at most this fraction
+            of its own estimated duration after the trainer's estimated end of the step: the SYNC then waits at
+            most that long, and the generators do not idle through the step's drain for a near miss.
     """
 
     staleness: int = 0
     max_stale_fraction: float = 0.5
     guard: bool = True
     max_gen_futures: Optional[int] = None
+    guard_slack: float = 0.1
 
     def __post_init__(self) -> None:
         if self.staleness not in (0, 1) or isinstance(self.staleness, bool):
@@ -85,6 +89,9 @@ class TcssConfig:
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
             raise ConfigError("tcss.max_stale_fraction", frac, "use a number in [0, 1]")
         _boolean("tcss.guard", self.guard)
+        slack = self.guard_slack
+        if isinstance(slack, bool) or not isinstance(slack, (int, float)) or not 0.0 <= slack <= 1.0:
+            raise ConfigError("tcss.guard_slack", slack, "use a fraction in [0, 1] of the stale GEN's duration")
         if self.max_gen_futures is not None:
             _int_at_least("tcss.max_gen_futures", self.max_gen_futures, 1)
 

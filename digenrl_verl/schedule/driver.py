@@ -407,9 +407,10 @@ class Driver:
         return None
 
     def _stale_gen_fits(self, st: _Step, lane: tuple[str, ...]) -> bool:
-        """A stale GEN must not delay the weight SYNC it runs ahead of.
+        """A stale GEN must not delay the weight SYNC it runs ahead of (by more than `tcss.guard_slack` of its own
+        estimated duration).
 
-        Estimated end of the GEN <= estimated end of the trainer's work on the step being updated
+        Estimated end of the GEN (less the slack) <= estimated end of the trainer's work on the step being updated
         (running task, remaining UPDATEs, OPT_STEP), and no trajectory of that step is still being
         generated on the trainer (its SCORE would wait behind the stale GEN). Without estimates: no.
         """
@@ -433,7 +434,7 @@ class Driver:
                 est = self.profiler.estimate(task.kind, trn_cls, task.work) or 0.0
                 trainer_free = max(trainer_free, start + est)
         todo = sum(1 for m in current.mbs if m.status not in (MbStatus.UPDATING, MbStatus.UPDATED))
-        return now + gen_est <= trainer_free + todo * upd_est + opt_est
+        return now + gen_est * (1.0 - self.config.tcss.guard_slack) <= trainer_free + todo * upd_est + opt_est
 
     def _gen_request(self, st: _Step, idx: int, version: int) -> GenRequest:
         return GenRequest(st.step, version, len(st.mbs[idx].mb.samples), self.last_update, st.stale_samples,

@@ -16,6 +16,7 @@ DIS = {"mode": "disaggregated"}
     (lambda: TcssConfig(staleness=1, max_stale_fraction=1.5), "tcss.max_stale_fraction"),
     (lambda: TcssConfig(max_gen_futures=0), "tcss.max_gen_futures"),
     (lambda: TspConfig(chunk_size=-1), "tsp.chunk_size"),
+    (lambda: TcssConfig(guard_slack=1.5), "tcss.guard_slack"),
     (lambda: ScheduleConfig(n=0, **DIS), "n"),
     (lambda: ScheduleConfig(num_steps=0, **DIS), "num_steps"),
     (lambda: ScheduleConfig(checkpoint_every=-1, **DIS), "checkpoint_every"),

@@ -52,25 +52,23 @@ def test_paper_suite_every_scenario_has_the_three_rows_keys_and_costs(paper):
 
 
 def test_ideal_homogeneous_digenrl_reaches_parity_with_colocated_best(paper):
-    """On identical devices without switching costs colocated-best is the limit; DigenRL reaches >= 0.97 of it
-    everywhere but FLUX.1, where the measured 0.965 is the TCSS guard's drain (docs/benchmarks.md): the generators
-    idle ~12 s per step (last UPDATE + OPT_STEP + SYNC) because a stale GEN (8.3 s) would end 0.3 s after the
-    trainer's estimated end."""
+    """On identical devices without switching costs colocated-best is the limit; DigenRL reaches >= 0.97 of it in
+    every homogeneous scenario. FLUX.1 needs the TCSS guard's slack (`tcss.guard_slack`, default 0.1): with a strict
+    guard (0.965) the generators idle ~12 s per step (last UPDATE + OPT_STEP + SYNC) because a stale GEN (8.3 s)
+    would end 0.3 s after the trainer's estimated end."""
     out, _ = paper
     ideal = {s["scenario"]: s for s in out["scenarios"] if s["costs"] == "ideal"}
     for name, s in ideal.items():
         if name == "hetero-8+8":
             assert s["digenrl_vs_colocated_best"] > 1.2  # the slow class paces colocated
-        elif name == "flux.1":
-            assert s["digenrl_vs_colocated_best"] == pytest.approx(0.965, abs=0.003)
         else:
             assert s["digenrl_vs_colocated_best"] >= IDEAL_PARITY_TARGET, name
         # ideal: no switch, the memory model is off, TAG pays no context switch
         rows = {r["label"]: r for r in s["rows"]}
         assert rows["colocated-best"]["cost_model"]["memory_mode"] == "ideal"
         assert rows["digenrl"]["cost_model"]["tag_overhead"] == 1.0
-    assert out["ideal_below_parity_target"].keys() == {"flux.1"}
-    assert out["ideal_min_digenrl_vs_colocated_best"] == pytest.approx(ideal["flux.1"]["digenrl_vs_colocated_best"])
+    assert out["ideal_below_parity_target"] == {}
+    assert out["ideal_min_digenrl_vs_colocated_best"] >= IDEAL_PARITY_TARGET
 
 
 def test_calibration_fits_one_figure_and_reports_held_out_errors(paper):

@@ -20,10 +20,11 @@ import json
 import os
 import warnings
 from dataclasses import dataclass
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterator, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -45,6 +46,7 @@ from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec,
 ALGORITHMS = ("flow_grpo", "dance_grpo")
 DEFAULT_REWARD = {"brightness": 1.0}
 CONFIG_FILE = "digenrl_trainer.yaml"
+VERL_OMNI_KEYS_FILE = "verl_omni_keys.yaml"  # verl-omni's keys that we do not use (composed under CONFIG_FILE)
 A = "actor_rollout_ref"
 STRATEGY_KEY = f"{A}.actor.strategy"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "float32": "float32",
@@ -53,6 +55,21 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "float3
 VERL_OMNI_PIPELINE_KEYS = ("frame_rate", "video_flow_shift", "aspect_ratio", "output_type")
 _BACKENDS_OK = ("naive", "nccl")  # our weight sync is a torch.distributed group (gloo on CPU, NCCL on GPU)
 _PIXEL_OUTPUTS = ("image", "video", "pil", "np", "pt")
+# verl-omni's engine config group (`diffusion/model_engine=<name>` in its recipes): registered in Hydra's ConfigStore
+# so that the override composes on our entry point; each option only sets the `model_engine` key (classified below).
+MODEL_ENGINE_GROUP = "diffusion/model_engine"
+MODEL_ENGINES = ("dp_diffusion", "veomni_diffusion")
+
+
+def _register_model_engines() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    for name in MODEL_ENGINES:
+        ConfigStore.instance().store(group=MODEL_ENGINE_GROUP, name=name, node={"model_engine": name},
+                                     package="_global_")
+
+
+_register_model_engines()
 
 
 class RecipeKeys:
@@ -223,6 +240,124 @@ NO_EFFECT: dict[str, str] = {
     "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
 }
 
+# ---------------------------------------------------------------------------------------------------------
+# The rest of verl-omni's config (verl_omni_keys.yaml: its keys that we do not use, with its default values), so
+# that every verl-omni key is known. Mostly whole sections (a prefix covers every key below it).
+# ---------------------------------------------------------------------------------------------------------
+_LLM_ENGINE = "an LLM-engine setting of verl's rollout config; diffusion generation does not use it"
+_PROFILER = "profiling is not implemented; the run's timeline is trace.json (Perfetto) and timeline.png"
+_VEOMNI = "VeOmni engine settings; the trainer is FSDP2/ddp over torch (diffusion/model_engine=veomni_diffusion fails)"
+_MIRROR = ("verl-omni's model-side copy of the rollout's {}: the adapters read " + f"{A}.rollout." + "{} (set it there)")
+_NO_DUMPS = "samples are not dumped to files; the run's trace and metrics are in trainer.digenrl.output_dir"
+
+UNSUPPORTED.update({
+    "model_engine": ("!dp_diffusion", "verl-omni's VeOmni engine is not implemented: the trainer is FSDP2 or ddp "
+                     f"({STRATEGY_KEY}); drop diffusion/model_engine=veomni_diffusion (and its veomni_config keys)"),
+    "distillation.enabled": (True, "on-policy distillation from teacher models is not implemented; set it to false"),
+    f"{A}.actor.use_distill_loss": (True, "distillation losses are not implemented; set it to false"),
+    "algorithm.paired_preference": (True, "preference (DPO-style) training is not implemented; set it to false"),
+    "algorithm.rollout_correction.rollout_is": (
+        lambda v, keys: v is not None, "rollout importance sampling (rollout correction) is not implemented; set it "
+        "to null"),
+    "algorithm.rollout_correction.rollout_rs": (
+        lambda v, keys: v is not None, "rollout rejection sampling (rollout correction) is not implemented; set it "
+        "to null"),
+    "algorithm.rollout_correction.loss_type": ("!ppo_clip", "only the clipped (ppo_clip) loss is implemented"),
+    f"{A}.actor.optim.optimizer": ("!AdamW", "the optimizer is torch's AdamW (actor.optim.lr/betas/eps/weight_decay)"),
+    f"{A}.actor.optim.optimizer_impl": ("!torch.optim", "the optimizer is torch.optim.AdamW"),
+    f"{A}.actor.optim.override_optimizer_config": (
+        lambda v, keys: bool(v), "optimizer overrides are not supported: set actor.optim.lr/betas/eps/weight_decay"),
+    f"{A}.model.target_parameters": (
+        lambda v, keys: v is not None, "LoRA on parameters is not supported: give model.target_modules; set it to null"),
+    f"{A}.rollout.quantization": (lambda v, keys: v is not None,
+                                  "quantized generation is not implemented; set it to null"),
+    f"{A}.rollout.multi_turn.enable": (True, "multi-turn rollouts do not apply to diffusion generation"),
+    "skip.rollout.enable": (True, "replaying dumped rollouts is not implemented: generation runs every step"),
+    "skip.async_rollout.enable": (True, "replaying dumped rollouts is not implemented: generation runs every step"),
+    "trainer.val_only": (True, "validation runs are not implemented"),
+})
+
+NO_EFFECT.update({
+    "global_profiler": _PROFILER,
+    f"{A}.actor.profiler": _PROFILER,
+    f"{A}.ref.profiler": _PROFILER,
+    f"{A}.rollout.profiler": _PROFILER,
+    f"{A}.actor.veomni_config": _VEOMNI,
+    f"{A}.ref.veomni_config": _VEOMNI,
+    "transfer_queue": "batches move through Ray's object store (TransferQueue is not used)",
+    "ray_kwargs": "Ray is started by the entry point with the pools' resources (trainer.digenrl.pools)",
+    "skip": "generation runs every step (nothing is dumped or replayed)",
+    "distillation": "on-policy distillation is not implemented (distillation.enabled=true fails)",
+    f"{A}.actor.distill_loss_mode": "distillation losses are not implemented",
+    f"{A}.actor.distill_loss_coef": "distillation losses are not implemented",
+    f"{A}.actor.diffusion_loss.mix_beta": "MixGRPO's setting; the loss is Flow-GRPO/DanceGRPO's",
+    f"{A}.actor.diffusion_loss.ref_kl_coef": "the KL term is actor.use_kl_loss / kl_loss_coef",
+    f"{A}.actor.diffusion_loss.adaptive_weight_min": "DiffusionNFT's setting; the loss is Flow-GRPO/DanceGRPO's",
+    f"{A}.actor.diffusion_loss.dpo_beta": "DPO's setting; the loss is Flow-GRPO/DanceGRPO's",
+    f"{A}.actor.diffusion_loss.kl_mask_threshold": "GRPO-Guard's setting; the loss is Flow-GRPO/DanceGRPO's",
+    f"{A}.actor.diffusion_loss.add_kl_coefficient": "GRPO-Guard's setting; the loss is Flow-GRPO/DanceGRPO's",
+    f"{A}.actor.optim.total_training_steps": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.min_lr_ratio": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.num_cycles": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.lr_scheduler_type": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.warmup_style": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.zero_indexed_step": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.clip_grad": f"the gradient-norm clip is {A}.actor.grad_clip",
+    f"{A}.actor.fsdp_config.offload_policy": "CPU offload is not implemented",
+    f"{A}.actor.fsdp_config.forward_prefetch": "FSDP2 prefetching follows torch's defaults",
+    f"{A}.actor.fsdp_config.use_orig_params": "FSDP2 (fully_shard) always keeps the original parameters",
+    f"{A}.actor.fsdp_config.seed": "seeds come from rollout.seed and data.seed",
+    f"{A}.actor.fsdp_config.full_determinism": "deterministic algorithms are not forced",
+    f"{A}.actor.fsdp_config.forward_only": "the trainer trains (the KL reference's forward is in its update pass)",
+    f"{A}.actor.fsdp_config.strategy": f"the sharding is {STRATEGY_KEY}",
+    f"{A}.actor.fsdp_config.dtype": f"the trainer's dtype is {A}.actor.fsdp_config.model_dtype",
+    f"{A}.actor.checkpoint": "a checkpoint always holds the trainable weights, the optimizer and the data cursor "
+                             "(trainer.save_freq, trainer.default_local_dir)",
+    f"{A}.actor.data_loader_seed": "the prompt order follows data.seed",
+    f"{A}.ref.rollout_n": f"the group size is {A}.rollout.n",
+    f"{A}.ref.strategy": f"the KL reference is the trainer's model with the adapters off ({STRATEGY_KEY})",
+    f"{A}.ref.fsdp_config": "the KL reference's forward runs inside the trainer's update pass, with its sharding",
+    **{f"{A}.rollout.{k}": _LLM_ENGINE for k in (
+        "prompt_length", "enforce_eager", "cudagraph_capture_sizes", "expert_parallel_size",
+        "pipeline_model_parallel_size", "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill",
+        "enable_prefix_caching", "logprobs_mode", "scheduling_policy", "disable_log_stats", "llm_calculate_log_probs",
+        "temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens", "skip_tokenizer_init",
+        "enable_rollout_routing_replay", "mtp", "multi_turn", "disaggregation", "prometheus")},
+    f"{A}.rollout.max_num_seqs": f"vLLM-Omni's batching is {A}.rollout.engine_kwargs.vllm_omni.max_num_seqs",
+    f"{A}.rollout.external_lib": "models are diffusers pipelines of the registered architectures",
+    f"{A}.rollout.rollout_adapter": "the rollout adapter is chosen by the architecture (model_index.json)",
+    f"{A}.rollout.agent.default_agent_loop": "there is no agent loop: generators are driven by the schedule",
+    f"{A}.rollout.algo.sample_strategy": "MixGRPO's setting; the trained steps follow rollout.algo / "
+                                         "algorithm.timestep_fraction",
+    f"{A}.rollout.algo.iters_per_group": "MixGRPO's setting",
+    f"{A}.rollout.algo.sde_window_seed": "the SDE window is drawn from the per-sample seeds (rollout.seed)",
+    f"{A}.model.pipeline": _MIRROR.format("pipeline", "pipeline"),
+    f"{A}.model.algo": _MIRROR.format("algo", "algo"),
+    f"{A}.model.use_shm": "models load from the local directory model.path",
+    f"{A}.model.trust_remote_code": "models are diffusers pipelines of the registered architectures (no remote code)",
+    f"{A}.model.config_path": "the model's configs are read from model.path",
+    f"{A}.model.policy_state_adapters": "the trainable state is the LoRA adapters or the denoiser (model.lora_rank)",
+    f"{A}.model.lora_dtype": f"LoRA parameters take {A}.actor.fsdp_config.model_dtype",
+    f"{A}.model.mtp": _LLM_ENGINE,
+    "data.trust_remote_code": "prompts come from .txt or verl-style .parquet files (no remote code)",
+    **{f"data.{k}": "prompts are read as text from data.prompt_key" for k in (
+        "use_shm", "tool_config_path", "return_raw_input_ids", "return_full_prompt", "image_patch_size", "image_key",
+        "video_key", "return_multi_modal_inputs", "filter_overlong_prompts_workers", "datagen")},
+    "data.validation_shuffle": "validation runs are not implemented",
+    "data.sampler": "the prompt order follows data.shuffle and data.seed",
+    "reward.sandbox_fusion": "code-execution rewards do not apply to diffusion samples",
+    "algorithm.old_policy_decay": "the old policy is the sampling policy of each trajectory (copy)",
+    "algorithm.rollout_correction": "verl-omni's rollout correction is not implemented",
+    **{f"trainer.{k}": _NO_DUMPS for k in ("rollout_data_dir", "validation_data_dir", "rollout_data_save_freq",
+                                           "rollout_data_max_samples", "validation_data_max_samples", "video_fps")},
+    "trainer.esi_redundant_time": "checkpoints follow trainer.save_freq",
+    "trainer.default_hdfs_dir": "checkpoints are written to trainer.default_local_dir only",
+    "trainer.del_local_ckpt_after_load": "checkpoints are kept (trainer.max_ckpt_to_keep)",
+    "trainer.max_actor_ckpt_to_keep": "the number of checkpoints kept is trainer.max_ckpt_to_keep",
+    "trainer.ray_wait_register_center_timeout": "workers are Ray actors started by the entry point",
+    "trainer.ray_master_port_range": "the process groups pick free ports",
+})
+
 
 def _is_on(rule: Rule, value: Any, keys: RecipeKeys) -> bool:
     if callable(rule):
@@ -242,19 +377,34 @@ def check_unsupported(keys: RecipeKeys) -> None:
 
 @lru_cache(maxsize=1)
 def shipped_defaults() -> DictConfig:
-    """The shipped config file as written (verl-omni's layout; the trainer.digenrl section comes from Python)."""
-    return OmegaConf.create(resources.files("digenrl_verl.config").joinpath(CONFIG_FILE).read_text())
+    """The shipped config files as written (verl-omni's layout: VERL_OMNI_KEYS_FILE under CONFIG_FILE, as the
+    defaults list composes them; the trainer.digenrl section comes from Python)."""
+    files = resources.files("digenrl_verl.config")
+    merged = OmegaConf.merge(*(OmegaConf.create(files.joinpath(f).read_text())
+                               for f in (VERL_OMNI_KEYS_FILE, CONFIG_FILE)))
+    merged.pop("defaults", None)
+    return merged
+
+
+def _unresolved(cfg: DictConfig, key: str) -> Any:
+    """The value at `key` as written (interpolations unresolved, containers as plain Python), None when absent."""
+    parent, _, last = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None, throw_on_resolution_failure=False) if parent else cfg
+    if not isinstance(node, DictConfig) or last not in node.keys():
+        return None
+    child = node._get_node(last)
+    if isinstance(child, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(child, resolve=False)
+    return child._value()
 
 
 def warn_no_effect(keys: RecipeKeys) -> list[str]:
     """A UserWarning for each NO_EFFECT key set to something other than the shipped default; returns the keys."""
     warned = []
     for key, why in NO_EFFECT.items():
-        default = OmegaConf.select(shipped_defaults(), key, default=None, throw_on_resolution_failure=False)
-        if isinstance(default, (DictConfig, ListConfig)):
-            default = OmegaConf.to_container(default, resolve=False)
-        value = keys.peek(key)
-        if value != default:
+        default = _unresolved(shipped_defaults(), key)  # as written: a copy of another key (${...}) stays a copy
+        if _unresolved(keys.cfg, key) != default:
+            value = keys.peek(key)
             warnings.warn(f"{key}={value!r} has no effect in digenrl_verl: {why}", UserWarning, stacklevel=3)
             warned.append(key)
     return warned
@@ -368,7 +518,33 @@ def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
         engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni", {}) or {}))
 
 
+# component field -> the user's key, for the components' ConfigErrors (`ConfigError.keyed`)
+ROLLOUT_KEYS = {
+    "num_inference_steps": f"{A}.rollout.pipeline.num_inference_steps", "sde_type": f"{A}.rollout.algo.sde_type",
+    "noise_level": f"{A}.rollout.algo.noise_level", "timestep_selection": f"{A}.rollout.algo.timestep_selection",
+    "timestep_fraction": "algorithm.timestep_fraction", "sde_window_size": f"{A}.rollout.algo.sde_window_size",
+    "sde_window_range": f"{A}.rollout.algo.sde_window_range", "seed": f"{A}.rollout.seed",
+    "init_same_noise": f"{A}.rollout.algo.init_same_noise",
+}
+ADVANTAGE_KEYS = {"adv_clip_max": f"{A}.actor.diffusion_loss.adv_clip_max", "epsilon": "algorithm.epsilon",
+                  "aggregation": "reward.aggregation"}
+
+
+@contextmanager
+def user_keys(mapping: dict[str, str]) -> Iterator[None]:
+    """Re-raise a component's ConfigError with the user's keys (field -> key in `mapping`)."""
+    try:
+        yield
+    except ConfigError as e:
+        raise e.keyed(mapping) from None
+
+
 def build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
+    with user_keys(ROLLOUT_KEYS):
+        return _build_rollout(keys, algorithm)
+
+
+def _build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
     algo = f"{A}.rollout.algo"
     window = keys(f"{algo}.sde_window_range")
     if isinstance(window, str):  # verl-omni's recipes pass it quoted: sde_window_range="[0,5]"
@@ -514,8 +690,10 @@ def build_advantage(keys: RecipeKeys, digenrl: DigenRLConfig) -> AdvantageConfig
         raise ValueError("algorithm.global_std=true needs every group's reward of a step before any update, which "
                          "disables pipelining in trainer.digenrl.mode=disaggregated; set algorithm.global_std=false "
                          "(per-group std), or use mode=colocated")
-    return AdvantageConfig(global_std=global_std, norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo", True)),
-                           adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max", 5.0))
+    with user_keys(ADVANTAGE_KEYS):
+        return AdvantageConfig(global_std=global_std,
+                               norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo", True)),
+                               adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max", 5.0))
 
 
 def build_data(keys: RecipeKeys) -> DataSpec:

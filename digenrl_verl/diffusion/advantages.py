@@ -18,9 +18,8 @@ from typing import Hashable, Mapping, Sequence
 
 import torch
 
-KEY_ADV_CLIP = "actor_rollout_ref.actor.diffusion_loss.adv_clip_max"
-KEY_EPSILON = "algorithm.epsilon"
-KEY_MULTI_MODE = "reward.aggregation"
+from digenrl_verl.errors import ConfigError
+
 
 MULTI_REWARD_MODES = ("weighted_sum", "normalize_then_weight")
 
@@ -43,9 +42,9 @@ class AdvantageConfig:
 
     def __post_init__(self) -> None:
         if not self.epsilon >= 0:
-            raise ValueError(f"{KEY_EPSILON}={self.epsilon!r} must be ≥ 0")
+            raise ConfigError("epsilon", self.epsilon, "must be >= 0")
         if self.adv_clip_max is not None and not self.adv_clip_max > 0:
-            raise ValueError(f"{KEY_ADV_CLIP}={self.adv_clip_max!r} must be > 0 (or None to disable the clamp)")
+            raise ConfigError("adv_clip_max", self.adv_clip_max, "must be > 0 (or None to disable the clamp)")
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ def combine_rewards(rewards: Mapping[str, torch.Tensor], weights: Mapping[str, f
       clamp is applied to the weighted sum. `zero_std_groups` counts groups where every reward is constant.
     """
     if mode not in MULTI_REWARD_MODES:
-        raise ValueError(f"unknown {KEY_MULTI_MODE}={mode!r}; valid choices: {list(MULTI_REWARD_MODES)}")
+        raise ConfigError("aggregation", mode, f"valid choices: {list(MULTI_REWARD_MODES)}")
     unknown = sorted(set(weights) - set(rewards))
     if unknown or not weights:
         raise ValueError(f"reward weights name {unknown or 'no reward'}; rewards available: {sorted(rewards)}")

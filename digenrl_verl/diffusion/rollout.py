@@ -12,11 +12,11 @@ from typing import Sequence
 import torch
 
 from digenrl_verl.diffusion.noise import SampleKey, make_sample_generators
-from digenrl_verl.diffusion.sde import KEY_NOISE_LEVEL, get_sde_kind, sde_step
-from digenrl_verl.diffusion.selection import KEY_NUM_STEPS, SelectionConfig, StepPlan, ode_plan, plan_steps
+from digenrl_verl.diffusion.sde import get_sde_kind, sde_step
+from digenrl_verl.diffusion.selection import SelectionConfig, StepPlan, ode_plan, plan_steps
+from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.base import Conditioning, DiffusionAdapter
 
-KEY_SEED = "actor_rollout_ref.rollout.seed"
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,14 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         kind = get_sde_kind(self.sde_type)  # ValueError naming the key and the choices
         if not isinstance(self.seed, int):
-            raise ValueError(f"{KEY_SEED} must be an int, got {self.seed!r}")
+            raise ConfigError("seed", self.seed, "use an int")
         if kind.trainable:
             if not self.noise_level > 0:
-                raise ValueError(f"{KEY_NOISE_LEVEL}={self.noise_level!r} must be > 0 for sde_type="
-                                 f"{self.sde_type!r} (use sde_type='ode' for deterministic sampling)")
+                raise ConfigError("noise_level", self.noise_level, f"must be > 0 for {{sde_type}}={self.sde_type!r} "
+                                  "(use sde_type='ode' for deterministic sampling)")
             _ = self.selection  # validates the selection keys
         elif not isinstance(self.num_inference_steps, int) or self.num_inference_steps < 1:
-            raise ValueError(f"{KEY_NUM_STEPS} must be an int ≥ 1, got {self.num_inference_steps!r}")
+            raise ConfigError("num_inference_steps", self.num_inference_steps, "use an int >= 1")
 
     @property
     def selection(self) -> SelectionConfig:

@@ -38,11 +38,11 @@ from typing import Sequence
 
 import torch
 
+from digenrl_verl.errors import ConfigError
+
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 #: Config keys (verl-omni naming) that user-facing errors name.
-KEY_SDE_TYPE = "actor_rollout_ref.rollout.algo.sde_type"
-KEY_NOISE_LEVEL = "actor_rollout_ref.rollout.algo.noise_level"
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ class StepKind(abc.ABC):
     def log_prob(self, prev_sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         if bool((std <= 0).any()):
             raise ValueError(
-                f"{KEY_SDE_TYPE}={self.name!r} has a zero step std on some rows ({KEY_NOISE_LEVEL}=0 or σ'=σ), "
-                f"so its log-prob is log 0 and the step cannot be trained; set {KEY_NOISE_LEVEL} > 0 or "
+                f"sde_type={self.name!r} has a zero step std on some rows (noise_level=0 or σ'=σ), "
+                "so its log-prob is log 0 and the step cannot be trained; set noise_level > 0 or "
                 "exclude those steps from training")
         return gaussian_log_prob(prev_sample, mean, std)
 
@@ -167,7 +167,7 @@ class ODE(StepKind):
 
     def log_prob(self, prev_sample, mean, std):
         raise ValueError(
-            f"sde_type='ode' is deterministic (η=0) and has no log-prob, so it is never trained; set {KEY_SDE_TYPE} "
+            "sde_type='ode' is deterministic (η=0) and has no log-prob, so it is never trained; set sde_type "
             f"to one of {sorted(k for k, v in _KINDS.items() if v.trainable)}")
 
 
@@ -189,7 +189,7 @@ def get_sde_kind(name: str) -> StepKind:
     try:
         return _KINDS[name]
     except KeyError:
-        raise ValueError(f"unknown {KEY_SDE_TYPE}={name!r}; valid choices: {sorted(_KINDS)}") from None
+        raise ConfigError("sde_type", name, f"valid choices: {sorted(_KINDS)}") from None
 
 
 def sde_kinds() -> list[str]:

@@ -20,18 +20,16 @@ from typing import Sequence
 
 import torch
 
-KEY_SELECTION = "actor_rollout_ref.rollout.algo.timestep_selection"
-KEY_FRACTION = "algorithm.timestep_fraction"
-KEY_WINDOW_SIZE = "actor_rollout_ref.rollout.algo.sde_window_size"
-KEY_WINDOW_RANGE = "actor_rollout_ref.rollout.algo.sde_window_range"
-KEY_NUM_STEPS = "actor_rollout_ref.rollout.pipeline.num_inference_steps"
+from digenrl_verl.errors import ConfigError
+
 
 SELECTION_MODES = ("flow_grpo", "dance_grpo", "window")
 
 
 @dataclass(frozen=True)
 class SelectionConfig:
-    """Timestep selection; validated on construction (ValueError naming the config key).
+    """Timestep selection; validated on construction (a `ConfigError` naming the field: `timestep_selection`,
+    `num_inference_steps`, `timestep_fraction`, `sde_window_size`, `sde_window_range`).
 
     Args:
         mode: one of SELECTION_MODES.
@@ -50,39 +48,40 @@ class SelectionConfig:
     def __post_init__(self) -> None:
         n = self.num_inference_steps
         if self.mode not in SELECTION_MODES:
-            raise ValueError(f"unknown {KEY_SELECTION}={self.mode!r}; valid choices: {list(SELECTION_MODES)}")
+            raise ConfigError("timestep_selection", self.mode, f"valid choices: {list(SELECTION_MODES)}")
         if not isinstance(n, int) or n < 1:
-            raise ValueError(f"{KEY_NUM_STEPS} must be an int ≥ 1, got {n!r}")
+            raise ConfigError("num_inference_steps", n, "use an int >= 1")
         if self.mode in ("flow_grpo", "dance_grpo"):
             f = self.timestep_fraction
             if not 0 < f <= 1:
-                raise ValueError(f"{KEY_FRACTION}={f!r} is outside the valid range (0, 1]")
+                raise ConfigError("timestep_fraction", f, "outside the valid range (0, 1]")
             if self.num_train_steps < 1:
-                raise ValueError(f"{KEY_FRACTION}={f} with {KEY_NUM_STEPS}={n} trains no step in mode "
-                                 f"{self.mode!r}; raise the fraction or the number of steps")
+                raise ConfigError("timestep_fraction", f, f"with {{num_inference_steps}}={n} it trains no step in "
+                                  f"mode {self.mode!r}; raise the fraction or the number of steps")
             return
         w = self.sde_window_size
         if not isinstance(w, int) or w < 0:
-            raise ValueError(f"{KEY_WINDOW_SIZE} must be an int ≥ 0, got {w!r}")
+            raise ConfigError("sde_window_size", w, "use an int >= 0")
         if w > n:
-            raise ValueError(f"{KEY_WINDOW_SIZE}={w} is larger than {KEY_NUM_STEPS}={n}; valid range: 0..{n}")
+            raise ConfigError("sde_window_size", w, f"larger than {{num_inference_steps}}={n}; valid range: 0..{n}")
         if w == 0:
             if n < 2:
-                raise ValueError(f"{KEY_WINDOW_SIZE}=0 trains all steps but the last, none when {KEY_NUM_STEPS}=1")
+                raise ConfigError("sde_window_size", w, "0 trains all steps but the last, none when "
+                                  "{num_inference_steps}=1")
             return
         r0, r1 = self.window_range
         if not (0 <= r0 < r1 <= n):
-            raise ValueError(f"{KEY_WINDOW_RANGE}=[{r0}, {r1}] must satisfy 0 ≤ r0 < r1 ≤ {KEY_NUM_STEPS}={n}")
+            raise ConfigError("sde_window_range", [r0, r1], f"must satisfy 0 <= r0 < r1 <= {{num_inference_steps}}={n}")
         if w > r1 - r0:
-            raise ValueError(f"{KEY_WINDOW_SIZE}={w} does not fit in {KEY_WINDOW_RANGE}=[{r0}, {r1}] "
-                             f"(at most {r1 - r0}); shrink the window or widen the range")
+            raise ConfigError("sde_window_size", w, f"does not fit in {{sde_window_range}}=[{r0}, {r1}] (at most "
+                              f"{r1 - r0}); shrink the window or widen the range")
 
     @property
     def window_range(self) -> tuple[int, int]:
         if self.sde_window_range is None:
             return 0, self.num_inference_steps // 2
         if len(self.sde_window_range) != 2:
-            raise ValueError(f"{KEY_WINDOW_RANGE} must be two ints [r0, r1], got {self.sde_window_range!r}")
+            raise ConfigError("sde_window_range", self.sde_window_range, "give two ints [r0, r1]")
         return int(self.sde_window_range[0]), int(self.sde_window_range[1])
 
     @property

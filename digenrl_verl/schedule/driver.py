@@ -265,7 +265,7 @@ class Driver:
         for task, start in sorted(self.in_flight.values(), key=lambda ts: ts[1]):
             if limit is not None and now - start >= limit:
                 raise self._error(f"task {task.label} (id {task.task_id}) on workers {', '.join(task.workers)} "
-                                  f"exceeded trainer.digenrl.task_timeout_s={limit} "
+                                  f"exceeded task_timeout_s={limit} "
                                   f"(running {now - start:.3f}s)", task)
 
     # ================================================================================ dispatch

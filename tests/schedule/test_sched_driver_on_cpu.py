@@ -86,7 +86,7 @@ def test_timeout_names_worker_and_task_with_schedule_around_it():
     lines = text.splitlines()
     marked = [ln for ln in lines if "<-- ERROR HERE" in ln]
     assert len(marked) == 1 and "GEN s1" in marked[0] and "running" in marked[0]
-    assert "trainer.digenrl.task_timeout_s=30.0" in lines[0] and "gen:" in lines[0]
+    assert "task_timeout_s=30.0" in lines[0] and "gen:" in lines[0]
     assert any(" s0 " in ln for ln in lines[1:])  # the steps around the failing one are printed
 
 

@@ -1,16 +1,41 @@
-"""`python -m digenrl_verl.bench e2e [--json]`: colocated vs disaggregated training throughput on Ray (CPU).
+"""`python -m digenrl_verl.bench e2e [--json] [--repeat R]`: colocated baselines and the DigenRL ladder on Ray (CPU).
 
-Same tiny FLUX model ("bench" size: 2+2 blocks, 64 latent tokens at 128 px), same batch, the same two CPU
-worker processes (colocated: 2 workers that generate, score, then train; disaggregated: 1 generator + 1
-trainer). Each configuration runs `--steps` global steps on one shared Ray instance; throughput counts the
-steps after `--warmup` (the first steps pay one-off costs), utilisation comes from the run's trace over the
-same window. With `--repeat R` each configuration runs R times and the best run is reported (on a shared
-machine other processes only ever slow a run down); all throughputs are kept in the JSON.
+Same tiny FLUX model ("bench" size: 2+2 blocks, 64 latent tokens at 128 px), same batch, the same two CPU worker
+processes (colocated: 2 workers that generate, score, then train; disaggregated: 1 generator + 1 trainer), the same
+`actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu` in every row. Each row runs `--steps` global steps, R times
+(`--repeat`, default 3) on one shared Ray instance; a run is measured over the steps after `--warmup` (the first
+steps pay one-off costs). The row reports the **median** run by throughput; every run is kept in the JSON.
 
-The ladder: colocated (per-timestep loop with verl-omni's old-log-prob recompute pass) → naive
-disaggregation (batch-axis split, full-batch barrier, per-timestep, recompute) → +GAP (one prompt group per
-micro-batch, pipelined) → +TSP (batched timesteps, rollout log-probs reused) → +TAG (BTS) → +TCSS
-(staleness 1, stale fraction 0.5).
+The rows, one change at a time:
+
+| row | mode | GAP | TSP | TAG | TCSS | old log-probs |
+|---|---|---|---|---|---|---|
+| `colocated-verl-omni` | colocated | - | per-timestep loop | - | - | recomputed |
+| `colocated-best` | colocated | - | TSP | - | - | from the rollout |
+| `naive-disaggregation` | disaggregated, full-batch barrier | no | no | off | 0 | recomputed |
+| `+gap` | disaggregated, pipelined | yes | no | off | 0 | recomputed |
+| `+tsp` | disaggregated | yes | yes | off | 0 | recomputed |
+| `-recompute` | disaggregated | yes | yes | off | 0 | from the rollout |
+| `digenrl-on-policy` | disaggregated | yes | yes | BTS | 0 | from the rollout |
+| `digenrl` | disaggregated | yes | yes | BTS | staleness 1, <= 50 % stale | from the rollout |
+
+The DigenRL rows (`digenrl-on-policy`, `digenrl`) use the same old-log-prob setting as `colocated-best`.
+
+Per run: `samples_per_s` (samples of the measured steps / window, the window running from the end of the last
+warm-up step to the end of the last step); `busy_utilisation` = the workers' in-call busy seconds in the window (each
+worker times its own calls: `busy_s`) / (workers x window), read as the difference of two snapshots: one asked at the
+end of the warm-up (it runs after the calls the worker already had queued) and one after the run;
+`trace_utilisation` (time with a task outstanding, submit -> the driver notices completion, charged to every worker
+of the task: it counts idle lock-step ranks and Ray latency as busy, kept for comparison only);
+`samples_per_worker_s` (samples / (workers x window)); `reward_mean` (mean reward of the measured steps). Top-level
+`vs_colocated_best` and `vs_verl_omni_like`: `digenrl`'s median throughput over those rows' medians. Each row
+carries the 1-minute load average at its start and end: on a shared machine the figures are only comparable
+between rows run under the same load.
+
+`startup` (unless `--no-startup`): where the start-up of the tiny demo (`recipes/run_tiny_cpu.sh`'s settings, one
+global step) goes, from a fresh process (`trainer.runner.DigenRLTrainer.startup_phases`), next to a one-process
+reference: a fresh Python process that loads the same tiny model with this package's worker code and runs one
+rollout, one score and one update in-process (no Ray), timed from its process start.
 """
 
 from __future__ import annotations
@@ -18,48 +43,187 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+COLOCATED = ["trainer.digenrl.mode=colocated"]
+DISAGG = ["trainer.digenrl.mode=disaggregated"]
+RECOMPUTE = "actor_rollout_ref.rollout.recompute_old_log_probs=true"
+NO_RECOMPUTE = "actor_rollout_ref.rollout.recompute_old_log_probs=false"
+PIPE = ["trainer.digenrl.gap=true", "trainer.digenrl.pipeline=true"]
+ON_POLICY = ["trainer.digenrl.tcss.staleness=0"]
+
 LADDER: list[tuple[str, list[str]]] = [
-    ("colocated", ["trainer.digenrl.mode=colocated", "trainer.digenrl.tsp.enabled=false",
-                   "actor_rollout_ref.rollout.recompute_old_log_probs=true"]),
-    ("naive_disaggregation", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=false",
-                              "trainer.digenrl.pipeline=false", "trainer.digenrl.tsp.enabled=false",
-                              "trainer.digenrl.tag.policy=off",
-                              "actor_rollout_ref.rollout.recompute_old_log_probs=true"]),
-    ("+gap", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=true", "trainer.digenrl.pipeline=true",
-              "trainer.digenrl.tsp.enabled=false", "trainer.digenrl.tag.policy=off",
-              "actor_rollout_ref.rollout.recompute_old_log_probs=true"]),
-    ("+tsp", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp.enabled=true",
-              "trainer.digenrl.tag.policy=off",
-              "actor_rollout_ref.rollout.recompute_old_log_probs=false"]),
-    ("+tag", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp.enabled=true",
-              "trainer.digenrl.tag.policy=bts",
-              "actor_rollout_ref.rollout.recompute_old_log_probs=false"]),
-    ("+tcss", ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tsp.enabled=true",
-               "trainer.digenrl.tag.policy=bts",
-               "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=0.5",
-               "actor_rollout_ref.rollout.recompute_old_log_probs=false"]),
+    ("colocated-verl-omni", [*COLOCATED, "trainer.digenrl.tsp.enabled=false", RECOMPUTE]),
+    ("colocated-best", [*COLOCATED, "trainer.digenrl.tsp.enabled=true", NO_RECOMPUTE]),
+    ("naive-disaggregation", [*DISAGG, "trainer.digenrl.gap=false", "trainer.digenrl.pipeline=false",
+                              "trainer.digenrl.tsp.enabled=false", "trainer.digenrl.tag.policy=off", *ON_POLICY,
+                              RECOMPUTE]),
+    ("+gap", [*DISAGG, *PIPE, "trainer.digenrl.tsp.enabled=false", "trainer.digenrl.tag.policy=off", *ON_POLICY,
+              RECOMPUTE]),
+    ("+tsp", [*DISAGG, *PIPE, "trainer.digenrl.tsp.enabled=true", "trainer.digenrl.tag.policy=off", *ON_POLICY,
+              RECOMPUTE]),
+    ("-recompute", [*DISAGG, *PIPE, "trainer.digenrl.tsp.enabled=true", "trainer.digenrl.tag.policy=off", *ON_POLICY,
+                    NO_RECOMPUTE]),
+    ("digenrl-on-policy", [*DISAGG, *PIPE, "trainer.digenrl.tsp.enabled=true", "trainer.digenrl.tag.policy=bts",
+                           *ON_POLICY, NO_RECOMPUTE]),
+    ("digenrl", [*DISAGG, *PIPE, "trainer.digenrl.tsp.enabled=true", "trainer.digenrl.tag.policy=bts",
+                 "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=0.5", NO_RECOMPUTE]),
 ]
+
+#: the tiny demo of `recipes/run_tiny_cpu.sh` (its overrides, the model path aside), for the start-up figures
+DEMO = ["actor_rollout_ref.model.algorithm=flow_grpo", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.pipeline.num_inference_steps=6", "actor_rollout_ref.rollout.algo.sde_type=sde",
+        "actor_rollout_ref.rollout.algo.noise_level=0.7", "actor_rollout_ref.actor.optim.lr=3e-3",
+        "data.train_batch_size=4", "reward.reward_functions={brightness: 1.0}", "trainer.logger=[console]",
+        "trainer.digenrl.pools.colocated.workers_per_node=2", "trainer.digenrl.pools.generator.workers_per_node=1",
+        "trainer.digenrl.pools.trainer.workers_per_node=1"]
+
+
+def load_average() -> float:
+    return float(os.getloadavg()[0])
+
+
+def _make_trainer_cls(warmup: int):
+    """The runner, plus a snapshot of every worker's `busy_s` asked (not waited for) when step `warmup - 1` ends."""
+    from digenrl_verl.trainer.runner import DigenRLTrainer
+
+    class BenchTrainer(DigenRLTrainer):
+        busy_refs: dict = {}
+
+        def step_log(self, result):
+            if len(self.results) == warmup:
+                self.busy_refs = {w: a.checksum.remote() for w, a in self.workers.items()}
+            return super().step_log(result)
+
+    return BenchTrainer
 
 
 def _measure(trainer, warmup: int) -> dict:
+    import ray
+
     results = trainer.results
     first, last = results[warmup - 1], results[-1]
     window = last.end - first.end
     steps = len(results) - warmup
     samples = steps * trainer.run.prompts_per_step * trainer.run.n
-    metrics = trainer.driver.trace.metrics(workers=list(trainer.workers))
-    events = [e for e in trainer.driver.trace.events if e.start >= first.end]
-    busy = {w: 0.0 for w in trainer.workers}
+    workers = list(trainer.workers)
+    before = {w: float(s["busy_s"]) for w, s in zip(trainer.busy_refs, ray.get(list(trainer.busy_refs.values())))}
+    after = {w: float(s["busy_s"]) for w, s in trainer.worker_stats().items()}
+    busy = {w: after[w] - before[w] for w in workers}
+    events = [e for e in trainer.driver.trace.events if e.end > first.end and e.start < last.end]
+    outstanding = {w: 0.0 for w in workers}
     for e in events:
-        busy[e.worker] = busy.get(e.worker, 0.0) + (min(e.end, last.end) - e.start)
-    util = sum(busy.values()) / (len(busy) * window) if window > 0 else float("nan")
+        outstanding[e.worker] = outstanding.get(e.worker, 0.0) + (min(e.end, last.end) - max(e.start, first.end))
+    rewards = [h["reward/mean"] for h in trainer.reporter.history[warmup:]]
     return {"samples_per_s": samples / window, "window_s": window, "steps_measured": steps,
-            "utilisation": util, "utilisation_whole_run": metrics.utilisation,
-            "reward_last": trainer.reporter.history[-1]["reward/mean"]}
+            "busy_utilisation": sum(busy.values()) / (len(workers) * window),
+            "busy_s": busy, "samples_per_worker_s": samples / (len(workers) * window),
+            "trace_utilisation": sum(outstanding.values()) / (len(workers) * window),
+            "reward_mean": statistics.fmean(rewards),
+            "tag_microbatches": sum(r.tag_microbatches for r in results[warmup:]),
+            "stale_samples": sum(r.stale_samples for r in results[warmup:]),
+            "startup": {k: v for k, v in trainer.startup_phases().items() if isinstance(v, float)}}
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median throughput (the lower middle one for an even count)."""
+    ranked = sorted(runs, key=lambda r: r["samples_per_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def one_process_reference(model: str, overrides: list[str]) -> dict:
+    """In this (fresh) process: load the tiny model with this package's worker code, then one rollout of a step's
+    samples, their scores and one TSP update with an optimizer step, no Ray. Seconds from the process start."""
+    import psutil
+
+    t_proc = float(psutil.Process().create_time())
+    t_imp0 = time.time()
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "LOCAL_RANK": "0"})
+    from digenrl_verl.main import compose  # noqa: I001 (the imports are timed)
+    from digenrl_verl.trainer.config import build_run
+    from digenrl_verl.trainer.data import make_step_batch
+    from digenrl_verl.trainer.ray_executor import RayExecutor
+    from digenrl_verl.weights.sync import CollectiveSpec
+    from digenrl_verl.workers import roles
+
+    t_imported = time.time()
+    run = build_run(compose([f"actor_rollout_ref.model.path={model}", *overrides, "trainer.total_training_steps=1",
+                             "trainer.digenrl.mode=colocated", "trainer.digenrl.pools.colocated.workers_per_node=1",
+                             "trainer.digenrl.tsp.enabled=true", NO_RECOMPUTE]))
+    worker = roles.ColocatedWorker(run.policy, run.train, run.reward, 1)
+    worker.join(CollectiveSpec("127.0.0.1", port, 1, 0, backend="gloo"))
+    t_loaded = time.time()
+    batch = make_step_batch(["a photo of a cat"] * run.prompts_per_step, ["t"] * run.prompts_per_step,
+                            list(range(run.prompts_per_step)), run.n, 0)
+    ids = list(range(len(batch)))
+    traj, images = worker.generate(batch, ids, 0)
+    scores = worker.score(ids, images)["scores"]
+    ex = RayExecutor({}, lambda step: batch, run.advantage, run.policy.rollout.num_train_steps)
+    ex._scores[0] = dict(zip(ids, scores))
+    adv = ex.advantages(0, ids)
+    worker.update(ids, adv, float(len(ids) * run.policy.rollout.num_train_steps), True, 0, len(ids), traj)
+    worker.opt_step(1)
+    t_done = time.time()
+    return {"time_to_first_step_s": t_done - t_proc, "python_start_s": t_imp0 - t_proc,
+            "imports_s": t_imported - t_imp0, "config_and_model_load_s": t_loaded - t_imported,
+            "first_step_s": t_done - t_loaded, "samples": len(ids)}
+
+
+def _subprocess_json(args: list[str], env: dict | None = None, timeout: float = 600) -> dict:
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})})
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"{args} failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def startup(tmp: Path, repeat: int) -> dict:
+    """Start-up of the tiny demo (disaggregated, 1 step, fresh process each) vs the one-process reference."""
+    from digenrl_verl.models.tiny import build_tiny_model_dir
+
+    model = build_tiny_model_dir("FluxPipeline", tmp / "tiny_flux", seed=0)
+    demo, ref = [], []
+    for rep in range(repeat):
+        load = load_average()
+        ref.append({**_subprocess_json(["-m", "digenrl_verl.bench.e2e", "--one-process-reference", str(model)]),
+                    "load_average": load})
+        load = load_average()
+        out = tmp / f"startup_demo_{rep}"
+        t0 = time.time()
+        proc = subprocess.run([sys.executable, "-m", "digenrl_verl.main", f"actor_rollout_ref.model.path={model}",
+                               *DEMO, "trainer.total_training_steps=1", "trainer.digenrl.mode=disaggregated",
+                               "trainer.digenrl.final_eval_prompts=0", f"trainer.digenrl.output_dir={out}"],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the demo failed: {proc.stderr[-2000:]}")
+        phases = json.loads((out / "summary.json").read_text())["startup"]
+        demo.append({**{k: v for k, v in phases.items() if k != "per_worker"}, "command_s": time.time() - t0,
+                     "load_average": load})
+
+    def med(rows, key):
+        vals = [r[key] for r in rows if isinstance(r.get(key), float)]
+        return statistics.median(vals) if vals else float("nan")
+
+    keys = sorted({k for r in demo for k, v in r.items() if isinstance(v, float)})
+    return {"demo": "recipes/run_tiny_cpu.sh settings, disaggregated 1+1, one global step, fresh process",
+            "reference": "one fresh Python process: this package's ColocatedWorker in-process (no Ray), one "
+                         "rollout + score + TSP update + optimizer step of the same 16 samples",
+            "demo_median": {k: med(demo, k) for k in keys},
+            "reference_median": {k: med(ref, k) for k in sorted({k for r in ref for k in r})},
+            "demo_runs": demo, "reference_runs": ref,
+            "ratio_demo_vs_reference": med(demo, "time_to_first_step_s") / med(ref, "time_to_first_step_s")}
 
 
 def main(argv: list[str]) -> int:
@@ -67,68 +231,100 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--micro-batch", type=int, default=4,
+                   help="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, the same in every row")
     p.add_argument("--num-inference-steps", type=int, default=8)
-    p.add_argument("--only", nargs="*", default=None, help="subset of the ladder to run")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="runs per configuration; the best throughput is reported (other processes on a shared "
-                        "machine only ever slow a run down), every run is kept in the JSON")
+    p.add_argument("--only", nargs="*", default=None, help="subset of the rows to run")
+    p.add_argument("--repeat", type=int, default=3, help="runs per row; the median run is reported, all are kept")
+    p.add_argument("--startup-repeat", type=int, default=1, help="fresh-process start-up measurements of each kind")
+    p.add_argument("--no-startup", action="store_true", help="skip the start-up measurement")
+    p.add_argument("--one-process-reference", metavar="MODEL", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.steps <= args.warmup:
-        p.error("--steps must exceed --warmup")
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.one_process_reference:
+        print(json.dumps(one_process_reference(args.one_process_reference, DEMO)))
+        return 0
+    if args.steps <= args.warmup or args.warmup < 1:
+        p.error("--steps must exceed --warmup, and --warmup must be >= 1")
+
     from digenrl_verl.main import compose
     from digenrl_verl.models.tiny import build_tiny_model_dir
     from digenrl_verl.trainer.config import build_run
     from digenrl_verl.trainer.ray_runtime import init_local_ray
-    from digenrl_verl.trainer.runner import DigenRLTrainer
 
     tmp = Path(tempfile.mkdtemp(prefix="digenrl_bench_e2e_"))
+    out: dict = {"bench": "e2e", "load_average_start": load_average()}
+    if not args.no_startup:  # first, before this process starts Ray: the demo starts its own
+        out["startup"] = startup(tmp, args.startup_repeat)
+        s = out["startup"]
+        print(f"start-up: demo {s['demo_median'].get('time_to_first_step_s', float('nan')):.1f} s to the first step, "
+              f"one-process reference {s['reference_median']['time_to_first_step_s']:.1f} s", flush=True)
     model = build_tiny_model_dir("FluxPipeline", tmp / "flux_bench", seed=0, size="bench")
     init_local_ray(num_cpus=2, torch_threads=1)
     base = [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.pipeline.height=128",
             "actor_rollout_ref.rollout.pipeline.width=128",
             f"actor_rollout_ref.rollout.pipeline.num_inference_steps={args.num_inference_steps}",
             f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
             f"trainer.total_training_steps={args.steps}", "trainer.logger=[console]",
-            "actor_rollout_ref.actor.optim.lr=1e-3",
+            "actor_rollout_ref.actor.optim.lr=1e-3", "trainer.digenrl.final_eval_prompts=0",
             "trainer.digenrl.pools.colocated.workers_per_node=2", "trainer.digenrl.pools.generator.workers_per_node=1",
             "trainer.digenrl.pools.trainer.workers_per_node=1"]
+    trainer_cls = _make_trainer_cls(args.warmup)
     rows = []
     for name, overrides in LADDER:
         if args.only and name not in args.only:
             continue
         runs = []
+        load0 = load_average()
         for rep in range(args.repeat):
             cfg = compose([*base, *overrides, f"trainer.digenrl.output_dir={tmp / name / str(rep)}",
                            f"trainer.experiment_name=bench_{name}"])
-            trainer = DigenRLTrainer(build_run(cfg))
+            trainer = trainer_cls(build_run(cfg))
             t0 = time.perf_counter()
             try:
                 trainer.fit()
-                runs.append({**_measure(trainer, args.warmup), "run_s": time.perf_counter() - t0})
+                runs.append({**_measure(trainer, args.warmup), "run_s": time.perf_counter() - t0,
+                             "load_average": load_average()})
             finally:
                 trainer.shutdown()
-        best = max(runs, key=lambda r: r["samples_per_s"])
-        row = {"config": name, **best, "samples_per_s_all": [r["samples_per_s"] for r in runs]}
+        med = _median_run(runs)
+        row = {"config": name, "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
+               **{k: med[k] for k in ("busy_utilisation", "samples_per_worker_s", "reward_mean", "trace_utilisation",
+                                      "window_s", "steps_measured", "tag_microbatches", "stale_samples")},
+               "samples_per_s_runs": [r["samples_per_s"] for r in runs],
+               "reward_mean_runs": [r["reward_mean"] for r in runs],
+               "load_average_start": load0, "load_average_end": load_average(), "runs": runs}
         rows.append(row)
-        print(f"{name:>22}: {row['samples_per_s']:7.2f} samples/s  utilisation {row['utilisation']:.1%}", flush=True)
+        print(f"{name:>22}: {row['samples_per_s']:7.2f} samples/s (median of {len(runs)}: "
+              f"{', '.join(f'{x:.2f}' for x in row['samples_per_s_runs'])})  busy {row['busy_utilisation']:.1%}  "
+              f"reward {row['reward_mean']:.4f}  load {load0:.1f}->{row['load_average_end']:.1f}", flush=True)
     by = {r["config"]: r for r in rows}
-    out = {"bench": "e2e", "rows": rows,
-           "config": {"model": "FluxPipeline bench size (2+2 blocks, 64 tokens)", "workers": 2,
-                      "prompts_per_step": args.prompts, "n": args.n, "num_inference_steps": args.num_inference_steps,
-                      "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat,
-                      "torch_threads_per_worker": 1,
-                      "cpu_count": os.cpu_count()}}
-    if "colocated" in by and "+tcss" in by:
-        out["ratio_full_vs_colocated"] = by["+tcss"]["samples_per_s"] / by["colocated"]["samples_per_s"]
-        out["utilisation_full"] = by["+tcss"]["utilisation"]
-    if "colocated" in by and "+tag" in by:
-        out["ratio_on_policy_vs_colocated"] = by["+tag"]["samples_per_s"] / by["colocated"]["samples_per_s"]
+    out.update(rows=rows, config={
+        "model": "FluxPipeline bench size (2+2 blocks, 64 tokens)", "workers": 2, "prompts_per_step": args.prompts,
+        "n": args.n, "ppo_micro_batch_size_per_gpu": args.micro_batch, "num_inference_steps": args.num_inference_steps,
+        "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat, "statistic": "median over repeats",
+        "torch_threads_per_worker": 1, "cpu_count": os.cpu_count()})
+    if "digenrl" in by and "colocated-best" in by:
+        out["vs_colocated_best"] = by["digenrl"]["samples_per_s"] / by["colocated-best"]["samples_per_s"]
+    if "digenrl" in by and "colocated-verl-omni" in by:
+        out["vs_verl_omni_like"] = by["digenrl"]["samples_per_s"] / by["colocated-verl-omni"]["samples_per_s"]
+    if "digenrl-on-policy" in by and "colocated-best" in by:
+        out["on_policy_vs_colocated_best"] = (by["digenrl-on-policy"]["samples_per_s"]
+                                              / by["colocated-best"]["samples_per_s"])
+    out["load_average_end"] = load_average()
     for r in rows:
-        print(f"{r['config']:>22} {r['samples_per_s']:8.2f} samples/s  util {r['utilisation']:6.1%}")
+        print(f"{r['config']:>22} {r['samples_per_s']:8.2f} samples/s  busy {r['busy_utilisation']:6.1%}  "
+              f"{r['samples_per_worker_s']:6.2f} samples/worker-s")
+    for k in ("vs_colocated_best", "vs_verl_omni_like", "on_policy_vs_colocated_best"):
+        if k in out:
+            print(f"{k}: {out[k]:.3f}")
     if args.json:
         print(json.dumps(out))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -52,6 +53,16 @@ class StepMetrics:
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
 
 
+def _process_start() -> float:
+    """Wall-clock time this (driver) process started: the command's start."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # pragma: no cover - psutil ships with Ray
+        return float("nan")
+
+
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with NaN/inf rewards or gradients."""
 
@@ -81,6 +92,13 @@ class DigenRLTrainer:
         self.cost_profile: dict[str, Any] = {}  # restored cost estimates (resume)
         self.summary: dict[str, Any] = {}
         self.summary_text = ""
+        self.marks: dict[str, float] = {}  # wall-clock (time.time) start-up marks of the driver
+        self.worker_startup: dict[str, dict[str, float]] = {}  # worker id -> its start-up marks
+        self.startup: dict[str, Any] = {}  # start-up phases in seconds (`startup_phases`)
+
+    def mark(self, name: str) -> None:
+        """Record a wall-clock start-up mark (kept: the first one of a name)."""
+        self.marks.setdefault(name, time.time())
 
     # ------------------------------------------------------------------------------------- data
     def step_batch(self, step: int):
@@ -133,8 +151,10 @@ class DigenRLTrainer:
                                 ray_cls_with_init=cls, name_prefix=f"digenrl_{role}_{run_id}",
                                 device_name="cuda" if d.pools[role].use_gpu else "cpu")
             self.worker_groups[role] = wg
+            self.mark(f"submitted_{role}")
             for i, actor in enumerate(wg.workers):
                 self.workers[f"{ROLE_POOL[role]}:{i}"] = actor
+        self.mark("workers_submitted")
         trainers = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         gens = self.worker_groups.get("generator")
         # NCCL needs one device per rank: pools that share GPUs (gpu_fraction < 1) sync over gloo
@@ -146,7 +166,11 @@ class DigenRLTrainer:
                               gens.world_size if gens else 0, backend=backend)
         refs = [w.join.remote(spec) for w in trainers.workers] + ([w.join.remote(spec) for w in gens.workers]
                                                                   if gens else [])
+        # the start-up marks come back with the join (actor calls run in order: after the join), one round trip
+        timing_refs = {w: a.startup_timings.remote() for w, a in self.workers.items()}
         ray.get(refs)
+        self.mark("joined")
+        self.worker_startup = dict(zip(timing_refs, ray.get(list(timing_refs.values()))))
 
     # ---------------------------------------------------------------------------------- schedule
     def make_executor(self):
@@ -210,8 +234,10 @@ class DigenRLTrainer:
         self.t_start = self.executor.now()
         self.nonfinite_run = 0
         self.driver = self.make_driver(self.executor)
+        self.mark("train_start")
         for result in self.driver.iter_steps():
             self.results.append(result)
+            self.mark("first_step")
             log = self.step_log(result)
             self.reporter.log_step(result.step, log)
             self._batches.pop(result.step, None)  # finished: no task reads it again
@@ -313,6 +339,7 @@ class DigenRLTrainer:
         samples = self.run.num_steps * self.run.prompts_per_step * self.run.n
         rewards = [h["reward/mean"] for h in self.reporter.history]
         final_eval = {} if self.interrupted else self.evaluate(int(self.run.digenrl.final_eval_prompts))
+        self.startup = self.startup_phases()
         summary = {
             "mode": self.run.schedule.mode, "steps": self.run.num_steps, "samples": samples, "wall_s": wall,
             "samples_per_s": samples / wall if wall > 0 else float("nan"),
@@ -321,6 +348,7 @@ class DigenRLTrainer:
             "reward_last": rewards[-1] if rewards else float("nan"),
             **LossStats.run_clip_metrics(self.reporter.history),
             **final_eval,
+            **{f"startup/{k}": v for k, v in self.startup.items() if isinstance(v, float)},
             "output_dir": str(self.output_dir),
         }
         workers = [{"worker": w, "busy_s": metrics.per_worker[w].busy if w in metrics.per_worker else 0.0,
@@ -329,8 +357,60 @@ class DigenRLTrainer:
                     "peak_rss_mb": stats[w]["rss_mb"], "version": stats[w]["version"]} for w in self.workers]
         self.summary_text = self.reporter.close(summary, workers)
         self.summary = summary
-        (self.output_dir / "summary.json").write_text(json.dumps({"summary": summary, "workers": workers}, indent=1))
+        (self.output_dir / "summary.json").write_text(json.dumps({"summary": summary, "workers": workers,
+                                                                  "startup": self.startup}, indent=1))
         return summary
+
+    def startup_phases(self) -> dict[str, Any]:
+        """Where start-up went, in seconds, from the driver's marks and each worker's (`startup_timings`).
+
+        Driver phases, in order: `driver_start_s` (process start -> fit(): Python, imports, config), `ray_init_s`,
+        `pools_s` (placement groups, verl's master-port task, actor submission), `workers_ready_s` (submission ->
+        every worker initialised and joined), `first_step_s` (train start -> first global step done);
+        `time_to_first_step_s` = process start -> first step, `fit_to_first_step_s` = fit() -> first step.
+        Worker phases, the max over workers (they run in parallel): `worker_spawn_s` (its pool's submission ->
+        its process started; 0 when Ray reused a prestarted process), `worker_boot_imports_s` (the later of process
+        start and submission -> this package's worker module imported:
+        Ray's worker boot + torch/verl/diffusers imports), `worker_actor_init_wait_s` (imported -> __init__
+        entered), `model_load_s` (policy or engine load), `worker_init_rest_s` (reward, optimizer spec, ...),
+        `group_join_s` (process-group join, in the worker). `critical_worker` names the worker that finished
+        its start-up last."""
+        m = self.marks
+        out: dict[str, Any] = {}
+
+        proc = _process_start()
+        phases = {"driver_start_s": (proc, m.get("fit_start")), "ray_init_s": (m.get("fit_start"), m.get("ray_ready")),
+                  "pools_s": (m.get("ray_ready"), m.get("workers_submitted")),
+                  "workers_ready_s": (m.get("workers_submitted"), m.get("joined")),
+                  "first_step_s": (m.get("train_start"), m.get("first_step")),
+                  "time_to_first_step_s": (proc, m.get("first_step")),
+                  "fit_to_first_step_s": (m.get("fit_start"), m.get("first_step"))}
+        for k, (a, b) in phases.items():
+            if a is not None and b is not None and a == a:
+                out[k] = float(b - a)
+        per: dict[str, dict[str, float]] = {}
+        for w, t in self.worker_startup.items():
+            role = {"col": "colocated", "gen": "generator", "trn": "trainer"}[worker_pool(w)]
+            sub = m.get(f"submitted_{role}", m.get("workers_submitted"))
+            start = t.get("process_start")
+            # Ray may hand the actor a worker process it started before (prestarted): spawn 0, imports from then
+            begun = max(start, sub) if start is not None and sub is not None else start
+            keys = {"worker_spawn_s": (sub, begun),
+                    "worker_boot_imports_s": (begun, t.get("imported")),
+                    "worker_actor_init_wait_s": (t.get("imported"), t.get("init_start")),
+                    "model_load_s": (t.get("init_start"), t.get("model_loaded")),
+                    "worker_init_rest_s": (t.get("model_loaded"), t.get("init_end")),
+                    "group_join_s": (t.get("join_start"), t.get("join_end"))}
+            per[w] = {k: float(b - a) for k, (a, b) in keys.items() if a is not None and b is not None}
+        for k in ("worker_spawn_s", "worker_boot_imports_s", "worker_actor_init_wait_s", "model_load_s",
+                  "worker_init_rest_s", "group_join_s"):
+            vals = [p[k] for p in per.values() if k in p]
+            if vals:
+                out[k] = max(vals)
+        if self.worker_startup:
+            out["critical_worker"] = max(self.worker_startup, key=lambda w: self.worker_startup[w].get("join_end", 0))
+        out["per_worker"] = per
+        return out
 
     def trainable_state(self, worker: str) -> dict[str, torch.Tensor]:
         """The whole trainable weights `worker` holds (CPU tensors). Sharded trainer ranks gather them together,
@@ -359,7 +439,9 @@ class DigenRLTrainer:
 
     def fit(self, resume_from: Path | None = None) -> dict[str, Any]:
         """Run to the end. On Ctrl-C / SIGTERM (KeyboardInterrupt): flush outputs, checkpoint, re-raise."""
+        self.mark("fit_start")
         self.start_ray()
+        self.mark("ray_ready")
         self.build_workers()
         if resume_from is not None:
             version = self.load_checkpoint(resume_from)

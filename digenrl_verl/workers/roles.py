@@ -63,6 +63,8 @@ from digenrl_verl.workers.sharding import (FullyShardedDataParallel, GradientSyn
                                            full_state)
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
 
+_T_IMPORTED = time.time()  # the worker's imports are done once this module is (start-up timings)
+
 #: the engine classes a generator can hold, imported here so that each is bound to its name in `ENGINES`
 ENGINE_CLASSES = (DiffusersEngine, VllmOmniEngine)
 
@@ -354,8 +356,32 @@ class TrainingMixin:
                 "version": float(version)}
 
 
+def _process_start() -> float:
+    """Wall-clock time this process started (its spawn, as the OS saw it)."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # pragma: no cover - psutil ships with Ray
+        return float("nan")
+
+
 class _Base(Worker):
     role = "base"
+
+    def _startup_begin(self) -> None:
+        """Wall-clock marks of this worker's start-up (`startup_timings`): process start, imports done, __init__."""
+        self._startup = {"process_start": _process_start(), "imported": _T_IMPORTED,
+                         "init_start": time.time()}
+
+    def _startup_mark(self, name: str) -> None:
+        self._startup[name] = time.time()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def startup_timings(self) -> dict[str, float]:
+        """Wall-clock (time.time) marks: process_start, imported (this module's imports done), init_start, model_loaded,
+        init_end, and join_start / join_end once joined."""
+        return dict(self._startup)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
@@ -369,18 +395,24 @@ class GeneratorWorker(_Base, GenerationMixin, ScoringMixin):
 
     def __init__(self, policy: PolicySpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__()
+        self._startup_begin()
         torch.set_num_threads(torch_threads)
         check_device(self, policy)
         self.policy_spec = policy
         self.engine = build_engine(policy)
+        self._startup_mark("model_loaded")
         self.busy_s = 0.0
         self.reward_spec = reward
         self._build_scorer(reward)
+        self._startup_mark("init_end")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join(self, spec: CollectiveSpec) -> int:
         """The engine joins the process group spanning both pools as this generator rank (collective)."""
-        return int(self.engine.join(spec, self.rank))
+        self._startup_mark("join_start")
+        out = int(self.engine.join(spec, self.rank))
+        self._startup_mark("join_end")
+        return out
 
     def receive_weights(self, version: int) -> int:
         t0 = time.perf_counter()
@@ -415,19 +447,24 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
 
     def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__()
+        self._startup_begin()
         self._build_policy(policy, torch_threads, keep_reference=train.loss.kl_coef > 0)
+        self._startup_mark("model_loaded")
         self._build_training(train)
         self.reward_spec = reward
         self.scorer = None
         self.collectives: Collectives | None = None
         self.failed_sends: list[tuple[int, int, str]] = []
+        self._startup_mark("init_end")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join(self, spec: CollectiveSpec) -> int:
         """Join the process groups (collective: every worker must call it), then shard the model (FSDP2) or
         not, and build the optimizer."""
+        self._startup_mark("join_start")
         self.collectives = Collectives(spec, "trainer", self.rank)
         self._build_parallel(self.collectives)
+        self._startup_mark("join_end")
         return self.collectives.global_rank
 
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
@@ -459,3 +496,4 @@ class ColocatedWorker(TrainerWorker):
     def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1) -> None:
         super().__init__(policy, train, reward, torch_threads)
         self._build_scorer(reward)
+        self._startup_mark("init_end")

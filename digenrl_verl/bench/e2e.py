@@ -262,7 +262,10 @@ def main(argv: list[str]) -> int:
         print(f"start-up: demo {s['demo_median'].get('time_to_first_step_s', float('nan')):.1f} s to the first step, "
               f"one-process reference {s['reference_median']['time_to_first_step_s']:.1f} s", flush=True)
     model = build_tiny_model_dir("FluxPipeline", tmp / "flux_bench", seed=0, size="bench")
-    init_local_ray(num_cpus=2, torch_threads=1)
+    import ray
+
+    if not ray.is_initialized():  # (tests run it on their shared Ray instance)
+        init_local_ray(num_cpus=2, torch_threads=1)
     base = [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.pipeline.height=128",
             "actor_rollout_ref.rollout.pipeline.width=128",
             f"actor_rollout_ref.rollout.pipeline.num_inference_steps={args.num_inference_steps}",

@@ -53,6 +53,15 @@ class StepMetrics:
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
 
 
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _process_start() -> float:
     """Wall-clock time this (driver) process started: the command's start."""
     try:
@@ -121,6 +130,17 @@ class DigenRLTrainer:
             total = sum(self.run.digenrl.pools[r].size for r in self.run.digenrl.roles)
             init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads)
 
+    def rendezvous(self) -> dict[str, Any]:
+        """`master_addr` / `master_port` for a worker group, or {} to let verl find them (a Ray task on the group's
+        first bundle: one more worker process and round trip per pool at start-up). On a one-node cluster on this
+        machine's loopback (every CPU run here) the driver picks a free loopback port itself."""
+        import ray
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if len(nodes) != 1 or nodes[0].get("NodeManagerAddress") != "127.0.0.1":
+            return {}
+        return {"master_addr": "127.0.0.1", "master_port": str(free_loopback_port())}
+
     def worker_class(self, role: str):
         """The verl Worker class of a pool (one generator worker serves every `actor_rollout_ref.rollout.name`)."""
         return {"colocated": roles.ColocatedWorker, "generator": roles.GeneratorWorker,
@@ -149,7 +169,7 @@ class DigenRLTrainer:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
             wg = RayWorkerGroup(resource_pool=manager.pool_for("trainer" if role == "colocated" else role, role),
                                 ray_cls_with_init=cls, name_prefix=f"digenrl_{role}_{run_id}",
-                                device_name="cuda" if d.pools[role].use_gpu else "cpu")
+                                device_name="cuda" if d.pools[role].use_gpu else "cpu", **self.rendezvous())
             self.worker_groups[role] = wg
             self.mark(f"submitted_{role}")
             for i, actor in enumerate(wg.workers):

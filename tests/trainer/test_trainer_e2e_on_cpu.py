@@ -202,3 +202,43 @@ def test_ground_truth_from_the_prompt_file_reaches_a_custom_reward(train_run, tm
                   name="ground_truth")
     assert t.reporter.history[0]["reward/mean"] == pytest.approx(0.5)
     assert t.summary["eval/reward_ode"] == pytest.approx(0.5)
+
+
+def test_bench_ladder_rows_change_one_thing_and_keep_the_micro_batch():
+    from digenrl_verl.bench.e2e import LADDER, NO_RECOMPUTE, RECOMPUTE, _median_run
+
+    names = [n for n, _ in LADDER]
+    assert names == ["colocated-verl-omni", "colocated-best", "naive-disaggregation", "+gap", "+tsp", "-recompute",
+                     "digenrl-on-policy", "digenrl"]
+    rows = dict(LADDER)
+    assert RECOMPUTE in rows["colocated-verl-omni"] and NO_RECOMPUTE in rows["colocated-best"]
+    for name in ("-recompute", "digenrl-on-policy", "digenrl"):  # the DigenRL rows: colocated-best's setting
+        assert NO_RECOMPUTE in rows[name], name
+    for name in ("naive-disaggregation", "+gap", "+tsp"):
+        assert RECOMPUTE in rows[name], name
+    # consecutive ladder rows differ in one setting (GAP: its micro-batches and the pipeline; TCSS: staleness and
+    # its stale fraction)
+    pairs = ({"trainer.digenrl.gap", "trainer.digenrl.pipeline"},
+             {"trainer.digenrl.tcss.staleness", "trainer.digenrl.tcss.max_stale_fraction"})
+    for a, b in zip(names[2:], names[3:]):
+        changed = {o.split("=")[0] for o in set(rows[a]) ^ set(rows[b])}
+        assert len(changed) == 1 or changed in pairs, (a, b, changed)
+    assert not any("ppo_micro_batch_size_per_gpu" in o for _, ov in LADDER for o in ov)  # set once, for every row
+    assert _median_run([{"samples_per_s": x} for x in (3.0, 1.0, 2.0)])["samples_per_s"] == 2.0
+
+
+def test_bench_e2e_json_and_startup_phases(ray_session, capsys):
+    from digenrl_verl.bench import e2e
+
+    assert e2e.main(["--json", "--no-startup", "--only", "colocated-best", "digenrl", "--repeat", "1", "--steps", "2",
+                     "--warmup", "1", "--prompts", "2", "--num-inference-steps", "4"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["config"] for r in out["rows"]] == ["colocated-best", "digenrl"]
+    for r in out["rows"]:
+        assert r["samples_per_s"] > 0 and 0 < r["busy_utilisation"] <= 1.0 + 1e-6 and np.isfinite(r["reward_mean"])
+        assert r["samples_per_worker_s"] == pytest.approx(r["samples_per_s"] / 2)
+        phases = r["runs"][0]["startup"]
+        for k in ("pools_s", "workers_ready_s", "first_step_s", "worker_boot_imports_s", "model_load_s",
+                  "group_join_s"):
+            assert k in phases and phases[k] >= 0, (k, phases)
+    assert out["vs_colocated_best"] == pytest.approx(out["rows"][1]["samples_per_s"] / out["rows"][0]["samples_per_s"])

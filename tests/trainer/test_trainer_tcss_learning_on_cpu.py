@@ -64,8 +64,8 @@ def test_tcss_at_the_default_clip_logs_stale_clipping_and_is_compared_with_on_po
         / sum(h["actor/rows"] for h in h_tc))
     r_on, r_tc = [h["reward/mean"] for h in h_on], [h["reward/mean"] for h in h_tc]
     print(f"on-policy rewards {np.round(r_on, 4).tolist()}\nTCSS rewards {np.round(r_tc, 4).tolist()}\n"
-          f"gains: on-policy {_gain(r_on):+.4f}, TCSS {_gain(r_tc):+.4f}; stale clip {run['actor/stale_clip_frac']:.3f},"
-          f" stale zero-grad {run['actor/stale_zero_grad_frac']:.3f}")
+          f"gains: on-policy {_gain(r_on):+.4f}, TCSS {_gain(r_tc):+.4f}; "
+          f"stale clip {run['actor/stale_clip_frac']:.3f}, stale zero-grad {run['actor/stale_zero_grad_frac']:.3f}")
     assert r_on[0] == r_tc[0]  # paired: step 0 is on-policy in both runs, same samples
     assert _gain(r_on) > 0.01, r_on  # the reference learns (measured +0.033)
     assert _gain(r_tc) > 0.004, r_tc  # TCSS still learns at the default clip (measured +0.007), only slower

@@ -368,11 +368,15 @@ def _is_on(rule: Rule, value: Any, keys: RecipeKeys) -> bool:
 
 
 def check_unsupported(keys: RecipeKeys) -> None:
-    """ValueError naming the first UNSUPPORTED key whose feature is on."""
+    """ValueError naming every UNSUPPORTED key whose feature is on (one line each), so a recipe learns all its
+    blockers at once."""
+    found = []
     for key, (rule, why) in UNSUPPORTED.items():
         value = keys.peek(key)
         if value is not None and _is_on(rule, value, keys):
-            raise ValueError(f"{key}={value!r} is not supported by digenrl_verl: {why}")
+            found.append(f"{key}={value!r} is not supported by digenrl_verl: {why}")
+    if found:
+        raise ValueError("\n".join(found))
 
 
 @lru_cache(maxsize=1)
@@ -526,6 +530,8 @@ ROLLOUT_KEYS = {
     "sde_window_range": f"{A}.rollout.algo.sde_window_range", "seed": f"{A}.rollout.seed",
     "init_same_noise": f"{A}.rollout.algo.init_same_noise",
 }
+LOSS_KEYS = {"clip_ratio": f"{A}.actor.diffusion_loss.clip_ratio", "kl_coef": f"{A}.actor.kl_loss_coef",
+             "kl_type": f"{A}.actor.kl_loss_type"}
 ADVANTAGE_KEYS = {"adv_clip_max": f"{A}.actor.diffusion_loss.adv_clip_max", "epsilon": "algorithm.epsilon",
                   "aggregation": "reward.aggregation"}
 
@@ -641,8 +647,9 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
     actor = f"{A}.actor"
     use_kl = keys(f"{actor}.use_kl_loss", False)
     kl_coef = float(keys(f"{actor}.kl_loss_coef", 0.0))
-    loss = LossConfig(clip_ratio=float(keys(f"{actor}.diffusion_loss.clip_ratio", 1e-4)),
-                      kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type", "flow_grpo"))
+    with user_keys(LOSS_KEYS):
+        loss = LossConfig(clip_ratio=float(keys(f"{actor}.diffusion_loss.clip_ratio", 1e-4)),
+                          kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type", "flow_grpo"))
     optim = OptimSpec(lr=float(keys(f"{actor}.optim.lr", 1e-4)),
                       weight_decay=float(keys(f"{actor}.optim.weight_decay", 1e-4)),
                       betas=tuple(keys(f"{actor}.optim.betas", [0.9, 0.999])), eps=float(keys(f"{actor}.optim.eps", 1e-8)),

@@ -42,10 +42,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from digenrl_verl.diffusion.sde import StepKind, get_sde_kind
+from digenrl_verl.errors import ConfigError
 
-KEY_CLIP = "actor_rollout_ref.actor.diffusion_loss.clip_ratio"
-KEY_KL_COEF = "actor_rollout_ref.actor.kl_loss_coef"
-KEY_KL_TYPE = "actor_rollout_ref.actor.kl_loss_type"
 
 KL_TYPES = ("flow_grpo", "exact", "sigma_t")
 
@@ -65,11 +63,11 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         if not self.clip_ratio > 0:
-            raise ValueError(f"{KEY_CLIP}={self.clip_ratio!r} must be > 0")
+            raise ConfigError("clip_ratio", self.clip_ratio, "must be > 0")
         if not self.kl_coef >= 0:
-            raise ValueError(f"{KEY_KL_COEF}={self.kl_coef!r} must be ≥ 0")
+            raise ConfigError("kl_coef", self.kl_coef, "must be >= 0")
         if self.kl_type not in KL_TYPES:
-            raise ValueError(f"unknown {KEY_KL_TYPE}={self.kl_type!r}; valid choices: {list(KL_TYPES)}")
+            raise ConfigError("kl_type", self.kl_type, f"valid choices: {list(KL_TYPES)}")
 
 
 @dataclass
@@ -146,7 +144,7 @@ def kl_denominator(kl_type: str, sde_type: str | StepKind | None, std_dev_t: tor
     """The KL denominator d [R] of `kl_type` for steps of `sde_type` (see the table in the module docstring)."""
     if kl_type == "flow_grpo":
         if sde_type is None:
-            raise ValueError(f"{KEY_KL_TYPE}='flow_grpo' needs the sde_type (verl-omni's std_dev_t depends on it)")
+            raise ValueError("kl_type='flow_grpo' needs the sde_type (verl-omni's std_dev_t depends on it)")
         kind = sde_type if isinstance(sde_type, StepKind) else get_sde_kind(sde_type)
         denom, needed = kind.verl_omni_std_dev_t(std_dev_t, std), f"std_dev_t and std (sde_type={kind.name!r})"
     elif kl_type == "sigma_t":
@@ -154,9 +152,9 @@ def kl_denominator(kl_type: str, sde_type: str | StepKind | None, std_dev_t: tor
     elif kl_type == "exact":
         denom, needed = std, "std"
     else:
-        raise ValueError(f"unknown {KEY_KL_TYPE}={kl_type!r}; valid choices: {list(KL_TYPES)}")
+        raise ConfigError("kl_type", kl_type, f"valid choices: {list(KL_TYPES)}")
     if denom is None:
-        raise ValueError(f"{KEY_KL_TYPE}={kl_type!r} needs {needed}")
+        raise ValueError(f"kl_type={kl_type!r} needs {needed}")
     return denom
 
 
@@ -205,10 +203,10 @@ def policy_loss(
     kl = None
     if cfg.kl_coef > 0:
         if mean is None or ref_mean is None:
-            raise ValueError(f"{KEY_KL_COEF}={cfg.kl_coef} needs the policy and reference step means")
+            raise ValueError(f"kl_coef={cfg.kl_coef} needs the policy and reference step means")
         denom = kl_denominator(cfg.kl_type, sde_type, std_dev_t, std)
         if bool((denom <= 0).any()):
-            raise ValueError(f"{KEY_KL_TYPE}={cfg.kl_type!r}: the KL denominator is 0 on some rows (a deterministic "
+            raise ValueError(f"kl_type={cfg.kl_type!r}: the KL denominator is 0 on some rows (a deterministic "
                              "step, e.g. cps at σ'=0); exclude those steps from training")
         kl = kl_to_reference(mean, ref_mean, denom.to(mean))
         rows = rows + cfg.kl_coef * kl

@@ -3,7 +3,8 @@
 Same tiny FLUX model ("bench" size: 2+2 blocks, 64 latent tokens at 128 px), same batch, the same two CPU worker
 processes (colocated: 2 workers that generate, score, then train; disaggregated: 1 generator + 1 trainer), the same
 `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu` in every row. Each row runs `--steps` global steps, R times
-(`--repeat`, default 3) on one shared Ray instance; a run is measured over the steps after `--warmup` (the first
+(`--repeat`, default 3; the ladder is run R times over, so every row sees the same spread of load) on one shared Ray
+instance; a run is measured over the steps after `--warmup` (the first
 steps pay one-off costs). The row reports the **median** run by throughput; every run is kept in the JSON.
 
 The rows, one change at a time:
@@ -28,9 +29,9 @@ end of the warm-up (it runs after the calls the worker already had queued) and o
 `trace_utilisation` (time with a task outstanding, submit -> the driver notices completion, charged to every worker
 of the task: it counts idle lock-step ranks and Ray latency as busy, kept for comparison only);
 `samples_per_worker_s` (samples / (workers x window)); `reward_mean` (mean reward of the measured steps). Top-level
-`vs_colocated_best` and `vs_verl_omni_like`: `digenrl`'s median throughput over those rows' medians. Each row
-carries the 1-minute load average at its start and end: on a shared machine the figures are only comparable
-between rows run under the same load.
+`vs_colocated_best` and `vs_verl_omni_like`: `digenrl`'s median throughput over those rows' medians. Each run
+carries the 1-minute load average at its start and end, each row their min and max: on a shared machine the
+figures are only comparable between rows run under the same load.
 
 `startup` (unless `--no-startup`): where the start-up of the tiny demo (`recipes/run_tiny_cpu.sh`'s settings, one
 global step) goes, from a fresh process (`trainer.runner.DigenRLTrainer.startup_phases`), next to a one-process
@@ -221,7 +222,8 @@ def startup(tmp: Path, repeat: int) -> dict:
             "reference": "one fresh Python process: this package's ColocatedWorker in-process (no Ray), one "
                          "rollout + score + TSP update + optimizer step of the same 16 samples",
             "demo_median": {k: med(demo, k) for k in keys},
-            "reference_median": {k: med(ref, k) for k in sorted({k for r in ref for k in r})},
+            "reference_median": {k: med(ref, k) for k in sorted({k for r in ref for k, v in r.items()
+                                                                   if isinstance(v, float)})},
             "demo_runs": demo, "reference_runs": ref,
             "ratio_demo_vs_reference": med(demo, "time_to_first_step_s") / med(ref, "time_to_first_step_s")}
 
@@ -276,34 +278,36 @@ def main(argv: list[str]) -> int:
             "trainer.digenrl.pools.colocated.workers_per_node=2", "trainer.digenrl.pools.generator.workers_per_node=1",
             "trainer.digenrl.pools.trainer.workers_per_node=1"]
     trainer_cls = _make_trainer_cls(args.warmup)
-    rows = []
-    for name, overrides in LADDER:
-        if args.only and name not in args.only:
-            continue
-        runs = []
-        load0 = load_average()
-        for rep in range(args.repeat):
+    ladder = [(name, overrides) for name, overrides in LADDER if not args.only or name in args.only]
+    runs: dict[str, list[dict]] = {name: [] for name, _ in ladder}
+    # repeats outermost: every row's k-th run comes from the same pass over the ladder, so on a shared machine the
+    # rows see the same spread of load (a row run R times in a row would see only the load of its own minutes)
+    for rep in range(args.repeat):
+        for name, overrides in ladder:
             cfg = compose([*base, *overrides, f"trainer.digenrl.output_dir={tmp / name / str(rep)}",
                            f"trainer.experiment_name=bench_{name}"])
             trainer = trainer_cls(build_run(cfg))
-            t0 = time.perf_counter()
+            load0, t0 = load_average(), time.perf_counter()
             try:
                 trainer.fit()
-                runs.append({**_measure(trainer, args.warmup), "run_s": time.perf_counter() - t0,
-                             "load_average": load_average()})
+                runs[name].append({**_measure(trainer, args.warmup), "run_s": time.perf_counter() - t0,
+                                   "load_average_start": load0, "load_average_end": load_average()})
             finally:
                 trainer.shutdown()
-        med = _median_run(runs)
-        row = {"config": name, "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
+            r = runs[name][-1]
+            print(f"pass {rep + 1}/{args.repeat} {name:>22}: {r['samples_per_s']:7.2f} samples/s  busy "
+                  f"{r['busy_utilisation']:.1%}  load {load0:.1f}->{r['load_average_end']:.1f}", flush=True)
+    rows = []
+    for name, _ in ladder:
+        med = _median_run(runs[name])
+        loads = [x for r in runs[name] for x in (r["load_average_start"], r["load_average_end"])]
+        row = {"config": name, "samples_per_s": statistics.median(r["samples_per_s"] for r in runs[name]),
                **{k: med[k] for k in ("busy_utilisation", "samples_per_worker_s", "reward_mean", "trace_utilisation",
                                       "window_s", "steps_measured", "tag_microbatches", "stale_samples")},
-               "samples_per_s_runs": [r["samples_per_s"] for r in runs],
-               "reward_mean_runs": [r["reward_mean"] for r in runs],
-               "load_average_start": load0, "load_average_end": load_average(), "runs": runs}
+               "samples_per_s_runs": [r["samples_per_s"] for r in runs[name]],
+               "reward_mean_runs": [r["reward_mean"] for r in runs[name]],
+               "load_average_min": min(loads), "load_average_max": max(loads), "runs": runs[name]}
         rows.append(row)
-        print(f"{name:>22}: {row['samples_per_s']:7.2f} samples/s (median of {len(runs)}: "
-              f"{', '.join(f'{x:.2f}' for x in row['samples_per_s_runs'])})  busy {row['busy_utilisation']:.1%}  "
-              f"reward {row['reward_mean']:.4f}  load {load0:.1f}->{row['load_average_end']:.1f}", flush=True)
     by = {r["config"]: r for r in rows}
     out.update(rows=rows, config={
         "model": "FluxPipeline bench size (2+2 blocks, 64 tokens)", "workers": 2, "prompts_per_step": args.prompts,

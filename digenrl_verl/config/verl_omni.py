@@ -263,7 +263,8 @@ UNSUPPORTED.update({
         lambda v, keys: v is not None, "rollout rejection sampling (rollout correction) is not implemented; set it "
         "to null"),
     "algorithm.rollout_correction.loss_type": ("!ppo_clip", "only the clipped (ppo_clip) loss is implemented"),
-    f"{A}.actor.optim.optimizer": ("!AdamW", "the optimizer is torch's AdamW (actor.optim.lr/betas/eps/weight_decay)"),
+    f"{A}.actor.optim.optimizer": (lambda v, keys: str(v).lower() != "adamw",
+                                   "the optimizer is torch's AdamW (actor.optim.lr/betas/eps/weight_decay)"),
     f"{A}.actor.optim.optimizer_impl": ("!torch.optim", "the optimizer is torch.optim.AdamW"),
     f"{A}.actor.optim.override_optimizer_config": (
         lambda v, keys: bool(v), "optimizer overrides are not supported: set actor.optim.lr/betas/eps/weight_decay"),
@@ -303,6 +304,11 @@ NO_EFFECT.update({
     f"{A}.actor.optim.warmup_style": "no learning-rate schedule is implemented: the learning rate is constant",
     f"{A}.actor.optim.zero_indexed_step": "no learning-rate schedule is implemented: the learning rate is constant",
     f"{A}.actor.optim.clip_grad": f"the gradient-norm clip is {A}.actor.grad_clip",
+    f"{A}.actor.optim.lr_min": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.lr_start": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.lr_decay_ratio": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.fused": "the optimizer is torch's AdamW with its default implementation",
+    f"{A}.ref.optim": "the KL reference is not trained (VeOmni's reference optimizer section)",
     f"{A}.actor.fsdp_config.offload_policy": "CPU offload is not implemented",
     f"{A}.actor.fsdp_config.forward_prefetch": "FSDP2 prefetching follows torch's defaults",
     f"{A}.actor.fsdp_config.use_orig_params": "FSDP2 (fully_shard) always keeps the original parameters",

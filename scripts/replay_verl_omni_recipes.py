@@ -1,0 +1,241 @@
+"""Replay verl-omni's FlowGRPO / DanceGRPO example scripts through digenrl_verl's entry point, with the one flag.
+
+Run with the verl-omni venv's python (scripts/verl_omni_venv.sh builds it):
+
+    source scripts/verl_omni_venv.sh && $VERL_OMNI_PY scripts/replay_verl_omni_recipes.py [--markdown] [--only NAME]
+
+For every `examples/{flowgrpo,dancegrpo}_trainer/**.sh` of the verl-omni source archive (../shared/upstream/, the
+commit the project targets; 29 scripts):
+
+1. the script runs under bash with `python3`/`python` (and `nvidia-smi`, `nsys`, which some scripts check for) shimmed
+   on PATH: a call of `-m verl_omni.trainer.main*` records
+   its argument list instead of starting verl-omni (so shell variables, `$((...))` and scripts that call other scripts
+   expand exactly as they do for a user); any other python call runs the real interpreter;
+2. its override list is composed by verl-omni's own Hydra config (the package's `verl_omni/trainer/config`, as its
+   entry point does), to tell a script that is broken upstream from one we break;
+3. the list, with the model path pointing at a local stand-in (a tiny model of the same architecture when the
+   project has one; a directory whose model_index.json names the architecture otherwise; an empty directory for a
+   model that is not a diffusers pipeline), the data files at a local prompt file, and
+   `trainer.digenrl.mode=disaggregated trainer.digenrl.dry_run=true` appended, goes to `python -m digenrl_verl.main`.
+
+Result per script: `accepted` (the dry run validates), `rejected: <key>` (our message names the key or model),
+`hydra error` (composition failed) or `traceback` (anything else). Exit status 1 if any hydra error or traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = ROOT.parent / "shared" / "upstream" / "verl-omni-a1139baf.tar.gz"
+TRAINERS = ("flowgrpo_trainer", "dancegrpo_trainer")
+FLAG = ("trainer.digenrl.mode=disaggregated", "trainer.digenrl.dry_run=true")
+A = "actor_rollout_ref"
+# model path substring -> (diffusers _class_name of that model, whether digenrl_verl.models.tiny builds it); None:
+# not a diffusers pipeline (BAGEL ships no model_index.json)
+MODELS = (
+    ("Qwen-Image-Edit", ("QwenImageEditPlusPipeline", False)),
+    ("Qwen-Image", ("QwenImagePipeline", True)),
+    ("stable-diffusion-3", ("StableDiffusion3Pipeline", True)),
+    ("Wan2.2", ("WanPipeline", True)),
+    ("LTX-2", ("LTX2Pipeline", False)),
+    ("BAGEL", (None, False)),
+)
+SHIM = """#!/bin/sh
+if [ "$1" = "-m" ] && case "$2" in verl_omni.trainer.main*) true;; *) false;; esac; then
+  exec "{python}" -c 'import json, os, sys; open(os.environ["REPLAY_CAPTURE"], "a").write(json.dumps(sys.argv[1:]) + "\\n")' "$@"
+fi
+exec "{python}" "$@"
+"""
+
+
+@dataclass
+class Replay:
+    script: str
+    architecture: str
+    entry: str = ""
+    upstream: str = ""  # verl-omni's own composition: ok / the error
+    result: str = ""
+    detail: str = ""
+
+
+def extract(archive: Path, into: Path) -> Path:
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    (root,) = [p for p in into.iterdir() if p.is_dir()]
+    return root
+
+
+def capture(script: Path, repo: Path, work: Path) -> list[list[str]]:
+    shim = work / "shim"
+    shim.mkdir(exist_ok=True)
+    for name in ("python3", "python"):
+        (shim / name).write_text(SHIM.format(python=sys.executable))
+        (shim / name).chmod(0o755)
+    for name in ("nvidia-smi", "nsys"):  # the scripts check for a GPU / Nsight before they call verl-omni
+        (shim / name).write_text("#!/bin/sh\nexit 0\n")
+        (shim / name).chmod(0o755)
+    ascend = work / "ascend" / "latest"
+    (ascend.parent / "nnal" / "atb").mkdir(parents=True, exist_ok=True)
+    ascend.mkdir(parents=True, exist_ok=True)
+    for f in (ascend / "set_env.sh", ascend.parent / "nnal" / "atb" / "set_env.sh"):
+        f.write_text("")
+    out = work / f"capture-{script.stem}.jsonl"
+    out.unlink(missing_ok=True)
+    home = work / "home"
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "HOME": str(home), "REPLAY_CAPTURE": str(out),
+           "ASCEND_HOME_PATH": str(ascend), "WANDB_MODE": "offline"}
+    subprocess.run(["bash", str(script)], cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=120, check=False)
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def model_of(overrides: list[str]) -> tuple[str | None, bool, str]:
+    path = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith(f"{A}.model.path=")), "")
+    for needle, (arch, tiny) in MODELS:
+        if needle in path:
+            return arch, tiny, path
+    return None, False, path
+
+
+def stand_in_model(arch: str | None, tiny: bool, models: Path) -> Path:
+    d = models / (arch or "not_diffusers")
+    if d.exists():
+        return d
+    if tiny:
+        subprocess.run([sys.executable, "-m", "digenrl_verl.models.tiny", arch, str(d)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        d.mkdir(parents=True)
+        if arch:
+            (d / "model_index.json").write_text(json.dumps({"_class_name": arch}))
+    return d
+
+
+def localise(overrides: list[str], model_path: str, model_dir: Path, prompts: Path) -> list[str]:
+    out = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        if eq and value == model_path:
+            o = f"{key}={model_dir}"
+        elif key.lstrip("+") in ("data.train_files", "data.val_files"):
+            o = f"{key}={prompts}"
+        out.append(o)
+    return [*out, *FLAG]
+
+
+def upstream_compose(overrides: list[str], config_dir: Path) -> str:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            compose(config_name="diffusion_trainer", overrides=overrides)
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - reported, not handled
+        return str(e).splitlines()[0][:160]
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def classify(proc: subprocess.CompletedProcess) -> tuple[str, str]:
+    text = proc.stdout + proc.stderr
+    if "Traceback (most recent call last)" in text:
+        return "traceback", text.strip().splitlines()[-1][:200]
+    if proc.returncode == 0 and "dry run: config valid" in text:
+        return "accepted", ""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("digenrl: invalid config:")), None)
+    msg = "" if start is None else "\n".join([lines[start].removeprefix("digenrl: invalid config: "),
+                                              *lines[start + 1:]]).strip()
+    if re.search(r"Could not (override|append)|use \+|To append", text) or msg.startswith(("unknown key", "bad value")):
+        return "hydra error", (msg or text.strip().splitlines()[-1])[:200]
+    if proc.returncode == 2 and msg:
+        return "rejected", msg
+    return "traceback", (text.strip().splitlines() or ["(no output)"])[-1][:200]
+
+
+def named_keys(detail: str) -> str:
+    """The keys our rejection names, one per line of the message."""
+    names = []
+    for line in detail.splitlines():
+        m = re.match(r"([A-Za-z_][\w./]*=[^ ]*)( |$)", line)
+        names.append(m.group(1) if m else line[:90])
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--archive", type=Path, default=ARCHIVE)
+    ap.add_argument("--only", default=None, help="replay the scripts whose path contains this")
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="replay-verl-omni-"))
+    try:
+        repo = extract(args.archive, work / "src")
+        config_dir = repo / "verl_omni" / "trainer" / "config"
+        prompts = work / "prompts.txt"
+        prompts.write_text("a red apple on a table\na photo of the word \"hello\"\n")
+        scripts = sorted(p for t in TRAINERS for p in (repo / "examples" / t).rglob("*.sh"))
+        if args.only:
+            scripts = [s for s in scripts if args.only in str(s)]
+        rows = []
+        for script in scripts:
+            rel = str(script.relative_to(repo / "examples"))
+            calls = capture(script, repo, work)
+            if len(calls) != 1:
+                rows.append(Replay(rel, "?", result="traceback", detail=f"{len(calls)} verl-omni calls captured"))
+                continue
+            entry, overrides = calls[0][1], calls[0][2:]
+            arch, tiny, model_path = model_of(overrides)
+            row = Replay(rel, arch or "(not diffusers)", entry=entry.rsplit(".", 1)[-1])
+            row.upstream = upstream_compose(overrides, config_dir)
+            model_dir = stand_in_model(arch, tiny, work / "models")
+            cmd = [sys.executable, "-m", "digenrl_verl.main", *localise(overrides, model_path, model_dir, prompts)]
+            env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+            proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600, check=False)
+            row.result, row.detail = classify(proc)
+            rows.append(row)
+            print(f"{row.result:12s} {rel}: {row.detail.splitlines()[0][:120] if row.detail else ''}", file=sys.stderr,
+                  flush=True)
+        if args.json:
+            args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+        print_table(rows, args.markdown)
+        bad = [r for r in rows if r.result in ("hydra error", "traceback")]
+        return 1 if bad else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def print_table(rows: list[Replay], markdown: bool) -> None:
+    counts = {k: sum(r.result == k for r in rows) for k in ("accepted", "rejected", "hydra error", "traceback")}
+    if markdown:
+        print("| script | entry | architecture | verl-omni composes | result |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            res = f"rejected: {named_keys(r.detail)}" if r.result == "rejected" else r.result
+            if r.result in ("hydra error", "traceback"):
+                res += f": {r.detail}"
+            up = "yes" if r.upstream == "ok" else f"no: {r.upstream}"
+            print(f"| `{r.script}` | {r.entry} | {r.architecture} | {up} | {res} |")
+    else:
+        for r in rows:
+            print(f"{r.script:70s} {r.architecture:28s} {r.result:12s} {named_keys(r.detail) if r.result == 'rejected' else r.detail[:150]}")
+    print(f"\n{len(rows)} scripts: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

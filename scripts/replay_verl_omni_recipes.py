@@ -51,9 +51,10 @@ MODELS = (
     ("LTX-2", ("LTX2Pipeline", False)),
     ("BAGEL", (None, False)),
 )
+RECORD = 'import json, os, sys; open(os.environ["REPLAY_CAPTURE"], "a").write(json.dumps(sys.argv[1:]) + "\\n")'
 SHIM = """#!/bin/sh
 if [ "$1" = "-m" ] && case "$2" in verl_omni.trainer.main*) true;; *) false;; esac; then
-  exec "{python}" -c 'import json, os, sys; open(os.environ["REPLAY_CAPTURE"], "a").write(json.dumps(sys.argv[1:]) + "\\n")' "$@"
+  exec "{python}" -c "$REPLAY_RECORD" "$@"
 fi
 exec "{python}" "$@"
 """
@@ -95,6 +96,7 @@ def capture(script: Path, repo: Path, work: Path) -> list[list[str]]:
     home = work / "home"
     home.mkdir(exist_ok=True)
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "HOME": str(home), "REPLAY_CAPTURE": str(out),
+           "REPLAY_RECORD": RECORD,
            "ASCEND_HOME_PATH": str(ascend), "WANDB_MODE": "offline"}
     subprocess.run(["bash", str(script)], cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=120, check=False)
@@ -171,7 +173,7 @@ def named_keys(detail: str) -> str:
     """The keys our rejection names, one per line of the message."""
     names = []
     for line in detail.splitlines():
-        m = re.match(r"([A-Za-z_][\w./]*=[^ ]*)( |$)", line)
+        m = re.match(r"([A-Za-z_][\w./]*=.*?) is not supported", line) or re.match(r"([A-Za-z_][\w./]*=\S*)", line)
         names.append(m.group(1) if m else line[:90])
     return ", ".join(f"`{n}`" for n in names)
 
@@ -233,7 +235,8 @@ def print_table(rows: list[Replay], markdown: bool) -> None:
             print(f"| `{r.script}` | {r.entry} | {r.architecture} | {up} | {res} |")
     else:
         for r in rows:
-            print(f"{r.script:70s} {r.architecture:28s} {r.result:12s} {named_keys(r.detail) if r.result == 'rejected' else r.detail[:150]}")
+            what = named_keys(r.detail) if r.result == "rejected" else r.detail[:150]
+            print(f"{r.script:70s} {r.architecture:28s} {r.result:12s} {what}")
     print(f"\n{len(rows)} scripts: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 
 

@@ -4,9 +4,9 @@ from setuptools import find_packages, setup
 
 INSTALL_REQUIRES = [
     # torch is not listed on purpose: install torch==2.13.0 first (see constraints.txt), verl does not pin it.
-    "verl==0.9.1",
+    "verl>=0.9.0.dev0,<0.10",  # 0.9.1, or the 0.9.0.dev0 that verl-omni a1139baf pins (git 8a69493)
     "ray>=2.40",
-    "diffusers>=0.42,<0.43",
+    "diffusers>=0.38,<0.43",  # admits vLLM-Omni 0.28 (diffusers 0.40) and verl-omni's 0.27.0rc1 (0.38)
     "transformers>=4.51",
     "omegaconf>=2.3",
     "hydra-core>=1.3",
@@ -24,16 +24,16 @@ INSTALL_REQUIRES = [
     "cachetools",
     "uvicorn",
     "fastapi",
-    "TransferQueue==0.1.11",
+    "TransferQueue>=0.1.8,<0.2",  # verl 0.9.1 wants 0.1.11, verl-omni a1139baf 0.1.8
     "pyzmq",
     "msgspec",
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8", "pytest-asyncio", "hypothesis"],
+    "test": ["pytest>=8", "pytest-asyncio", "hypothesis", "ruff>=0.6"],
     "ocr": ["rapidocr-onnxruntime"],
     # GPU only: a matching vllm / vllm-omni pair. Never imported on CPU.
-    "vllm": ["vllm==0.30.0", "vllm-omni==0.30.0"],
+    "vllm": ["vllm==0.28.0", "vllm-omni==0.28.0"],
 }
 
 setup(

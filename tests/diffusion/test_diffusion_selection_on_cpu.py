@@ -111,6 +111,7 @@ def test_seeds_are_distinct_per_key_and_stream_and_shared_per_group():
         sample_seed(0, k, "noise")
 
 
+@pytest.mark.slow  # fresh interpreters
 def test_seed_is_stable_across_processes():
     code = ("from digenrl_verl.diffusion.noise import SampleKey, sample_seed;"
             "print(sample_seed(42, SampleKey(7, 'prompt-x', 3), 'sde'))")

@@ -51,6 +51,7 @@ def test_verl_patch_applies_to_the_installed_verl_and_names_its_workaround(patch
     assert workaround and (ROOT / workaround.group(1)).is_file()
 
 
+@pytest.mark.slow  # copies and imports a patched verl in a subprocess
 def test_patched_verl_copy_works(tmp_path):
     """The whole series applied in order to a copy of the installed verl: the CPU platform is selectable, the
     pool classes take the new arguments."""

@@ -40,6 +40,7 @@ _PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_the_package_never_imports_verl_omni_or_vllm(tmp_path, tiny_dirs):
     """Fake `verl_omni`, `vllm` and `vllm_omni` packages that raise when imported sit on the path: the package,
     the entry point, both integration modules and a build_run that selects the vLLM-Omni backend (on CPU)

@@ -30,6 +30,7 @@ def paper(tmp_path_factory):
     return json.loads(lines[-1]), "\n".join(lines[:-1])
 
 
+@pytest.mark.slow  # a whole simulator suite
 def test_paper_suite_every_scenario_has_the_three_rows_keys_and_costs(paper):
     out, table = paper
     assert [(s["scenario"], s["costs"]) for s in out["scenarios"]] == [(n, c) for n in PAPER_SUITE for c in COSTS]
@@ -51,6 +52,7 @@ def test_paper_suite_every_scenario_has_the_three_rows_keys_and_costs(paper):
     assert "digenrl/col-best" in table and "held-out" in table and "calibration:" in table
 
 
+@pytest.mark.slow  # a whole simulator suite
 def test_ideal_homogeneous_digenrl_reaches_parity_with_colocated_best(paper):
     """On identical devices without switching costs colocated-best is the limit; DigenRL reaches >= 0.97 of it in
     every homogeneous scenario. FLUX.1 needs the TCSS guard's slack (`tcss.guard_slack`, default 0.1): with a strict
@@ -71,6 +73,7 @@ def test_ideal_homogeneous_digenrl_reaches_parity_with_colocated_best(paper):
     assert out["ideal_min_digenrl_vs_colocated_best"] >= IDEAL_PARITY_TARGET
 
 
+@pytest.mark.slow  # a whole simulator suite
 def test_calibration_fits_one_figure_and_reports_held_out_errors(paper):
     out, _ = paper
     cal = out["calibration"]
@@ -100,6 +103,7 @@ def test_calibration_fits_one_figure_and_reports_held_out_errors(paper):
     assert set(rows["colocated-best"]["cost_model"]["modes_makespan_s"]) == {"offload", "resident"}
 
 
+@pytest.mark.slow  # a whole simulator suite
 def test_paper_suite_ablation_ladder_is_monotone(paper):
     """Every disaggregated ladder step is no slower than the one before, over the whole run (step 0's online
     profiling included) and after step 0, in every scenario and cost setting, for every transition from naive on."""
@@ -160,6 +164,7 @@ def test_bench_bts_json(capsys):
     assert out["headline"]["B"] == 128 and "ms_median" in out["headline"]
 
 
+@pytest.mark.slow  # a whole simulator suite
 def test_scale_suite_reports_driver_and_bts_costs(capsys):
     """1024 GPUs, 1024 micro-batches per step: the run completes and reports the per-decision figures
     (the speed targets themselves are checked by reading the report, not here)."""

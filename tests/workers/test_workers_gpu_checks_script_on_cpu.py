@@ -29,6 +29,7 @@ def _run(*args, **env):
     return subprocess.run(["bash", SCRIPT, *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # runs the script in a subprocess
 def test_without_cuda_the_script_skips_cleanly_and_lists_its_checks():
     gc = _checks_module()
     res = _run()
@@ -48,6 +49,7 @@ def test_budgets_fit_the_8_minute_window():
                                            "tsp_throughput_mid", "nccl_sync_2gpu"}
 
 
+@pytest.mark.slow  # runs the script in a subprocess
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_plan_prints_the_exact_commands(how):
     gc = _checks_module()

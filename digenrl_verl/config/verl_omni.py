@@ -365,6 +365,26 @@ NO_EFFECT.update({
 })
 
 
+def leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """The dotted keys of every leaf of a config tree (an empty section counts as a leaf; verl-omni's `_target_`
+    dataclass bindings are not settings and are left out)."""
+    out: list[str] = []
+    for key in node.keys():
+        child = node._get_node(key)
+        path = f"{prefix}{key}"
+        if isinstance(child, DictConfig) and len(child) > 0:
+            out += leaf_keys(child, path + ".")
+        elif key != "_target_":
+            out.append(path)
+    return out
+
+
+def covered_by(key: str, classes: set[str]) -> bool:
+    """True if `key` or one of its parent sections is in `classes` (a section entry classifies all its keys)."""
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in classes for i in range(1, len(parts) + 1))
+
+
 def _is_on(rule: Rule, value: Any, keys: RecipeKeys) -> bool:
     if callable(rule):
         return bool(rule(value, keys))

@@ -10,30 +10,13 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from digenrl_verl.config.digenrl import DigenRLConfig
-from digenrl_verl.config.verl_omni import NO_EFFECT, UNSUPPORTED, RecipeKeys, shipped_defaults
+from digenrl_verl.config.verl_omni import NO_EFFECT, UNSUPPORTED, RecipeKeys, covered_by, leaf_keys, shipped_defaults
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.models.config import LoraConfig
 from digenrl_verl.main import compose
 from digenrl_verl.trainer import config as trainer_config
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.workers.specs import OptimSpec
-
-
-def _leaves(node: DictConfig, prefix: str = "") -> list[str]:
-    out = []
-    for key in node.keys():
-        child = node._get_node(key)
-        path = f"{prefix}{key}"
-        if isinstance(child, DictConfig) and len(child) > 0:
-            out += _leaves(child, path + ".")
-        else:
-            out.append(path)
-    return out
-
-
-def _covered(key: str, classes: set[str]) -> bool:
-    parts = key.split(".")
-    return any(".".join(parts[:i]) in classes for i in range(1, len(parts) + 1))
 
 
 def _keys_read_by_build_run(model_dir, monkeypatch) -> set[str]:
@@ -57,8 +40,8 @@ def test_every_shipped_key_is_implemented_no_effect_or_unsupported(tiny_flux_dir
     classified = read | set(NO_EFFECT) | set(UNSUPPORTED)
     # entry-point keys read before build_run (main.resume_point) and interpolation sources
     classified |= {"trainer.resume_mode", "trainer.resume_from_path", "actor_rollout_ref.actor.rollout_n"}
-    leaves = [k for k in _leaves(shipped_defaults()) if not k.startswith("defaults")]
-    silent = [k for k in leaves if not _covered(k, classified)]
+    leaves = [k for k in leaf_keys(shipped_defaults()) if not k.startswith("defaults")]
+    silent = [k for k in leaves if not covered_by(k, classified)]
     assert not silent, f"keys of the shipped config that nothing reads, warns about or rejects: {silent}"
     assert not set(NO_EFFECT) & (set(UNSUPPORTED) | read), "a key in two classes"
 

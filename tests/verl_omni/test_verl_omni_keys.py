@@ -15,7 +15,8 @@ except ImportError as e:
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from digenrl_verl.config.verl_omni import MODEL_ENGINES, NO_EFFECT, UNSUPPORTED, RecipeKeys  # noqa: E402
+from digenrl_verl.config.verl_omni import (MODEL_ENGINES, NO_EFFECT, UNSUPPORTED, RecipeKeys,  # noqa: E402
+                                          covered_by, leaf_keys)
 from digenrl_verl.main import compose  # noqa: E402
 from digenrl_verl.trainer import config as trainer_config  # noqa: E402
 from digenrl_verl.trainer.config import build_run  # noqa: E402
@@ -37,23 +38,6 @@ def verl_omni_config(engine: str = "dp_diffusion") -> DictConfig:
             return hydra_compose(config_name="diffusion_trainer", overrides=[f"diffusion/model_engine={engine}"])
     finally:
         GlobalHydra.instance().clear()
-
-
-def leaves(node: DictConfig, prefix: str = "") -> list[str]:
-    out = []
-    for key in node.keys():
-        child = node._get_node(key)
-        path = f"{prefix}{key}"
-        if isinstance(child, DictConfig) and len(child) > 0:
-            out += leaves(child, path + ".")
-        elif key != "_target_":  # verl-omni's dataclass bindings, not settings
-            out.append(path)
-    return out
-
-
-def covered(key: str, classes: set[str]) -> bool:
-    parts = key.split(".")
-    return any(".".join(parts[:i]) in classes for i in range(1, len(parts) + 1))
 
 
 def has(cfg: DictConfig, dotted: str) -> bool:
@@ -88,7 +72,7 @@ def read_keys(tiny_flux_dir) -> set[str]:
 @pytest.mark.parametrize("engine", MODEL_ENGINES)
 def test_every_verl_omni_key_composes_on_our_entry_point(engine):
     ours = compose([f"diffusion/model_engine={engine}"])
-    theirs = leaves(verl_omni_config(engine))
+    theirs = leaf_keys(verl_omni_config(engine))
     missing = [k for k in theirs if not has(ours, k)]
     assert not missing, f"verl-omni keys our config lacks (a recipe setting one gets Hydra's '+' advice): {missing}"
     assert ours.model_engine == engine
@@ -96,12 +80,12 @@ def test_every_verl_omni_key_composes_on_our_entry_point(engine):
 
 @pytest.mark.parametrize("engine", MODEL_ENGINES)
 def test_every_verl_omni_key_is_implemented_no_effect_or_unsupported(engine, read_keys):
-    keys = leaves(verl_omni_config(engine))
+    keys = leaf_keys(verl_omni_config(engine))
     classes = {"implemented": read_keys, "unsupported": set(UNSUPPORTED), "no effect": set(NO_EFFECT)}
     counts = {name: 0 for name in classes}
     silent = []
     for key in keys:
-        name = next((n for n, members in classes.items() if covered(key, members)), None)
+        name = next((n for n, members in classes.items() if covered_by(key, members)), None)
         if name is None:
             silent.append(key)
         else:
@@ -129,7 +113,7 @@ def test_verl_omni_defaults_we_copied_are_verl_omnis():
     ours = OmegaConf.create(resources.files("digenrl_verl.config").joinpath(VERL_OMNI_KEYS_FILE).read_text())
     theirs = {e: verl_omni_config(e) for e in MODEL_ENGINES}
     differ = []
-    for key in leaves(ours):
+    for key in leaf_keys(ours):
         engine = "veomni_diffusion" if ".veomni_config" in key or key.startswith(VEOMNI_ONLY) else "dp_diffusion"
         if isinstance(_unresolved(ours, key), str) and "${" in _unresolved(ours, key):
             continue  # a copy of another key, as in verl-omni

@@ -28,7 +28,7 @@ from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.trace import Trace
 from digenrl_verl.schedule.types import Task, TaskKind, worker_pool, worker_rank
 from digenrl_verl.trainer.checkpoint import CheckpointWriter, checkpoint_dir, read_meta
-from digenrl_verl.trainer.config import RunSpec
+from digenrl_verl.trainer.config import SCHEDULE_POOL_NAMES, RunSpec
 from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batch
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import init_local_ray
@@ -38,7 +38,7 @@ from digenrl_verl.weights.sync import CollectiveSpec
 from digenrl_verl.workers import roles
 from digenrl_verl.workers.pools import PoolManager, PoolSpec
 
-ROLE_POOL = {"colocated": "col", "generator": "gen", "trainer": "trn"}
+POOL_ROLE = {pool: role for role, pool in SCHEDULE_POOL_NAMES.items()}  # schedule pool name -> role
 
 
 @dataclass
@@ -173,7 +173,7 @@ class DigenRLTrainer:
             self.worker_groups[role] = wg
             self.mark(f"submitted_{role}")
             for i, actor in enumerate(wg.workers):
-                self.workers[f"{ROLE_POOL[role]}:{i}"] = actor
+                self.workers[f"{SCHEDULE_POOL_NAMES[role]}:{i}"] = actor
         self.mark("workers_submitted")
         trainers = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         gens = self.worker_groups.get("generator")
@@ -410,7 +410,7 @@ class DigenRLTrainer:
                 out[k] = float(b - a)
         per: dict[str, dict[str, float]] = {}
         for w, t in self.worker_startup.items():
-            role = {"col": "colocated", "gen": "generator", "trn": "trainer"}[worker_pool(w)]
+            role = POOL_ROLE[worker_pool(w)]
             sub = m.get(f"submitted_{role}", m.get("workers_submitted"))
             start = t.get("process_start")
             # Ray may hand the actor a worker process it started before (prestarted): spawn 0, imports from then

@@ -37,6 +37,11 @@ class Check:
     min_gpus: int = 1
     needs_module: str | None = None
 
+    def requires(self) -> list[str]:
+        """What the check needs beyond one CUDA GPU (empty: nothing)."""
+        return ([f"{self.min_gpus} GPUs"] if self.min_gpus > 1 else []) + ([self.needs_module] if self.needs_module
+                                                                            else [])
+
     def argv(self, python: str, out_dir: Path) -> list[str]:
         if self.pytest_k is None:
             return [python, *self.command]
@@ -147,16 +152,14 @@ def main(argv: list[str]) -> int:
     if plan:
         print(f"plan: {len(CHECKS)} checks, global budget {GLOBAL_BUDGET_S} s, CUDA devices here: {gpus}")
         for c in CHECKS:
-            need = f" (needs {c.min_gpus} GPUs)" if c.min_gpus > 1 else ""
-            need += f" (needs {c.needs_module})" if c.needs_module else ""
+            need = "".join(f" (needs {r})" for r in c.requires())
             print(f"{c.name} [{c.budget_s} s]{need}: timeout {c.budget_s} {shlex.join(c.argv(python, out_dir))}")
         return 0
     if gpus == 0:
         print("skipped: no CUDA")
         print(f"with one CUDA GPU it would run (global budget {GLOBAL_BUDGET_S} s):")
         for c in CHECKS:
-            extra = f"  [skips with fewer than {c.min_gpus} GPUs]" if c.min_gpus > 1 else ""
-            extra += f"  [skips without {c.needs_module}]" if c.needs_module else ""
+            extra = "".join(f"  [skips without {r}]" for r in c.requires())
             print(f"  {c.name:<26} {c.budget_s:4d} s  {c.what}{extra}")
         return 0
 

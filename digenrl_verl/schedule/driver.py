@@ -50,6 +50,21 @@ With no live generator left, the trainer generates everything (TAG) and scores i
 or a failed UPDATE/OPT_STEP, is fatal (`ScheduleError`): accumulated gradients cannot be replayed. A task
 running longer than ``task_timeout_s`` is fatal too; the error names the task and its workers and prints
 the schedule of the steps around it with ``<-- ERROR HERE``.
+
+Elastic generator pool (disaggregated mode): worker events (`WorkerEvent`) change the generator pool during a run.
+They come from `post` or from an executor that has a ``poll_events()`` method (`EventSource`), and are applied
+at the start of a turn, before anything is issued:
+
+* ``added``: a generator (a replacement for a dead one, same id: "rejoin"; or a new id: "grow") is alive but
+  holds no weights yet. It *joins*: a SYNC with the ``join`` flag sends it the generators' current version as
+  soon as the trainer holds that version and is idle (the trainer has not stepped past the generators), else
+  it is added to the next regular SYNC. It takes tasks from then on (the lanes are re-cut over the live ranks).
+* ``removed``: a generator leaves ("shrink"): it gets no new task; once its running task (if any) ended it is
+  in `removed` and the executor may stop it. A removed dead worker ("drop", e.g. after too many restarts) is
+  only recorded.
+
+Every event is a `Decision` in the trace (``rejoin``, ``grow``, ``joined``, ``shrink``, ``drop``). Micro-batches
+already planned keep their plan; a step opened later is planned over the live ranks of that moment.
 """
 
 from __future__ import annotations
@@ -58,7 +73,7 @@ import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
 from digenrl_verl.schedule.bts import BtsCosts, BtsState, GenPhase
 from digenrl_verl.schedule.config import ScheduleConfig
@@ -68,11 +83,42 @@ from digenrl_verl.schedule.select import FirstFree, LaneSelector
 from digenrl_verl.schedule.staleness import GenRequest, StalenessPolicy
 from digenrl_verl.schedule.tag import BubbleContext, TagPolicy, make_tag_policy
 from digenrl_verl.schedule.trace import Decision, Trace, format_action
-from digenrl_verl.schedule.types import Assignment, Completion, Executor, ScheduleError, Task, TaskKind
+from digenrl_verl.schedule.types import (Assignment, Completion, Executor, ScheduleError, Task, TaskKind,
+                                         worker_pool, worker_rank)
 
 
 MAX_TASK_RETRIES = 2
 """A micro-batch whose GEN/TAG/SCORE raises on live workers is retried this many times, then the run stops."""
+
+
+WORKER_EVENTS = ("added", "removed")
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """A change of the generator pool from outside the schedule (ids only: no actor, no tensor).
+
+    Attributes:
+        kind: ``"added"`` (alive, no weights yet: it joins) or ``"removed"`` (leaves once idle).
+        worker: a generator worker id (``"gen:2"``).
+        reason: shown in the trace's decision.
+    """
+
+    kind: str
+    worker: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in WORKER_EVENTS:
+            raise ValueError(f"WorkerEvent.kind={self.kind!r} is invalid: use one of {list(WORKER_EVENTS)}")
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """An executor that also reports changes of the generator pool (polled once per driver turn)."""
+
+    def poll_events(self) -> list[WorkerEvent]:
+        ...
 
 
 class MbStatus(enum.Enum):
@@ -181,6 +227,10 @@ class Driver:
         self.gen_workers = list(config.workers(config.generator_pool))
         self.trn_workers = list(config.workers(config.trainer_pool))
         self.dead: set[str] = set()
+        self.joining: list[str] = []  # added generators waiting for their weights (not in a lane yet)
+        self.retiring: set[str] = set()  # generators leaving once their running task ended
+        self.removed: set[str] = set()  # generators that left (shrink) or were dropped: never used again
+        self._events: deque[WorkerEvent] = deque()
         self.busy: dict[str, int] = {}
         self.in_flight: dict[int, tuple[Task, float]] = {}
         self.steps: dict[int, _Step] = {}
@@ -232,13 +282,105 @@ class Driver:
         self.dead |= new
         self._lanes = self._cut_lanes()
 
+    def post(self, event: WorkerEvent) -> None:
+        """Queue a change of the generator pool; applied at the start of the next turn."""
+        self._events.append(event)
+
     @property
     def lanes(self) -> list[tuple[str, ...]]:
         return list(self._lanes)
 
+    @property
+    def live_generators(self) -> list[str]:
+        """Generators that take tasks now (not dead, joining, leaving or removed)."""
+        return self._live_gen()
+
+    @property
+    def generator_count(self) -> int:
+        """Generators in the pool or on their way in (live, joining): what a resize counts from."""
+        return len(self._live_gen()) + len(self.joining)
+
+    # ================================================================================ elastic pool
+    def _apply_events(self) -> None:
+        if isinstance(self.executor, EventSource):
+            self._events.extend(self.executor.poll_events())
+        while self._events:
+            event = self._events.popleft()
+            if self.colocated:
+                raise ScheduleError(f"{event.kind} {event.worker}: the generator pool can only change in "
+                                    "disaggregated mode (colocated ranks train too)")
+            if worker_pool(event.worker) != self.config.generator_pool:
+                raise ScheduleError(f"{event.kind} {event.worker}: only generator workers "
+                                    f"('{self.config.generator_pool}:<rank>') can join or leave a running schedule")
+            if event.kind == "added":
+                self._add_generator(event)
+            else:
+                self._remove_generator(event)
+        self._retire_idle()
+
+    def _add_generator(self, event: WorkerEvent) -> None:
+        w, now = event.worker, self.executor.now()
+        if w in self.retiring:  # asked to leave, asked back before it left: it still holds the weights
+            self.retiring.discard(w)
+            self._lanes = self._cut_lanes()
+            self.trace.decide(Decision(now, "grow", None, None, None, f"{w} stays ({event.reason})".strip()))
+            return
+        if w in self.joining or w in self._live_gen():
+            raise ScheduleError(f"added {w}, which is already in the generator pool")
+        action = "rejoin" if w in self.dead else "grow"
+        self.dead.discard(w)
+        self.removed.discard(w)
+        if w not in self.gen_workers:
+            self.gen_workers = sorted([*self.gen_workers, w], key=worker_rank)
+        self.joining.append(w)
+        self.trace.decide(Decision(now, action, None, None, None,
+                                   f"{w} joins, waits for weights v{self.gen_version} {event.reason}".strip()))
+
+    def _remove_generator(self, event: WorkerEvent) -> None:
+        w, now = event.worker, self.executor.now()
+        if w in self.dead or w in self.removed or w not in self.gen_workers:
+            self.removed.add(w)
+            self.trace.decide(Decision(now, "drop", None, None, None, f"{w} {event.reason}".strip()))
+            return
+        if w in self.joining:
+            self.joining.remove(w)
+            self.removed.add(w)
+        else:
+            self.retiring.add(w)
+        self._lanes = self._cut_lanes()
+        self.trace.decide(Decision(now, "shrink", None, None, None, f"{w} leaves {event.reason}".strip()))
+
+    def _retire_idle(self) -> None:
+        for w in sorted(self.retiring):
+            if w not in self.busy:
+                self.retiring.discard(w)
+                self.removed.add(w)
+
+    def _try_join(self) -> bool:
+        """A SYNC (flag ``join``) giving the joining generators the version the others hold, when the trainer
+        holds it too (it has not stepped past the generators) and is idle; else they wait for the next SYNC."""
+        step = self.last_update + 1  # the step whose generation it serves
+        if (not self.joining or self.sync_needed or self.trainer_version != self.gen_version
+                or step >= self.config.end_step or not self._idle(self.trn_workers)):
+            return False
+        workers = tuple(self.trn_workers) + tuple(self.joining)
+        self._submit(TaskKind.SYNC, step, None, workers, self.trainer_version,
+                     tuple((w, ()) for w in workers), f"weights to joining {', '.join(self.joining)}", {"join"})
+        return True
+
+    def _joined(self, task: Task) -> None:
+        came = [w for w in self.joining if w in task.workers]
+        if not came:
+            return
+        self.joining = [w for w in self.joining if w not in came]
+        self._lanes = self._cut_lanes()
+        self.trace.decide(Decision(self.executor.now(), "joined", None, None, task.task_id,
+                                   f"{', '.join(came)} hold v{task.version}, take tasks"))
+
     # ================================================================================ event loop
     def _turn(self) -> None:
         t0 = time.perf_counter()
+        self._apply_events()
         self._dispatch()
         self.stats.wall_s += time.perf_counter() - t0
         if not self.in_flight:
@@ -284,6 +426,7 @@ class Driver:
         if self.sync_needed:
             self._drain_work()
             return
+        self._try_join()
         self._try_lanes()
         self._try_trainer()
 
@@ -353,7 +496,8 @@ class Driver:
         return all(w not in self.busy for w in workers)
 
     def _live_gen(self) -> list[str]:
-        return [w for w in self.gen_workers if w not in self.dead]
+        out = set(self.dead) | self.removed | self.retiring | set(self.joining)
+        return [w for w in self.gen_workers if w not in out]
 
     def _cut_lanes(self) -> list[tuple[str, ...]]:
         return self.planner.lanes(self._live_gen(), self.config.n)
@@ -361,7 +505,7 @@ class Driver:
     def _try_sync(self) -> bool:
         if not self.sync_needed:
             return False
-        workers = tuple(self.trn_workers) + tuple(self._live_gen())
+        workers = tuple(self.trn_workers) + tuple(self._live_gen()) + tuple(self.joining)
         if not self._idle(workers):
             return False
         self._submit(TaskKind.SYNC, self.last_update, None, workers, self.trainer_version,
@@ -647,9 +791,12 @@ class Driver:
             st.updated += 1
         elif kind == TaskKind.OPT_STEP:
             self._on_opt_step(c)
+        elif kind == TaskKind.SYNC and "join" in task.flags:
+            self._joined(task)
         elif kind == TaskKind.SYNC:
             self.gen_version = task.version
             self.sync_needed = False
+            self._joined(task)
             self._finish_step(task.step, c.end)
         elif kind == TaskKind.CHECKPOINT:
             self._checkpointed = task.step
@@ -685,6 +832,8 @@ class Driver:
         now = self.executor.now()
         if dead:
             self.dead |= dead
+            self.joining = [w for w in self.joining if w not in dead]
+            self.retiring -= dead
             self.trace.decide(Decision(now, "dead", task.step, task.microbatch, task.task_id,
                                        f"workers {sorted(dead)} lost: {c.info.get('reason', '')}".strip()))
             if dead & set(self.trn_workers):
@@ -707,6 +856,8 @@ class Driver:
             st.mbs[task.microbatch].status = MbStatus.GENERATED
             self.scoring_queue.appendleft((task.step, task.microbatch))
             self.trace.decide(Decision(now, "retry", task.step, task.microbatch, task.task_id, "score again"))
+        elif task.kind == TaskKind.SYNC and dead and "join" in task.flags:  # the others join at the next try
+            self.trace.decide(Decision(now, "retry", task.step, None, task.task_id, "join without the dead"))
         elif task.kind == TaskKind.SYNC and dead:  # only generators died (trainers raised above)
             self.trace.decide(Decision(now, "retry", task.step, None, task.task_id, "sync to live generators"))
         else:

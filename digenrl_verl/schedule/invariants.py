@@ -17,7 +17,8 @@ Checked:
 5. per step, stale samples (version < step) are at most ``floor(max_stale_fraction * samples)``;
 6. at most ``max_gen_futures`` generation tasks run at once;
 7. UPDATEs of step s start after OPT_STEP(s-1); OPT_STEP(s) starts after every UPDATE of s; SYNC(s)
-   after OPT_STEP(s);
+   after OPT_STEP(s) (a ``join`` SYNC, weights to a generator that joined the pool, is not a step's SYNC:
+   it only counts as a version change for (3));
 8. with W = 0 (disaggregated), no task of step s starts before SYNC(s-1) ends;
 9. checkpoint barriers (``checkpoint_every = k``): every step s with (s + 1) % k == 0 has exactly one
    successful CHECKPOINT (version s + 1, on the trainer pool) and no other step has one; it starts after
@@ -117,7 +118,8 @@ def _versions(cfg: ScheduleConfig, ok: list[Completion]) -> list[str]:
 
 def _ordering(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
     out = []
-    end_of = {(c.task.kind, c.task.step): c.end for c in ok if c.task.kind in (TaskKind.OPT_STEP, TaskKind.SYNC)}
+    end_of = {(c.task.kind, c.task.step): c.end for c in ok
+              if c.task.kind in (TaskKind.OPT_STEP, TaskKind.SYNC) and "join" not in c.task.flags}
     start_of_opt = {c.task.step: c.start for c in ok if c.task.kind == TaskKind.OPT_STEP}
     for c in all_:
         t = c.task
@@ -130,7 +132,8 @@ def _ordering(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion])
                 out.append(f"{t.label} starts before OPT_STEP of step {t.step - 1} ended")
         if t.kind == TaskKind.UPDATE and c.end > start_of_opt.get(t.step, math.inf) + EPS:
             out.append(f"{t.label} ends after OPT_STEP of its step started")
-        if t.kind == TaskKind.SYNC and c.start < end_of.get((TaskKind.OPT_STEP, t.step), math.inf) - EPS:
+        if (t.kind == TaskKind.SYNC and "join" not in t.flags
+                and c.start < end_of.get((TaskKind.OPT_STEP, t.step), math.inf) - EPS):
             out.append(f"SYNC of step {t.step} starts before its OPT_STEP ended")
         if (cfg.tcss.staleness == 0 and cfg.mode == "disaggregated" and t.step > cfg.start_step
                 and t.kind != TaskKind.SYNC

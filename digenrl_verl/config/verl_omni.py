@@ -675,7 +675,8 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
     kl_coef = float(keys(f"{actor}.kl_loss_coef", 0.0))
     with user_keys(LOSS_KEYS):
         loss = LossConfig(clip_ratio=float(keys(f"{actor}.diffusion_loss.clip_ratio", 1e-4)),
-                          kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type", "flow_grpo"))
+                          kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type", "flow_grpo"),
+                          stale_is_cap=digenrl.tcss.stale_is_cap)
     optim = OptimSpec(lr=float(keys(f"{actor}.optim.lr", 1e-4)),
                       weight_decay=float(keys(f"{actor}.optim.weight_decay", 1e-4)),
                       betas=tuple(keys(f"{actor}.optim.betas", [0.9, 0.999])), eps=float(keys(f"{actor}.optim.eps", 1e-8)),

@@ -9,6 +9,7 @@ parallel updates). Every default lives here and nowhere else; every check sits n
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Optional
 
@@ -17,6 +18,9 @@ from digenrl_verl.schedule.types import worker_pool
 
 MODES = ("colocated", "disaggregated")
 TAG_MODES = ("off", "static", "bts")
+TCSS_OBJECTIVES = ("decoupled", "clip")
+#: `TcssConfig` fields that shape the trainer's loss of stale rows, not the schedule (the simulator ignores them)
+TCSS_LOSS_FIELDS = ("objective", "is_cap")
 POOL_NAMES = {"colocated": ("col",), "disaggregated": ("gen", "trn")}
 
 
@@ -74,6 +78,13 @@ class TcssConfig:
         guard_slack: with the guard, a stale GEN may still start when its estimated end is at most this fraction
             of its own estimated duration after the trainer's estimated end of the step: the SYNC then waits at
             most that long, and the generators do not idle through the step's drain for a near miss.
+        objective: the loss of stale rows. ``"decoupled"`` (decoupled PPO, as AReaL): the trust region is taken
+            around the trainer's current weights and the stale sample is reweighted by the detached importance
+            weight w = π_current/π_behaviour, so a stale row adds w·A·∇log π whatever the clip ratio.
+            ``"clip"``: the clipped ratio against the behaviour policy like an on-policy row; at the recipes' clip
+            (1e-4) nearly every stale row is outside the clip and about half of them add no gradient.
+        is_cap: with ``objective="decoupled"``, stale rows whose importance weight exceeds this cap (> 1) add no
+            policy gradient (AReaL's ``behav_imp_weight_cap``; 5 as in its example configs).
     """
 
     staleness: int = 0
@@ -81,6 +92,8 @@ class TcssConfig:
     guard: bool = True
     max_gen_futures: Optional[int] = None
     guard_slack: float = 0.1
+    objective: str = "decoupled"
+    is_cap: float = 5.0
 
     def __post_init__(self) -> None:
         if self.staleness not in (0, 1) or isinstance(self.staleness, bool):
@@ -94,6 +107,21 @@ class TcssConfig:
             raise ConfigError("tcss.guard_slack", slack, "use a fraction in [0, 1] of the stale GEN's duration")
         if self.max_gen_futures is not None:
             _int_at_least("tcss.max_gen_futures", self.max_gen_futures, 1)
+        if self.objective not in TCSS_OBJECTIVES:
+            raise ConfigError("tcss.objective", self.objective, f"use one of {list(TCSS_OBJECTIVES)}")
+        cap = self.is_cap
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 1.0:
+            raise ConfigError("tcss.is_cap", cap, "use a number > 1 (stale rows whose importance weight exceeds it "
+                              "add no gradient)")
+        if self.objective == "clip" and cap != TcssConfig.is_cap:
+            warnings.warn(f"tcss.is_cap={cap} has no effect with tcss.objective=clip (the cap "
+                          "applies to the decoupled objective only)", UserWarning, stacklevel=3)
+
+    @property
+    def stale_is_cap(self) -> Optional[float]:
+        """The loss's cap for stale rows (`LossConfig.stale_is_cap`): `is_cap` with the decoupled objective, None
+        (stale rows clipped like the others) with ``objective="clip"``."""
+        return self.is_cap if self.objective == "decoupled" else None
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ import dataclasses
 import json
 import sys
 import typing
+import warnings
 from dataclasses import replace
 from typing import Any, Sequence
 
-from digenrl_verl.schedule.config import ScheduleConfig, ScheduleSettings, TcssConfig
+from digenrl_verl.schedule.config import TCSS_LOSS_FIELDS, ScheduleConfig, ScheduleSettings, TcssConfig
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.profiles import PROFILES, get_profile
 from digenrl_verl.sim.scenarios import (COSTS, DISAGGREGATED_LADDER, FULL_DIGENRL_SETTINGS, HETERO_TARGET,
@@ -108,6 +109,10 @@ def settings_from_flags(args: argparse.Namespace, mode: str) -> ScheduleSettings
     """Full DigenRL (colocated: the per-timestep baseline) with the flags given applied: the same dataclass the
     trainer's ``trainer.digenrl`` section builds."""
     given = {k.removeprefix("set:"): v for k, v in vars(args).items() if k.startswith("set:") and v is not None}
+    for name in TCSS_LOSS_FIELDS:
+        if f"tcss.{name}" in given:
+            warnings.warn(f"{_flag('tcss.' + name)} has no effect in the simulator: it sets the trainer's loss of "
+                          "stale rows, which costs no extra pass", UserWarning, stacklevel=2)
     if mode == "colocated":
         settings = ScheduleSettings(mode="colocated", pipeline=False)
     else:

@@ -83,7 +83,8 @@ class RunSpec:
             f" on {self.policy.device}); trainer "
             f"{'FSDP2 (fully_shard) over ' + str(self.digenrl.pools['trainer'].size) + ' ranks' if self.train.sharding.sharded else 'whole model per rank (ddp)'}"
             f", model dtype {self.policy.dtype}",
-            f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}; lr={self.train.optim.lr}; "
+            f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}"
+            f"{'; stale rows: ' + self._stale_objective() if s.tcss.staleness else ''}; lr={self.train.optim.lr}; "
             f"old log-probs: {'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}"
             f"{self._log_prob_micro()}",
             f"reward: {self.reward.weights()}"
@@ -91,6 +92,10 @@ class RunSpec:
             f"output: {self.output_dir}",
         ]
         return "\n".join(lines)
+
+    def _stale_objective(self) -> str:
+        cap = self.train.loss.stale_is_cap
+        return "clipped against the behaviour policy" if cap is None else f"decoupled, is_cap={cap}"
 
     def _colocated_plan(self) -> str:
         """The colocated plan's micro-batches (`schedule.plan.ColocatedPlanner`), as the driver will cut them."""

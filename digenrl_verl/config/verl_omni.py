@@ -18,17 +18,21 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterator, Union
 
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from digenrl_verl.config.digenrl import DigenRLConfig
+from digenrl_verl.config.digenrl import DigenRLConfig, PoolConfig, PoolsConfig
 from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.diffusion.loss import LossConfig
@@ -55,6 +59,11 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "float3
 VERL_OMNI_PIPELINE_KEYS = ("frame_rate", "video_flow_shift", "aspect_ratio", "output_type")
 _BACKENDS_OK = ("naive", "nccl")  # our weight sync is a torch.distributed group (gloo on CPU, NCCL on GPU)
 _PIXEL_OUTPUTS = ("image", "video", "pil", "np", "pt")
+DEVICES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}  # trainer.device -> the workers' torch device
+# verl-omni's resource layout: trainer GPUs per node x nodes, and standalone rollout nodes (0 = none)
+# the `trainer.digenrl.pools.<role>` settings that size or place a pool: any of them given -> the layout is not derived
+POOL_SIZING = ("nnodes", "workers_per_node", "use_gpu", "accelerator_type", "custom_resource", "gpu_fraction")
+LAYOUT_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node", f"{A}.rollout.nnodes", f"{A}.rollout.n_gpus_per_node")
 # verl-omni's engine config group (`diffusion/model_engine=<name>` in its recipes): registered in Hydra's ConfigStore
 # so that the override composes on our entry point; each option only sets the `model_engine` key (classified below).
 MODEL_ENGINE_GROUP = "diffusion/model_engine"
@@ -78,6 +87,7 @@ class RecipeKeys:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.read: set[str] = set()
+        self.decisions: list[str] = []  # what the builders decided for the user (printed by the dry run's plan)
 
     def __call__(self, key: str, default: Any = None) -> Any:
         self.read.add(key)
@@ -89,6 +99,10 @@ class RecipeKeys:
         if isinstance(value, (DictConfig, ListConfig)):
             return OmegaConf.to_container(value, resolve=True)
         return value
+
+    def decide(self, text: str) -> None:
+        """Record a decision taken for the user (a fall-back, a coercion, a derived value); the plan prints it."""
+        self.decisions.append(text)
 
     def section(self, prefix: str, names: tuple[str, ...]) -> dict[str, Any]:
         """The keys `prefix.<name>` that are set (not None), as a dict name → value."""
@@ -105,11 +119,6 @@ Rule = Union[Any, Callable[[Any, RecipeKeys], bool]]
 
 def _algorithm_mismatch(value: Any, keys: RecipeKeys) -> bool:
     return value not in ALGORITHMS and value != keys(f"{A}.model.algorithm")
-
-
-def _any_gpu_pool(keys: RecipeKeys) -> bool:
-    pools = keys.cfg.trainer.digenrl.pools
-    return any(bool(pools[role].use_gpu) for role in ("colocated", "generator", "trainer"))
 
 
 UNSUPPORTED: dict[str, tuple[Rule, str]] = {
@@ -136,9 +145,8 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
     "trainer.val_before_train": (True, "validation runs are not implemented; set it to false"),
     "trainer.test_freq": (lambda v, keys: isinstance(v, int) and v > 0,
                           "validation runs are not implemented; set it to -1"),
-    "trainer.device": (lambda v, keys: v not in ("cpu", "cuda", "gpu") or (v != "cpu" and not _any_gpu_pool(keys)),
-                       "valid devices: cpu, cuda (alias gpu); cuda needs GPU pools: set "
-                       "trainer.digenrl.pools.<role>.use_gpu=true, or trainer.device=cpu"),
+    "trainer.device": (lambda v, keys: v not in DEVICES,
+                       f"valid devices: {sorted(DEVICES)} (gpu = cuda); set trainer.device=cuda or cpu"),
     f"{A}.rollout.tensor_model_parallel_size": (
         "!1", "tensor-parallel generation is not implemented: each generator rank holds a whole model; set it to 1"),
     f"{A}.rollout.data_parallel_size": ("!1", "generation is data parallel over trainer.digenrl.pools.generator; "
@@ -195,7 +203,6 @@ NO_EFFECT: dict[str, str] = {
     f"{A}.ref.log_prob_micro_batch_size_per_gpu": "the KL reference's forward runs inside each update pass, on the "
                                                   "same rows as the policy's (a micro-batch, chunked by "
                                                   "trainer.digenrl.tsp.chunk_size)",
-    f"{A}.rollout.n_gpus_per_node": "size the generator pool with trainer.digenrl.pools.generator",
     f"{A}.rollout.agent.num_workers": "there is no agent loop: generators are driven by the schedule",
     f"{A}.rollout.val_kwargs": "validation runs are not implemented",
     f"{A}.rollout.checkpoint_engine.update_weights_bucket_megabytes": "weights are sent tensor by tensor over the "
@@ -234,8 +241,6 @@ NO_EFFECT: dict[str, str] = {
     "reward.reward_model.model_path": "reward models are not supported",
     "reward.reward_model.rollout": "reward models are not supported",
     "trainer.log_val_generations": "validation runs are not implemented",
-    "trainer.nnodes": "pools are sized by trainer.digenrl.pools",
-    "trainer.n_gpus_per_node": "pools are sized by trainer.digenrl.pools",
     "trainer.total_epochs": "the run length is trainer.total_training_steps",
     "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
 }
@@ -364,6 +369,44 @@ NO_EFFECT.update({
     "trainer.ray_master_port_range": "the process groups pick free ports",
 })
 
+# ---------------------------------------------------------------------------------------------------------
+# verl-omni's defaults (a1139baf) where the shipped config's differ, for the keys that change a run: a key left at
+# our default is printed by the plan as a difference (`differences`). tests/verl_omni checks this table against
+# verl-omni's own composed config (every differing key that is not no-effect is here, with verl-omni's value).
+# ---------------------------------------------------------------------------------------------------------
+VERL_OMNI_DEFAULTS: dict[str, Any] = {
+    f"{A}.rollout.pipeline.height": 512,
+    f"{A}.rollout.pipeline.width": 512,
+    f"{A}.rollout.pipeline.num_inference_steps": 10,
+    f"{A}.rollout.pipeline.max_sequence_length": 512,
+    f"{A}.rollout.pipeline.video_flow_shift": 12.0,
+    f"{A}.rollout.algo.noise_level": 1.0,
+    f"{A}.rollout.n": 1,
+    f"{A}.rollout.seed": None,
+    f"{A}.rollout.dtype": "bfloat16",
+    f"{A}.rollout.tensor_model_parallel_size": 2,
+    f"{A}.model.target_modules": "all-linear",
+    f"{A}.model.fsdp_layer_prefixes": ["transformer_blocks."],
+    "data.train_batch_size": 1024,
+    "data.seed": None,
+    "algorithm.global_std": True,
+    "algorithm.timestep_fraction": 1.0,
+    "reward.reward_functions": {},
+    "trainer.n_gpus_per_node": 8,
+    "trainer.device": "cuda",
+    "trainer.val_before_train": True,
+    "trainer.total_training_steps": None,
+    "trainer.logger": ["console", "wandb"],
+}
+# keys whose defaults differ by nature (names and paths), not listed as differences
+NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.path", "data.train_files")
+
+
+def differences(keys: RecipeKeys) -> list[str]:
+    """`key=ours (verl-omni: theirs)` for each key of VERL_OMNI_DEFAULTS left at the shipped default."""
+    return [f"{key}={keys.peek(key)!r} (verl-omni: {theirs!r})" for key, theirs in VERL_OMNI_DEFAULTS.items()
+            if not _changed(keys, (key,))]
+
 
 def leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
     """The dotted keys of every leaf of a config tree (an empty section counts as a leaf; verl-omni's `_target_`
@@ -450,9 +493,133 @@ def build_digenrl(keys: RecipeKeys) -> DigenRLConfig:
     keys.read.add("trainer.digenrl")
     digenrl = DigenRLConfig.from_node(keys.cfg.trainer.digenrl)
     for path in digenrl.inert_in_colocated:
-        warnings.warn(f"trainer.digenrl.{path} has no effect in trainer.digenrl.mode=colocated (TAG and TCSS need "
-                      "a separate trainer pool)", UserWarning, stacklevel=3)
+        warnings.warn(f"trainer.digenrl.{path} has no effect in trainer.digenrl.mode=colocated (colocated ranks "
+                      "generate the whole batch, then update it: GAP, pipelining, TAG and TCSS need a separate "
+                      "trainer pool)", UserWarning, stacklevel=3)
+        keys.decide(f"trainer.digenrl.{path}: no effect in trainer.digenrl.mode=colocated (warned)")
     return digenrl
+
+
+def split_layout(mode: str, *, use_gpu: bool, nnodes: int, per_node: int, rollout_nnodes: int = 0,
+                 rollout_per_node: int | None = None) -> PoolsConfig:
+    """The pools of verl-omni's resource layout (the one rule both entry points use).
+
+    verl-omni sizes the actor GPUs with `trainer.nnodes x trainer.n_gpus_per_node` and standalone rollout GPUs with
+    `actor_rollout_ref.rollout.nnodes x rollout.n_gpus_per_node` (0 nodes: none). Colocated: one pool of every
+    device. Disaggregated: the generator pool is the standalone rollout nodes when there are any; else half of the
+    trainer nodes (several nodes: whole nodes, rounded down) or half of one node's devices (rounded down, at least
+    1) generate and the rest train. `use_gpu`: one GPU per worker, else CPU worker processes."""
+    def pool(nodes: int, per: int) -> PoolConfig:
+        return PoolConfig(nnodes=nodes, workers_per_node=per, use_gpu=use_gpu)
+
+    rollout_per = rollout_per_node or per_node
+    if mode == "colocated":
+        if rollout_nnodes > 0 and rollout_per != per_node:
+            raise ValueError(f"colocated: trainer.n_gpus_per_node={per_node} and {A}.rollout.n_gpus_per_node="
+                             f"{rollout_per} differ; one pool needs equal nodes")
+        return PoolsConfig(colocated=pool(nnodes + rollout_nnodes, per_node))
+    if rollout_nnodes > 0:
+        return PoolsConfig(generator=pool(rollout_nnodes, rollout_per), trainer=pool(nnodes, per_node))
+    total = nnodes * per_node
+    if total < 2:
+        unit = "GPUs" if use_gpu else "CPU workers"
+        raise ValueError(f"trainer.digenrl.mode=disaggregated needs at least 2 {unit} (trainer.nnodes x "
+                         f"trainer.n_gpus_per_node = {total}) or standalone rollout nodes ({A}.rollout.nnodes > 0); "
+                         "raise trainer.n_gpus_per_node, or give trainer.digenrl.pools.generator / .trainer")
+    if nnodes > 1:
+        gen_nodes = nnodes // 2
+        return PoolsConfig(generator=pool(gen_nodes, per_node), trainer=pool(nnodes - gen_nodes, per_node))
+    gen = max(1, per_node // 2)
+    return PoolsConfig(generator=pool(1, gen), trainer=pool(1, per_node - gen))
+
+
+def pools_from_layout(cfg: Any, mode: str) -> dict[str, dict[str, Any]]:
+    """`trainer.digenrl.pools` (plain dicts per role of `mode`) from a config in verl-omni's layout (a DictConfig or
+    a nested mapping; a missing key takes verl-omni's default: cuda, one node of 8 GPUs). See `split_layout`."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+
+    def sel(key: str, default: Any) -> Any:
+        value = OmegaConf.select(node, key, default=None)
+        return default if value is None else value
+
+    per = int(sel("trainer.n_gpus_per_node", 8))
+    pools = split_layout(mode, use_gpu=str(sel("trainer.device", "cuda")) != "cpu",
+                         nnodes=int(sel("trainer.nnodes", 1)), per_node=per, rollout_nnodes=int(sel(f"{A}.rollout.nnodes", 0)),
+                         rollout_per_node=int(sel(f"{A}.rollout.n_gpus_per_node", per)))
+    roles = ("colocated",) if mode == "colocated" else ("generator", "trainer")
+    return {role: asdict(pools[role]) for role in roles}
+
+
+def build_layout(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:
+    """The section with its pools: as given in `trainer.digenrl.pools` (then verl-omni's layout keys have no effect,
+    and a changed one warns), else derived from verl-omni's layout (`split_layout`) on `trainer.device`."""
+    device = keys("trainer.device", "cpu")
+    layout = {key: keys(key) for key in LAYOUT_KEYS}
+    changed = _changed(keys, LAYOUT_KEYS)
+    if _pools_given(digenrl.pools):
+        for key in changed:
+            warnings.warn(f"{key}={layout[key]!r} has no effect in digenrl_verl: trainer.digenrl.pools is given and "
+                          "sizes the pools (drop trainer.digenrl.pools.* to derive them from verl-omni's layout)",
+                          UserWarning, stacklevel=3)
+        _check_cpu_workers(digenrl, "trainer.digenrl.pools", "shrink pools.*.workers_per_node")
+        keys.decide("pools: as given in trainer.digenrl.pools"
+                    + (f" ({', '.join(changed)} not used)" if changed else ""))
+        return digenrl
+    counts = {key: _count(key, layout[key], low=1 if key.startswith("trainer.") else 0)
+              for key in LAYOUT_KEYS if layout[key] is not None}
+    use_gpu = DEVICES.get(device) == "cuda"
+    pools = split_layout(digenrl.mode, use_gpu=use_gpu, nnodes=counts["trainer.nnodes"],
+                         per_node=counts["trainer.n_gpus_per_node"],
+                         rollout_nnodes=counts.get(f"{A}.rollout.nnodes", 0),
+                         rollout_per_node=counts.get(f"{A}.rollout.n_gpus_per_node"))
+    derived = replace(digenrl, pools=PoolsConfig(**{  # a pool's other settings (not its size) stay as given
+        role: replace(digenrl.pools[role], **{f: getattr(pools[role], f) for f in ("nnodes", "workers_per_node",
+                                                                                  "use_gpu")})
+        for role in ("colocated", "generator", "trainer")}))
+    unit = "GPU(s)" if use_gpu else "CPU worker process(es)"
+    sources = " x ".join(f"{key}={counts[key]}" for key in ("trainer.nnodes", "trainer.n_gpus_per_node"))
+    if counts.get(f"{A}.rollout.nnodes"):
+        sources += f", {A}.rollout.nnodes={counts[f'{A}.rollout.nnodes']} (standalone rollout nodes)"
+    split = " + ".join(f"{role} {pools[role].size}" for role in derived.roles)
+    note = f"pools: {split} {unit}, from {sources} on trainer.device={device}"
+    if not use_gpu and not _changed(keys, ("trainer.device",)) and (
+            changed or counts["trainer.nnodes"] * counts["trainer.n_gpus_per_node"] > PoolsConfig().colocated.size):
+        note += (" (trainer.device=cpu is this plugin's default, verl-omni's is cuda: the layout's GPUs became CPU "
+                 "worker processes; set trainer.device=cuda to train on GPUs)")
+    keys.decide(note + "; trainer.digenrl.pools.<role> sets them directly")
+    _check_cpu_workers(derived, f"{sources} on trainer.device={device}",
+                       "set trainer.device=cuda to run on GPUs, lower trainer.n_gpus_per_node, or give "
+                       "trainer.digenrl.pools.<role>.workers_per_node")
+    return derived
+
+
+def _pools_given(pools: PoolsConfig) -> bool:
+    """True when `trainer.digenrl.pools` sizes or places a pool (any of those settings differs from the default)."""
+    default = PoolsConfig()
+    return any(getattr(pools[role], f) != getattr(default[role], f) for role in ("colocated", "generator", "trainer")
+               for f in POOL_SIZING)
+
+
+def _count(key: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{key}={value!r} must be an integer >= {low}")
+    return value
+
+
+def _changed(keys: RecipeKeys, names: tuple[str, ...]) -> list[str]:
+    """The keys of `names` whose value differs from the shipped default (set by the user or the recipe)."""
+    return [key for key in names if _unresolved(keys.cfg, key) != _unresolved(shipped_defaults(), key)]
+
+
+def _check_cpu_workers(digenrl: DigenRLConfig, source: str, fix: str) -> None:
+    pools = [digenrl.pools[r] for r in digenrl.roles]
+    if any(p.use_gpu for p in pools):
+        return
+    limit = max(4 * (os.cpu_count() or 1), 8)
+    total = sum(p.size for p in pools)
+    if total > limit:
+        raise ValueError(f"{source}: {total} CPU worker processes on a machine with {os.cpu_count()} cores (limit "
+                         f"{limit}); {fix}")
 
 
 @dataclass(frozen=True)
@@ -472,6 +639,7 @@ def build_model(keys: RecipeKeys) -> ModelChoice:
     if path is None or path == "???":
         raise ValueError(f"{A}.model.path is not set: give a local diffusers model directory (build a tiny one with "
                          "`python -m digenrl_verl.models.tiny FluxPipeline <dir>`)")
+    path = resolve_model_path(keys, str(path))
     architecture = read_model_index(path)["_class_name"]  # ValueError naming the key if not a diffusers directory
     want = keys(f"{A}.model.architecture")
     if want is not None and want != architecture:
@@ -479,6 +647,27 @@ def build_model(keys: RecipeKeys) -> ModelChoice:
                          f"the key or point model.path at a {want} directory")
     get_adapter_class(architecture)  # lists the valid architectures on a miss
     return ModelChoice(str(path), architecture, algorithm)
+
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model_path(keys: RecipeKeys, path: str) -> str:
+    """A Hugging Face model id (`Qwen/Qwen-Image`) → its snapshot in the local Hugging Face cache, the way verl-omni
+    resolves one (`huggingface_hub.snapshot_download`), but without downloading before any worker starts: not
+    cached → ValueError naming the key and how to fetch it. A local path is returned as given (`~` expanded)."""
+    local = Path(path).expanduser()
+    if local.exists() or not _REPO_ID.match(path):
+        return str(local) if local.exists() else path
+    try:
+        snapshot = snapshot_download(repo_id=path, local_files_only=True)
+    except (LocalEntryNotFoundError, HFValidationError, OSError) as e:
+        raise ValueError(f"{A}.model.path={path!r} is neither a local directory nor a model in the local Hugging Face "
+                         f"cache ({hf_constants.HF_HUB_CACHE}; {type(e).__name__}); fetch it first with `hf download "
+                         f"{path}` (or `huggingface-cli download {path}`), or point the key at a local diffusers "
+                         "directory") from None
+    keys.decide(f"{A}.model.path={path!r}: the Hugging Face model id resolved to its local cache snapshot {snapshot}")
+    return snapshot
 
 
 @dataclass(frozen=True)
@@ -525,12 +714,6 @@ def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
 
 
 def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
-    pools = [digenrl.pools[r] for r in digenrl.roles]
-    if not any(p.use_gpu for p in pools):
-        limit = max(4 * (os.cpu_count() or 1), 8)
-        if sum(p.size for p in pools) > limit:
-            raise ValueError(f"trainer.digenrl.pools: {sum(p.size for p in pools)} CPU worker processes on a machine "
-                             f"with {os.cpu_count()} cores (limit {limit}); shrink pools.*.workers_per_node")
     gen_ranks = digenrl.pools[digenrl.generator_role].size
     if gen_ranks > samples:
         raise ValueError(f"trainer.digenrl.pools: {gen_ranks} generator ranks for {samples} samples per step; some "
@@ -539,10 +722,10 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
 
 def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
     name = keys(f"{A}.rollout.name", "diffusers")
-    if name == "vllm_omni" and digenrl.mode == "disaggregated" and digenrl.tag.policy != "off":
-        raise ValueError(f"trainer.digenrl.tag.policy={digenrl.tag.policy!r} needs trainer workers that can hold the "
-                         f"rollout model, but with {A}.rollout.name=vllm_omni the trainer has no vLLM-Omni engine to "
-                         "generate with; set trainer.digenrl.tag.policy=off (or rollout.name=diffusers)")
+    if name != "diffusers" and digenrl.mode == "disaggregated" and digenrl.tag.policy != "off":
+        keys.decide(f"TAG (trainer.digenrl.tag.policy={digenrl.tag.policy}) with {A}.rollout.name={name}: trainer "
+                    "ranks generate their TAG micro-batches with their own diffusers engine over the weights they "
+                    f"train (the generators keep {name}); trainer.digenrl.tag.policy=off turns TAG off")
     return RolloutEngineSpec(  # validates rollout.name, and that the backend can run here
         name=name, dtype=str(keys(f"{A}.rollout.dtype", "bfloat16")),
         engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni", {}) or {}))
@@ -607,7 +790,7 @@ def build_device(keys: RecipeKeys, digenrl: DigenRLConfig) -> str:
     if keys("trainer.device", "cpu") in ("cuda", "gpu"):
         if not all(gpu.values()):
             raise ValueError("trainer.device=cuda needs GPUs in every pool: set trainer.digenrl.pools.<role>.use_gpu="
-                             f"true for {[r for r, g in gpu.items() if not g]}")
+                             f"true for {[r for r, g in gpu.items() if not g]}, or trainer.device=cpu")
         return "cuda"
     if any(gpu.values()):
         raise ValueError("trainer.digenrl.pools.<role>.use_gpu=true needs trainer.device=cuda")
@@ -720,10 +903,19 @@ def _missing(module: str) -> bool:
 
 def build_advantage(keys: RecipeKeys, digenrl: DigenRLConfig) -> AdvantageConfig:
     global_std = bool(keys("algorithm.global_std", False))
-    if digenrl.mode == "disaggregated" and global_std:
-        raise ValueError("algorithm.global_std=true needs every group's reward of a step before any update, which "
-                         "disables pipelining in trainer.digenrl.mode=disaggregated; set algorithm.global_std=false "
-                         "(per-group std), or use mode=colocated")
+    if global_std and digenrl.mode == "disaggregated":
+        if digenrl.pipeline:
+            global_std = False
+            why = ("algorithm.global_std=True -> False (each prompt group's own std): with trainer.digenrl.pipeline="
+                   "true a group is updated as soon as it is scored, before the step's other groups have rewards, so "
+                   "the step's std is not known yet; the advantage stays group-relative (group mean, group std). "
+                   "verl-omni's batch std: trainer.digenrl.pipeline=false (updates wait for the whole step) or "
+                   "trainer.digenrl.mode=colocated")
+            keys.decide(why)
+            warnings.warn(why, UserWarning, stacklevel=3)
+        else:
+            keys.decide("algorithm.global_std=True kept: trainer.digenrl.pipeline=false, so every group of a step is "
+                        "scored before its first update")
     with user_keys(ADVANTAGE_KEYS):
         return AdvantageConfig(global_std=global_std,
                                norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo", True)),

@@ -181,11 +181,12 @@ class ScheduleSettings:
 
     @property
     def inert_in_colocated(self) -> list[str]:
-        """The settings that differ from their defaults but have no effect in colocated mode (TAG and TCSS need a
-        separate trainer pool); empty for disaggregated runs."""
+        """The settings that differ from their defaults but have no effect in colocated mode (GAP, pipelining, TAG and
+        TCSS need a separate trainer pool); empty for disaggregated runs."""
         if self.mode != "colocated":
             return []
-        out = []
+        out = [f.name for f in fields(ScheduleSettings) if f.name in ("gap", "pipeline")
+               and getattr(self, f.name) != f.default]
         for name, default in (("tag", TagConfig()), ("tcss", TcssConfig())):
             out += [f"{name}.{f.name}" for f in fields(default)
                     if getattr(getattr(self, name), f.name) != getattr(default, f.name)]

@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from digenrl_verl.config.digenrl import DigenRLConfig
 from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec
 from digenrl_verl.config.verl_omni import (RecipeKeys, build_advantage, build_checkpoint, build_data, build_digenrl,
-                                           build_logging, build_model, build_policy, build_reward, build_shape,
-                                           build_train, check_unsupported, warn_no_effect)
+                                           build_layout, build_logging, build_model, build_policy, build_reward,
+                                           build_shape, build_train, check_unsupported, differences, warn_no_effect)
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig
@@ -39,6 +39,8 @@ class RunSpec:
         data / logging / checkpoint: the runner's prompts, trackers and checkpoints.
         prompts_per_step, n: step batch shape; num_steps: global steps to run from `start_step`.
         architecture: the model's `_class_name`.
+        decisions: what the config layer decided for the user (fall-backs, coercions, derived pools), printed.
+        differences: `key=ours (verl-omni: theirs)` for the keys left at a default that differs from verl-omni's.
     """
 
     digenrl: DigenRLConfig
@@ -55,6 +57,8 @@ class RunSpec:
     num_steps: int
     architecture: str
     start_step: int = 0
+    decisions: tuple[str, ...] = ()
+    differences: tuple[str, ...] = ()
 
     @property
     def output_dir(self) -> Path:
@@ -90,6 +94,8 @@ class RunSpec:
             f"reward: {self.reward.weights()}"
             f"{' (custom: ' + str(self.reward.custom_reward_function_path) + ')' if self.reward.custom_reward_function_path else ''}",
             f"output: {self.output_dir}",
+            *_block("decisions", self.decisions),
+            *_block("differences from verl-omni's defaults (keys not set)", self.differences),
         ]
         return "\n".join(lines)
 
@@ -116,6 +122,9 @@ class RunSpec:
         return f" in micro-batches of {size} sample(s) per rank"
 
 
+def _block(title: str, items: tuple[str, ...]) -> list[str]:
+    return [f"{title}:", *(f"  - {item}" for item in items)] if items else []
+
 
 def schedule_of(digenrl: DigenRLConfig, **shape) -> ScheduleConfig:
     """The driver's config: the section's scheduling settings with the run's pools and shape."""
@@ -129,7 +138,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     keys = RecipeKeys(cfg)
     check_unsupported(keys)
     warn_no_effect(keys)
-    digenrl = build_digenrl(keys)
+    digenrl = build_layout(keys, build_digenrl(keys))
     model = build_model(keys)
     policy = build_policy(keys, digenrl, path=model.path, algorithm=model.algorithm, start_version=start_step)
     shape = build_shape(keys, digenrl)
@@ -146,4 +155,4 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     return RunSpec(digenrl=digenrl, schedule=schedule, policy=policy, train=train, reward=reward, advantage=advantage,
                    data=build_data(keys), logging=build_logging(keys), checkpoint=checkpoint,
                    prompts_per_step=shape.prompts, n=shape.n, num_steps=num_steps, architecture=model.architecture,
-                   start_step=start_step)
+                   start_step=start_step, decisions=tuple(keys.decisions), differences=tuple(differences(keys)))

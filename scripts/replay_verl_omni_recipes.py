@@ -20,6 +20,13 @@ commit the project targets; 29 scripts):
 
 Result per script: `accepted` (the dry run validates), `rejected: <key>` (our message names the key or model),
 `hydra error` (composition failed) or `traceback` (anything else). Exit status 1 if any hydra error or traceback.
+
+`--drop-unsupported` shows what stands behind those blockers: every override that sets a feature digenrl_verl rejects
+as unsupported (`config.verl_omni.unsupported_on`, read in-process from the composed list) is dropped, the recipe's
+device is taken as verl-omni's default GPU (`trainer.device=cuda`, so its GPU layout sizes the pools as on its cluster)
+and, where vLLM-Omni cannot run (no CUDA here), generation is `rollout.name=diffusers`; the script is then accepted or
+rejected for its model (architecture, not a diffusers pipeline) or what else is left. The table lists what was
+dropped or switched.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class Replay:
     upstream: str = ""  # verl-omni's own composition: ok / the error
     result: str = ""
     detail: str = ""
+    dropped: str = ""  # --drop-unsupported: the overrides dropped or switched
 
 
 def extract(archive: Path, into: Path) -> Path:
@@ -137,6 +145,44 @@ def localise(overrides: list[str], model_path: str, model_dir: Path, prompts: Pa
     return [*out, *FLAG]
 
 
+# an UNSUPPORTED key set by a config-group override rather than a key=value
+GROUP_OVERRIDES = {"model_engine": "diffusion/model_engine"}
+HERE = ("trainer.device=cuda",)  # --drop-unsupported: the recipes' device (verl-omni's default)
+
+
+def drop_unsupported(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """The override list without the overrides that switch on an unsupported feature (and set the device as the
+    recipe's cluster has it), and what was dropped or switched."""
+    import warnings
+
+    from digenrl_verl.config.verl_omni import RecipeKeys, unsupported_on
+    from digenrl_verl.engines.base import ENGINES
+    from digenrl_verl.main import compose
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            found = unsupported_on(RecipeKeys(compose(overrides)))
+        except Exception as e:  # noqa: BLE001 - the replay itself then reports the composition error
+            return overrides, [f"(not composed: {str(e).splitlines()[0][:120]})"]
+    keys = {GROUP_OVERRIDES.get(key, key) for key, _, _ in found}
+
+    def blocked(override: str) -> bool:
+        key = override.partition("=")[0].lstrip("+~")
+        return any(key == k or key.startswith(k + ".") for k in keys)
+
+    kept = [o for o in overrides if not blocked(o) and not o.lstrip("+").startswith("trainer.device=")]
+    notes = [f"{key}={value!r}" for key, value, _ in found]
+    switched = list(HERE)
+    engine = next((o.partition("=")[2] for o in reversed(kept) if o.lstrip("+").startswith(f"{A}.rollout.name=")),
+                  "diffusers")
+    why = ENGINES.entry(engine).unavailable_reason() if engine in ENGINES.names() else None
+    if why is not None:
+        switched.append(f"{A}.rollout.name=diffusers")
+        notes.append(f"{A}.rollout.name={engine} -> diffusers ({why})")
+    return [*kept, *switched], notes
+
+
 def upstream_compose(overrides: list[str], config_dir: Path) -> str:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -184,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="replay the scripts whose path contains this")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--drop-unsupported", action="store_true",
+                    help="drop the overrides of unsupported features (and take the recipes' GPU device) to show what "
+                         "each script is then accepted or rejected for")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="replay-verl-omni-"))
     try:
@@ -206,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             row = Replay(rel, arch or "(not diffusers)", entry=entry.rsplit(".", 1)[-1])
             row.upstream = upstream_compose(overrides, config_dir)
             model_dir = stand_in_model(arch, tiny, work / "models")
-            cmd = [sys.executable, "-m", "digenrl_verl.main", *localise(overrides, model_path, model_dir, prompts)]
+            ours = localise(overrides, model_path, model_dir, prompts)
+            if args.drop_unsupported:
+                ours, notes = drop_unsupported(ours)
+                row.dropped = "; ".join(notes)
+            cmd = [sys.executable, "-m", "digenrl_verl.main", *ours]
             env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
             proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600, check=False)
             row.result, row.detail = classify(proc)
@@ -215,28 +268,31 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         if args.json:
             args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
-        print_table(rows, args.markdown)
+        print_table(rows, args.markdown, dropped=args.drop_unsupported)
         bad = [r for r in rows if r.result in ("hydra error", "traceback")]
         return 1 if bad else 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def print_table(rows: list[Replay], markdown: bool) -> None:
+def print_table(rows: list[Replay], markdown: bool, dropped: bool = False) -> None:
     counts = {k: sum(r.result == k for r in rows) for k in ("accepted", "rejected", "hydra error", "traceback")}
     if markdown:
-        print("| script | entry | architecture | verl-omni composes | result |")
-        print("|---|---|---|---|---|")
+        extra = " dropped / switched |" if dropped else ""
+        print(f"| script | entry | architecture | verl-omni composes |{extra} result |")
+        print("|---|---|---|---|---|" + ("---|" if dropped else ""))
         for r in rows:
             res = f"rejected: {named_keys(r.detail)}" if r.result == "rejected" else r.result
             if r.result in ("hydra error", "traceback"):
                 res += f": {r.detail}"
             up = "yes" if r.upstream == "ok" else f"no: {r.upstream}"
-            print(f"| `{r.script}` | {r.entry} | {r.architecture} | {up} | {res} |")
+            cell = f" {', '.join(f'`{n}`' for n in r.dropped.split('; ') if n)} |" if dropped else ""
+            print(f"| `{r.script}` | {r.entry} | {r.architecture} | {up} |{cell} {res} |")
     else:
         for r in rows:
             what = named_keys(r.detail) if r.result == "rejected" else r.detail[:150]
-            print(f"{r.script:70s} {r.architecture:28s} {r.result:12s} {what}")
+            print(f"{r.script:70s} {r.architecture:28s} {r.result:12s} {what}"
+                  + (f"\n{'':70s} dropped: {r.dropped}" if dropped and r.dropped else ""))
     print(f"\n{len(rows)} scripts: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 
 

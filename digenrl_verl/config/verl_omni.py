@@ -436,16 +436,23 @@ def _is_on(rule: Rule, value: Any, keys: RecipeKeys) -> bool:
     return value == rule
 
 
-def check_unsupported(keys: RecipeKeys) -> None:
-    """ValueError naming every UNSUPPORTED key whose feature is on (one line each), so a recipe learns all its
-    blockers at once."""
+def unsupported_on(keys: RecipeKeys) -> list[tuple[str, Any, str]]:
+    """(key, value, why) for every UNSUPPORTED key whose feature is on."""
     found = []
     for key, (rule, why) in UNSUPPORTED.items():
         value = keys.peek(key)
         if value is not None and _is_on(rule, value, keys):
-            found.append(f"{key}={value!r} is not supported by digenrl_verl: {why}")
+            found.append((key, value, why))
+    return found
+
+
+def check_unsupported(keys: RecipeKeys) -> None:
+    """ValueError naming every UNSUPPORTED key whose feature is on (one line each), so a recipe learns all its
+    blockers at once."""
+    found = unsupported_on(keys)
     if found:
-        raise ValueError("\n".join(found))
+        raise ValueError("\n".join(f"{key}={value!r} is not supported by digenrl_verl: {why}"
+                                    for key, value, why in found))
 
 
 @lru_cache(maxsize=1)

@@ -44,6 +44,7 @@ from digenrl_verl.models.registry import get_adapter_class, read_model_index
 from digenrl_verl.rewards.base import get_reward, reward_names
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
+from digenrl_verl.rewards.vlm_judge import JUDGE_REWARD, JudgeConfig, judge_family, resolve_judge_path
 from digenrl_verl.workers.sharding import STRATEGIES, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
 
@@ -122,10 +123,8 @@ def _algorithm_mismatch(value: Any, keys: RecipeKeys) -> bool:
 
 
 UNSUPPORTED: dict[str, tuple[Rule, str]] = {
-    "reward.reward_model.enable": (True, "model-based rewards served as vLLM replicas are not supported; use "
-                                   "reward.reward_functions or reward.custom_reward_function"),
-    "reward.reward_model.enable_resource_pool": (True, "a separate reward pool is not supported: the reward "
-                                                 "sits with the generator (DigenRL's layout)"),
+    "reward.reward_model.enable_resource_pool": (True, "a separate reward pool is not supported: the reward (and "
+                                                 "its VLM judge) runs in each generator worker; set it to false"),
     f"{A}.actor.ppo_epochs": ("!1", "only ppo_epochs=1 is supported (one pass over each step's samples)"),
     f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size": (
         "!1", "Ulysses sequence parallelism is not supported; set it to 1"),
@@ -236,10 +235,11 @@ NO_EFFECT: dict[str, str] = {
     "data.custom_cls": "prompts come from .txt or verl-style .parquet files",
     "reward.num_workers": "the reward runs on the generators (one scorer per generator rank)",
     "reward.reward_manager": "rewards are composed by reward.reward_functions / reward.custom_reward_function",
-    "reward.reward_model.n_gpus_per_node": "reward models are not supported",
-    "reward.reward_model.nnodes": "reward models are not supported",
-    "reward.reward_model.model_path": "reward models are not supported",
-    "reward.reward_model.rollout": "reward models are not supported",
+    "reward.reward_model.n_gpus_per_node": "the VLM judge runs in each generator worker (no reward pool to size)",
+    "reward.reward_model.nnodes": "the VLM judge runs in each generator worker (no reward pool to size)",
+    "reward.reward_model.rollout": "the VLM judge runs in-process with transformers' generate in each generator "
+                                   "worker (bfloat16 on GPU, float32 on CPU; sampling as verl-omni's genrm_ocr); "
+                                   "vLLM serving, its parallelism and memory settings are not implemented",
     "trainer.log_val_generations": "validation runs are not implemented",
     "trainer.total_epochs": "the run length is trainer.total_training_steps",
     "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
@@ -884,16 +884,53 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
                      sharding=build_sharding(keys, digenrl, n))
 
 
+# verl-omni's judge-backed OCR reward function (file name, function): with reward.reward_model.enable=True it calls
+# the served judge; here it becomes the in-process judge's reward JUDGE_REWARD (rewards.vlm_judge)
+GENRM_OCR_FUNCTION = ("genrm_ocr.py", "compute_score_ocr")
+_RM = "reward.reward_model"
+
+
+def build_judge(keys: RecipeKeys) -> JudgeConfig | None:
+    """`reward.reward_model.*` → the VLM judge (None when disabled): the model path resolved now (a local directory
+    or a cached Hugging Face id) and its family checked, so a bad path fails before any worker starts."""
+    enable = bool(keys(f"{_RM}.enable", False))
+    path = keys(f"{_RM}.model_path")
+    if not enable:
+        if path is not None:
+            warnings.warn(f"{_RM}.model_path={path!r} has no effect: {_RM}.enable=false", UserWarning, stacklevel=3)
+        return None
+    resolved = resolve_judge_path(path)
+    judge_family(resolved)
+    return JudgeConfig(model_path=resolved).from_env()  # verl-omni's GENRM_OCR_* sampling overrides
+
+
 def build_reward(keys: RecipeKeys) -> RewardConfig:
     custom = keys.section("reward.custom_reward_function", ("path", "name"))
     functions = keys("reward.reward_functions")
+    judge = build_judge(keys)
+    if judge is not None and custom.get("path"):
+        function = (Path(str(custom["path"])).name, custom.get("name") or "compute_score")
+        if function != GENRM_OCR_FUNCTION:
+            raise ValueError(
+                f"{_RM}.enable=True with reward.custom_reward_function {custom['path']}:{function[1]}: verl-omni hands "
+                "such a function the address of its served reward model; digenrl_verl runs the judge in-process and "
+                f"scores it as verl-omni's {':'.join(GENRM_OCR_FUNCTION)} does: point reward.custom_reward_function at "
+                f"that function (or set reward.reward_functions={{{JUDGE_REWARD}: 1.0}}), or set {_RM}.enable=false")
+        warnings.warn(f"reward.custom_reward_function {custom['path']}:{function[1]} (verl-omni's judge-backed OCR "
+                      f"reward) is scored by digenrl_verl's in-process VLM judge, reward {JUDGE_REWARD!r} (same "
+                      "instruction, sampling and Levenshtein score; the file is not loaded)", UserWarning, stacklevel=2)
+        custom = {}
+        functions = {**(functions or {}), JUDGE_REWARD: 1.0}
     if functions is None:  # the YAML default (a dict default would be struct: no other name could be set)
         functions = {} if custom.get("path") else dict(DEFAULT_REWARD)
     reward = RewardConfig(reward_functions=dict(functions), aggregation=keys("reward.aggregation", "weighted_sum"),
                           custom_reward_function_path=custom.get("path"),
-                          custom_reward_function_name=custom.get("name") or "compute_score")
+                          custom_reward_function_name=custom.get("name") or "compute_score", reward_model=judge)
+    if judge is not None and JUDGE_REWARD not in reward.weights():
+        warnings.warn(f"{_RM}.enable=True has no effect: no reward uses the judge (add {JUDGE_REWARD} to "
+                      "reward.reward_functions)", UserWarning, stacklevel=2)
     for name in reward.weights():
-        if name == "custom":
+        if name in ("custom", JUDGE_REWARD):
             continue
         if name not in reward_names():
             get_reward(name)  # ValueError listing the valid reward names

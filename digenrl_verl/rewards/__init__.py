@@ -4,6 +4,8 @@
     scores = reward.score(images_uint8, prompts, extra)      # fp32 [B]
 
 Registered: jpeg_compressibility, jpeg_incompressibility, brightness, color_match, ocr (needs the `ocr` extra).
+With a judge model (`RewardConfig.reward_model`, verl-omni's `reward.reward_model.*`): genrm_ocr, verl-omni's OCR
+reward scored by a generative VLM judge run in-process (`vlm_judge.VLMJudgeReward`; tiny judges: `tiny_judge`).
 """
 
 from digenrl_verl.rewards import image as _image  # noqa: F401  (registers the rule-based rewards)
@@ -11,12 +13,16 @@ from digenrl_verl.rewards import ocr as _ocr  # noqa: F401  (registers `ocr`; ra
 from digenrl_verl.rewards.base import PerImageReward, Reward, as_frames, get_reward, register_reward, reward_names
 from digenrl_verl.rewards.compose import RewardConfig, WeightedReward, build_reward
 from digenrl_verl.rewards.custom import CustomReward, load_function
+from digenrl_verl.rewards.vlm_judge import JUDGE_REWARD, JudgeConfig, VLMJudgeReward
 
 __all__ = [
     "CustomReward",
+    "JUDGE_REWARD",
+    "JudgeConfig",
     "PerImageReward",
     "Reward",
     "RewardConfig",
+    "VLMJudgeReward",
     "WeightedReward",
     "as_frames",
     "build_reward",

@@ -1,5 +1,5 @@
 """A weighted sum of rewards, built from the `reward.*` config (verl-omni `reward_functions`, aggregation
-`weighted_sum`, plus `custom_reward_function`)."""
+`weighted_sum`, plus `custom_reward_function`, plus the VLM judge of `reward.reward_model`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, Reward, get_reward
 from digenrl_verl.rewards.custom import KEY_CUSTOM_PATH, CustomReward
+from digenrl_verl.rewards.vlm_judge import JUDGE_REWARD, KEY_ENABLE, KEY_MODEL_PATH, JudgeConfig, VLMJudgeReward
 
 KEY_AGGREGATION = "reward.aggregation"
 CUSTOM = "custom"
@@ -21,6 +22,7 @@ class RewardConfig:
         reward_functions: name → weight. Names are registered rewards, or "custom" for the custom function.
         aggregation: only "weighted_sum" (normalise-then-weight is an advantage-level choice:
             `diffusion.advantages.combine_rewards` on `WeightedReward.score_components`).
+        reward_model: the VLM judge (`reward.reward_model.*`); the reward named `genrm_ocr` scores with it.
         custom_reward_function_path / _name: a file and a function in it; when a path is set and "custom" is not
             in reward_functions, the custom function is added with weight 1.
     """
@@ -29,6 +31,7 @@ class RewardConfig:
     aggregation: str = "weighted_sum"
     custom_reward_function_path: str | None = None
     custom_reward_function_name: str = "compute_score"
+    reward_model: JudgeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.aggregation != "weighted_sum":
@@ -40,6 +43,9 @@ class RewardConfig:
         for name, w in self.reward_functions.items():
             if not isinstance(w, (int, float)):
                 raise ValueError(f"{KEY_REWARD_FUNCTIONS}.{name}={w!r} must be a number (its weight)")
+        if JUDGE_REWARD in self.reward_functions and self.reward_model is None:
+            raise ValueError(f"{KEY_REWARD_FUNCTIONS} names {JUDGE_REWARD!r} (the VLM judge's OCR score) but no judge "
+                             f"is configured: set {KEY_ENABLE}=true and {KEY_MODEL_PATH}")
 
     def weights(self) -> dict[str, float]:
         w = {k: float(v) for k, v in self.reward_functions.items()}
@@ -76,6 +82,8 @@ def build_reward(cfg: RewardConfig) -> WeightedReward:
         if name == CUSTOM:
             reward: Reward = CustomReward.from_file(cfg.custom_reward_function_path or "",
                                                     cfg.custom_reward_function_name)
+        elif name == JUDGE_REWARD and cfg.reward_model is not None:
+            reward = VLMJudgeReward(cfg.reward_model)
         else:
             reward = get_reward(name)
         components[name] = (reward, w)

@@ -9,4 +9,5 @@ BENCHMARKS: dict[str, str] = {
     "tsp": "digenrl_verl.bench.tsp",
     "bts": "digenrl_verl.bench.bts",
     "e2e": "digenrl_verl.bench.e2e",
+    "driver": "digenrl_verl.bench.driver",
 }

@@ -16,8 +16,12 @@ Data never passes through the driver process: the generators' outputs stay in Ra
 here by (step, sample id), and later tasks receive the object refs. Only rewards (floats) come back, so
 the driver can compute group advantages.
 
-A task completes when all of its object refs are ready (`ray.wait`). A call that raises marks the task
-failed; an actor that died is reported in `info["dead_workers"]`, and the driver re-issues its work.
+A task completes when all of its object refs are ready. The executor keeps one table of the refs not yet
+ready (ref -> task), so a `wait_any` turn costs two `ray.wait` calls over that table whatever the number of tasks
+in flight (block for the first ready ref, then collect every ready one), and readiness never moves data:
+`fetch_local=False` (a trajectory stays in the object store of the node that made it until a trainer reads it).
+A call that raises marks the task failed; an actor that died is reported in `info["dead_workers"]`, and the
+driver re-issues its work. `stats` counts where the executor's wall time goes (`bench driver` reports it).
 
 CHECKPOINT is the one task run in the driver's process: `submit` only records it, and the next `wait_any` runs
 the callback (which blocks until the trainers wrote the state) and reports its completion. Nothing else is in
@@ -43,6 +47,26 @@ POLL_S = 0.5
 
 
 @dataclass
+class ExecutorStats:
+    """Where the executor's wall time went (`time.perf_counter` seconds) and how much it did.
+
+    submit_s: inside `submit` (building the calls' arguments, advantages, `.remote`); wait_s: blocked in
+    `ray.wait` for the next ready ref; probe_s: collecting the other ready refs (non-blocking `ray.wait`);
+    get_s: `ray.get` of result values (the object transfer back to the driver); complete_s: the rest of completing
+    tasks (absorbing scores, callbacks). calls: actor calls made; waits: blocking `ray.wait` calls."""
+
+    submit_s: float = 0.0
+    wait_s: float = 0.0
+    probe_s: float = 0.0
+    get_s: float = 0.0
+    complete_s: float = 0.0
+    submits: int = 0
+    completions: int = 0
+    calls: int = 0
+    waits: int = 0
+
+
+@dataclass
 class _InFlight:
     task: Task
     start: float
@@ -50,10 +74,12 @@ class _InFlight:
     result_refs: list               # refs whose values are the task's results (subset of refs)
     workers_of_ref: dict = field(default_factory=dict)  # ref -> worker id (failure attribution)
     call: Callable[[Task], Mapping[str, Any] | None] | None = None  # run in this process by wait_any (CHECKPOINT)
+    waiting: set = field(default_factory=set)  # refs not seen ready yet
 
     def add(self, ref, worker: str, *, result: bool = True) -> None:
         """Track `ref` (a call on `worker`); `result`: its value is one of the task's results."""
         self.refs.append(ref)
+        self.waiting.add(ref)
         if result:
             self.result_refs.append(ref)
             self.workers_of_ref[ref] = worker
@@ -87,18 +113,27 @@ class RayExecutor:
         self._trajectories: dict[tuple[int, int], Any] = {}   # (step, sample) -> trajectory ref
         self._images: dict[tuple[int, int], Any] = {}         # (step, sample) -> images ref
         self._scores: dict[int, dict[int, float]] = defaultdict(dict)
+        self._pending_refs: dict[Any, int] = {}  # ref not seen ready yet -> its task id
+        self.stats = ExecutorStats()
 
     # -- protocol -------------------------------------------------------------------------------
     def now(self) -> float:
         return time.monotonic() - self._t0
 
     def submit(self, task: Task) -> None:
+        t0 = time.perf_counter()
         launch = {
             TaskKind.GEN: self._generate, TaskKind.TAG_GEN: self._generate, TaskKind.SCORE: self._score,
             TaskKind.UPDATE: self._update, TaskKind.OPT_STEP: self._opt_step, TaskKind.SYNC: self._sync,
             TaskKind.CHECKPOINT: self._checkpoint,
         }[task.kind]
-        self._inflight[task.task_id] = launch(task)
+        f = launch(task)
+        self._inflight[task.task_id] = f
+        for ref in f.waiting:
+            self._pending_refs[ref] = task.task_id
+        self.stats.submits += 1
+        self.stats.calls += len(f.result_refs)  # one result ref per actor call
+        self.stats.submit_s += time.perf_counter() - t0
 
     def wait_any(self, timeout: float | None) -> list[Completion]:
         import ray
@@ -108,42 +143,56 @@ class RayExecutor:
                 return [self._run_call(f)]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            done, waiting = [], []
-            for f in self._inflight.values():
-                not_ready = self._not_ready(f)
-                if not_ready:
-                    waiting += not_ready
-                else:
-                    done.append(f)
+            done = [f for f in self._inflight.values() if not f.waiting]
             if done:
                 return [self._complete(f) for f in done]
-            if not waiting:
+            if not self._pending_refs:
                 return []
             left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if left <= 0:
                 return []
             # only refs not yet ready (finished refs of unfinished tasks would return at once: a busy loop);
             # short slices so Python signal handlers (Ctrl-C, SIGTERM) run promptly
-            ray.wait(waiting, num_returns=1, timeout=left)
+            pending = list(self._pending_refs)
+            t0 = time.perf_counter()
+            ready, _ = ray.wait(pending, num_returns=1, timeout=left, fetch_local=False)
+            t1 = time.perf_counter()
+            self.stats.waits += 1
+            self.stats.wait_s += t1 - t0
+            if not ready:
+                continue
+            if len(pending) > 1:  # every other ref ready by now, in one call
+                ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
+            for ref in ready:
+                self._inflight[self._pending_refs.pop(ref)].waiting.discard(ref)
+            self.stats.probe_s += time.perf_counter() - t1
 
     # -- bookkeeping ----------------------------------------------------------------------------
-    @staticmethod
-    def _not_ready(f: _InFlight) -> list:
-        import ray
-
-        if not f.refs:
-            return []
-        _, not_ready = ray.wait(f.refs, num_returns=len(f.refs), timeout=0)
-        return not_ready
-
     def _complete(self, f: _InFlight) -> Completion:
+        t0 = time.perf_counter()
+        get_before = self.stats.get_s
+        try:
+            return self._completion(f)
+        finally:
+            self.stats.completions += 1
+            self.stats.complete_s += time.perf_counter() - t0 - (self.stats.get_s - get_before)
+
+    def _get(self, refs: list) -> list:
         import ray
+
+        t0 = time.perf_counter()
+        try:
+            return ray.get(refs)
+        finally:
+            self.stats.get_s += time.perf_counter() - t0
+
+    def _completion(self, f: _InFlight) -> Completion:
         from ray.exceptions import ObjectLostError, RayActorError
 
         del self._inflight[f.task.task_id]
         end = self.now()
         try:
-            values = ray.get(f.result_refs)
+            values = self._get(f.result_refs)
         except Exception as e:
             # ray.get raises the first error in list order, which may hide a dead actor behind another
             # worker's error: probe every call
@@ -245,6 +294,16 @@ class RayExecutor:
         Samples whose reward is NaN/inf are dropped from the statistics and get advantage 0, so they
         contribute no policy gradient; a group left with fewer than two finite rewards gets 0 everywhere.
         """
+        return self.advantage_array(self._advantage_map(step, samples), samples)
+
+    def advantage_array(self, adv: Mapping[int, float], samples) -> torch.Tensor:
+        """The advantages of `samples` as the UPDATE call's argument (fp32 [len(samples)])."""
+        return torch.tensor([adv[s] for s in samples], dtype=torch.float32)
+
+    def _advantage_map(self, step: int, samples) -> dict[int, float]:
+        """Sample -> advantage for every row of the groups of `samples` (global_std: of the whole step batch);
+        a group's values do not depend on the other groups asked for, so one call serves every rank of an
+        UPDATE."""
         batch = self.step_batch(step)
         uids = batch.non_tensor_batch["uid"]
         scores = self._scores[step]
@@ -263,7 +322,7 @@ class RayExecutor:
             res = normalize_rewards(torch.tensor([scores[i] for i in finite], dtype=torch.float64),
                                     [uids[i] for i in finite], self.advantage_cfg)
             adv.update({i: float(a) for i, a in zip(finite, res.advantages)})
-        return torch.tensor([adv[s] if math.isfinite(adv[s]) else 0.0 for s in samples], dtype=torch.float32)
+        return {i: a if math.isfinite(a) else 0.0 for i, a in adv.items()}
 
     def loss_denominator(self, task: Task) -> float:
         """The loss of every UPDATE of a step is a sum over its rows divided by the step's rows (samples x K), so
@@ -276,10 +335,12 @@ class RayExecutor:
         f = _InFlight(task, self.now(), [], [])
         denominator = self.loss_denominator(task)
         max_share = max(len(samples) for _, samples in task.assignment)
+        every = [s for _, samples in task.assignment for s in samples]
+        adv_of = self._advantage_map(task.step, every) if every else {}  # one normalisation for all ranks
         for worker, samples in task.assignment:
-            adv = self.advantages(task.step, samples) if samples else torch.zeros(0)
             f.add(self.workers[worker].update.remote(
-                list(samples), adv, denominator, "tsp" in task.flags, task.version, max_share,
+                list(samples), self.advantage_array(adv_of, samples), denominator, "tsp" in task.flags,
+                task.version, max_share,
                 *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
         return f
 

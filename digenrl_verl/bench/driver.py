@@ -1,0 +1,163 @@
+"""Driver throughput on real Ray: ``python -m digenrl_verl.bench driver [--json] [--actors 8,32,64] [--profile]``.
+
+The real `schedule.driver.Driver` drives the real `trainer.ray_executor.RayExecutor` over no-op worker actors
+(`bench.noop_workers`: the real workers' methods, answering at once; `num_cpus=0`, so any number fits on this
+machine) in disaggregated mode: 1 trainer rank per 8 actors, the rest generators, GAP lanes of `n` ranks, TAG off,
+staleness 0, `--steps` global steps of 4 micro-batches per lane, the first step a warm-up (not measured). Each row
+reports task completions, actor calls (round trips) and driver decisions per second, and where the wall time of
+the measured steps went:
+
+- ``decision_s``: the driver's own time (`Driver.stats.wall_s`) less the executor's `submit`: planning,
+  selection, queues, trace;
+- ``submit_s``: the executor building each call's arguments (shards, advantages) and `.remote`;
+- ``wait_s``: blocked in `ray.wait` for the next ready ref (the workers' and Ray's round trip);
+- ``probe_s``: collecting the other ready refs; ``get_s``: `ray.get` of the results (object transfer back);
+- ``complete_s``: absorbing results (scores); ``other_s``: the rest (the loop, timestamps).
+
+Goal: >= 500 task completions/s at 64 actors, the driver's decisions a small share of the wall time.
+The bench hands the actors numpy advantages (computed as the executor does, `advantage_array` made numpy)
+and a numpy step batch, so the actor processes never import torch (see `bench.noop_workers`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from digenrl_verl.bench.noop_workers import NoopWorker, StepBatch
+from digenrl_verl.diffusion.advantages import AdvantageConfig
+from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig, TagConfig
+from digenrl_verl.schedule.driver import Driver
+from digenrl_verl.schedule.plan import GapPlanner
+from digenrl_verl.trainer.ray_executor import RayExecutor
+from digenrl_verl.trainer.ray_runtime import init_local_ray
+
+ACTORS = (8, 32, 64)
+TARGET_TASKS_PER_S = 500.0
+MB_PER_LANE = 4  # micro-batches (prompt groups) per lane and step
+TIME_KEYS = ("decision_s", "submit_s", "wait_s", "probe_s", "get_s", "complete_s", "other_s")
+
+
+class NumpyAdvantagesExecutor(RayExecutor):
+    """The Ray executor unchanged, except that the advantages it computes travel as numpy (no torch in the
+    no-op actor processes)."""
+
+    def advantage_array(self, adv, samples) -> Any:
+        return np.array([adv[s] for s in samples], dtype=np.float32)
+
+
+def shape_of(actors: int, n: int) -> dict[str, int]:
+    """Pool sizes, lanes and prompts per step for `actors` no-op actors."""
+    if actors < 2:
+        raise ValueError(f"--actors: {actors} is too few; a disaggregated run needs a generator and a trainer")
+    trainers = max(1, actors // 8)
+    generators = actors - trainers
+    lanes = len(GapPlanner().lanes([f"gen:{i}" for i in range(generators)], n))
+    return {"actors": actors, "generators": generators, "trainers": trainers, "lanes": lanes,
+            "prompts_per_step": MB_PER_LANE * lanes}
+
+
+def run_case(actors: int, steps: int, n: int, profile: bool = False) -> dict[str, Any]:
+    """One row: start the actors, run a warm-up step, then measure `steps - 1` steps."""
+    shape = shape_of(actors, n)
+    t0 = time.perf_counter()
+    remote = ray.remote(NoopWorker).options(num_cpus=0)
+    workers = {f"gen:{i}": remote.remote(i) for i in range(shape["generators"])}
+    workers.update({f"trn:{i}": remote.remote(1000 + i) for i in range(shape["trainers"])})
+    ray.get([w.ready.remote() for w in workers.values()])
+    startup_s = time.perf_counter() - t0
+    try:
+        config = ScheduleConfig(mode="disaggregated", tag=TagConfig(policy="off"), num_steps=steps, n=n,
+                                prompts_per_step=shape["prompts_per_step"],
+                                pools={"gen": PoolSpec(shape["generators"]), "trn": PoolSpec(shape["trainers"])})
+        batch = StepBatch.of(config.prompts_per_step, n)
+        executor = NumpyAdvantagesExecutor(workers, lambda step: batch, AdvantageConfig(global_std=False),
+                                           loss_rows_per_sample=1)
+        driver = Driver(config, executor)
+        driver.run_steps(1)  # warm-up: first calls on every actor, cost estimates
+        before = _counters(driver, executor)
+        prof = cProfile.Profile() if profile else None
+        start = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        driver.run()
+        if prof is not None:
+            prof.disable()
+        wall = time.perf_counter() - start
+        after = _counters(driver, executor)
+    finally:
+        for w in workers.values():
+            ray.kill(w)
+    d = {k: after[k] - before[k] for k in after}
+    times = {"decision_s": d["driver_s"] - d["submit_s"], "submit_s": d["submit_s"], "wait_s": d["wait_s"],
+             "probe_s": d["probe_s"], "get_s": d["get_s"], "complete_s": d["complete_s"]}
+    times["other_s"] = max(0.0, wall - sum(times.values()))
+    row: dict[str, Any] = {
+        **shape, "n": n, "steps_measured": steps - 1, "startup_s": startup_s, "wall_s": wall,
+        "tasks": d["tasks"], "actor_calls": d["calls"], "decisions": d["decisions"], "waits": d["waits"],
+        "tasks_per_s": d["tasks"] / wall, "calls_per_s": d["calls"] / wall, "decisions_per_s": d["decisions"] / wall,
+        "us_per_decision": 1e6 * times["decision_s"] / max(d["decisions"], 1),
+        **times, "shares": {k: v / wall for k, v in times.items()},
+    }
+    if prof is not None:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+        row["profile_top"] = out.getvalue()
+    return row
+
+
+def _counters(driver: Driver, executor: RayExecutor) -> dict[str, float]:
+    s = executor.stats
+    return {"driver_s": driver.stats.wall_s, "decisions": driver.stats.decisions, "tasks": s.completions,
+            "calls": s.calls, "submit_s": s.submit_s, "wait_s": s.wait_s, "probe_s": s.probe_s, "get_s": s.get_s,
+            "complete_s": s.complete_s, "waits": s.waits}
+
+
+def _actors(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--actors {text!r}: use comma-separated integers, e.g. 8,32,64") from None
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m digenrl_verl.bench driver", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--actors", type=_actors, default=ACTORS, help="actor counts, comma-separated (8,32,64)")
+    parser.add_argument("--steps", type=int, default=6, help="global steps per row, the first a warm-up (>= 2)")
+    parser.add_argument("--n", type=int, default=8, help="group size: generator ranks per GAP lane")
+    parser.add_argument("--profile", action="store_true", help="cProfile the measured steps (top 15 by own time)")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error(f"--steps {args.steps}: needs >= 2 (the first step is a warm-up)")
+    for a in args.actors:
+        shape_of(a, args.n)
+    if not ray.is_initialized():  # (tests run it on their shared Ray instance)
+        init_local_ray(num_cpus=2)
+    rows = [run_case(a, args.steps, args.n, args.profile) for a in args.actors]
+    print(f"{'actors':>6} {'gen':>4} {'trn':>4} {'lanes':>5} {'tasks':>6} {'tasks/s':>8} {'calls/s':>8} "
+          f"{'dec/s':>8} {'us/dec':>7} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
+    for r in rows:
+        print(f"{r['actors']:>6} {r['generators']:>4} {r['trainers']:>4} {r['lanes']:>5} {r['tasks']:>6} "
+              f"{r['tasks_per_s']:>8.0f} {r['calls_per_s']:>8.0f} {r['decisions_per_s']:>8.0f} "
+              f"{r['us_per_decision']:>7.0f} " + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))
+        if "profile_top" in r:
+            print(r["profile_top"])
+    head = max(rows, key=lambda r: r["actors"])
+    out = {"bench": "driver", "steps": args.steps, "n": args.n, "load_avg": list(os.getloadavg()),
+           "cpus": os.cpu_count(), "rows": [{k: v for k, v in r.items() if k != "profile_top"} for r in rows],
+           "headline": {"actors": head["actors"], "tasks_per_s": head["tasks_per_s"],
+                        "decision_share": head["shares"]["decision_s"], "target_tasks_per_s": TARGET_TASKS_PER_S,
+                        "meets_target": head["tasks_per_s"] >= TARGET_TASKS_PER_S}}
+    if args.json:
+        print(json.dumps(out))
+    return 0

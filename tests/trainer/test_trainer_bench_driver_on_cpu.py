@@ -1,0 +1,43 @@
+"""`python -m digenrl_verl.bench driver`: the real driver + Ray executor over no-op actors (shape of its JSON, the
+time accounting adds up); figures live in the bench's output, never in a test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from digenrl_verl.bench import BENCHMARKS
+from digenrl_verl.bench import driver as bench_driver
+from digenrl_verl.bench.noop_workers import StepBatch
+
+
+def test_driver_bench_is_registered_and_sizes_its_pools():
+    assert BENCHMARKS["driver"] == "digenrl_verl.bench.driver"
+    assert bench_driver.shape_of(64, 8) == {"actors": 64, "generators": 56, "trainers": 8, "lanes": 7,
+                                            "prompts_per_step": 28}
+    assert bench_driver.shape_of(8, 8)["lanes"] == 1
+    with pytest.raises(ValueError, match="--actors"):
+        bench_driver.shape_of(1, 8)
+    batch = StepBatch.of(2, 3)
+    part = batch.select_idxs([1, 4])
+    assert len(batch) == 6 and list(part.non_tensor_batch["uid"]) == ["uid0", "uid1"] and len(part) == 2
+
+
+@pytest.mark.slow  # starts no-op actors on the session's Ray instance
+def test_driver_bench_json_shape_and_time_accounting(ray_session, capsys):
+    assert bench_driver.main(["--actors", "2,4", "--steps", "2", "--n", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["bench"] == "driver" and [r["actors"] for r in out["rows"]] == [2, 4]
+    assert len(out["load_avg"]) == 3 and out["headline"]["actors"] == 4
+    assert out["headline"]["target_tasks_per_s"] == 500.0 and isinstance(out["headline"]["meets_target"], bool)
+    for r in out["rows"]:
+        assert r["generators"] + r["trainers"] == r["actors"] and r["steps_measured"] == 1
+        # one measured step: every micro-batch GEN + SCORE + UPDATE, then OPT_STEP and SYNC, all completed
+        assert r["tasks"] == 3 * r["prompts_per_step"] + 2
+        assert r["actor_calls"] >= r["tasks"] and r["decisions"] >= r["tasks"]
+        assert r["tasks_per_s"] == pytest.approx(r["tasks"] / r["wall_s"])
+        # the time accounting covers the wall time: its parts are non-negative and add up to it
+        parts = [r[k] for k in bench_driver.TIME_KEYS]
+        assert min(parts) >= 0 and sum(parts) == pytest.approx(r["wall_s"], rel=1e-6)
+        assert set(r["shares"]) == set(bench_driver.TIME_KEYS)

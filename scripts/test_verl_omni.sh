@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The verl-omni tier: tests/verl_omni/ with the real verl-omni a1139baf + verl 8a69493, in .venv-verl-omni (built or
-# reused by scripts/verl_omni_venv.sh). Extra args go to pytest. The main suite (scripts/test.sh) collects
-# tests/verl_omni too and skips it there (each module skips itself when verl_omni does not import).
+# reused by scripts/verl_omni_venv.sh), with OUR upstream series applied: the archive is unpacked into a git tree
+# under build/ (gitignored), patches/verl-omni-a1139baf/*.patch go on with `git am`, and that tree is installed over
+# the venv's verl-omni (--no-deps); the plugin's entry point (group verl_omni.trainers) is written as a stand-in
+# dist-info until setup.py carries it (the venv holds the project through a .pth file, without metadata). Redone
+# when the archive, the series or digenrl_verl/integrations/verl_omni.py change (stamp in the venv).
+# Extra args go to pytest. The main suite (scripts/test.sh) collects tests/verl_omni too and skips it there (each
+# module skips itself when verl_omni does not import).
 #   bash scripts/test_verl_omni.sh                                       # the tier (key coverage + the replay)
 #   source scripts/verl_omni_venv.sh && $VERL_OMNI_PY scripts/replay_verl_omni_recipes.py --markdown   # the table
 set -euo pipefail
@@ -10,6 +15,26 @@ cd "$ROOT"
 source scripts/verl_omni_venv.sh
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
        MPLBACKEND=Agg VLLM_TARGET_DEVICE=cpu RAY_USAGE_STATS_ENABLED=0
+PATCHED="$ROOT/build/verl-omni-a1139baf-patched"
+PATCH_STAMP="$(dirname "$VERL_OMNI_PY")/../.digenrl-verl-omni-patched"
+patch_want="$(cat "$VERL_OMNI_TGZ" patches/verl-omni-a1139baf/*.patch digenrl_verl/integrations/verl_omni.py | sha256sum \
+              | cut -d' ' -f1)"
+if [[ ! -f "$PATCH_STAMP" || "$(cat "$PATCH_STAMP")" != "$patch_want" ]]; then
+  rm -rf "$PATCHED" && mkdir -p "$PATCHED"
+  tar xzf "$VERL_OMNI_TGZ" -C "$PATCHED" --strip-components=1
+  g=(git -C "$PATCHED" -c user.name=digenrl-verl -c user.email=digenrl-verl@users.noreply.github.com)
+  "${g[@]}" init -q && "${g[@]}" add -A && "${g[@]}" commit -q -m "verl-omni a1139baf (source archive)"
+  "${g[@]}" am -q --keep-non-patch "$ROOT"/patches/verl-omni-a1139baf/*.patch
+  "$VERL_OMNI_PY" -m pip install -q --no-deps --no-build-isolation "$PATCHED"
+  site="$("$VERL_OMNI_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  dist="$site/digenrl_verl_entry_points-0.0.0.dist-info"
+  mkdir -p "$dist"
+  printf 'Metadata-Version: 2.1\nName: digenrl-verl-entry-points\nVersion: 0.0.0\n' > "$dist/METADATA"
+  "$VERL_OMNI_PY" -c "from digenrl_verl.integrations.verl_omni import entry_points_txt; print(entry_points_txt(), end='')" \
+    > "$dist/entry_points.txt"
+  echo "$patch_want" > "$PATCH_STAMP"
+  echo "verl-omni venv: verl-omni a1139baf + $(ls patches/verl-omni-a1139baf/*.patch | wc -l) patches installed" >&2
+fi
 if [[ $# -eq 0 ]]; then set -- tests/verl_omni; fi
-"$VERL_OMNI_PY" -c "import verl, verl_omni, vllm_omni, diffusers; print(f'verl-omni venv: verl {verl.__version__}, verl-omni a1139baf, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}')"
+"$VERL_OMNI_PY" -c "import verl, verl_omni, vllm_omni, diffusers; print(f'verl-omni venv: verl {verl.__version__}, verl-omni a1139baf + patches/verl-omni-a1139baf, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}')"
 exec "$VERL_OMNI_PY" -m pytest -q -p no:randomly -s --durations=10 "$@"

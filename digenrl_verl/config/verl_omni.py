@@ -243,6 +243,9 @@ NO_EFFECT: dict[str, str] = {
     "trainer.log_val_generations": "validation runs are not implemented",
     "trainer.total_epochs": "the run length is trainer.total_training_steps",
     "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
+    "trainer.trainer_class": "selects an external trainer on verl-omni's entry points (patches/verl-omni-a1139baf; "
+                             "trainer.trainer_class=digenrl hands the run to this package); this entry point is "
+                             "DigenRL's own",
 }
 
 # ---------------------------------------------------------------------------------------------------------

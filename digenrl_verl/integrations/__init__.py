@@ -1,7 +1,9 @@
 """The verl-omni bridge, each module imported only when used (this package imports nothing).
 
-- `verl_omni`: DigenRL as verl-omni's v1 trainer mode `digenrl` (config translation, launcher); needs
-  verl-omni only for `register()` / `main()`.
+- `verl_omni`: DigenRL inside verl-omni: the external trainer `digenrl` of its entry points (with the upstream
+  series in patches/verl-omni-a1139baf/: `trainer.trainer_class=digenrl`, entry-point group `verl_omni.trainers`)
+  and the v1 trainer mode `digenrl` of an unpatched verl-omni (config translation, launcher); needs verl-omni
+  only for `register()` / `main()`.
 - `verl_omni_recipes`: verl-omni's example override lists as data (compatibility tests, docs).
 
 The vLLM-Omni rollout engine lives with the other engines (`digenrl_verl.engines.vllm_omni`), the 8 + 8

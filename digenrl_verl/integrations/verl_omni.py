@@ -1,45 +1,45 @@
-"""DigenRL as a verl-omni trainer mode (`trainer.use_v1=true trainer.v1.trainer_mode=digenrl`).
+"""DigenRL inside verl-omni: an external trainer for its entry points, and the v1 trainer mode `digenrl`.
 
 Written against verl-project/verl-omni at commit **a1139baf** (a1139bafffb5b9711f0a6b6edff8ecaa60bfff30,
-2026-08-22, version 0.2.0rc1; its source was read, and its v1 task runner checked line by line), whose v1 entry
-point (`verl_omni.trainer.main_diffusion_v1`) runs a Ray `DiffusionTaskRunnerV1` that does, in order:
-`get_diffusion_trainer_cls(trainer.v1.trainer_mode)(config=config)`, `.init()`, builds an agent-loop manager
-(`rollout.agent.agent_loop_manager_class`, an FQN, or its default) from `.get_llm_client()` and
-`.get_reward_handles()`, then `.fit(agent_loop_manager)`.
+2026-08-22, 0.2.0rc1), installed with the verl it pins (8a69493) in `.venv-verl-omni` (scripts/verl_omni_venv.sh).
+Two ways in:
 
-Status, honestly: **verl-omni is not installable here** (not on PyPI; it pins a git verl and vLLM-Omni and
-needs CUDA for its engines), so nothing in this module has run against verl-omni. What is tested on CPU
-(tests/integrations): the config translation (`translate_config`, `pools_from_layout`), the trainer-mode class
-(`DigenRLDiffusionTrainer`: constructed from a verl-omni-style config, `init()` and `fit()` run a real step
-on a tiny model), the install message when verl-omni is missing, and that importing `digenrl_verl` never
-imports `verl_omni`. What is not: `register()` and `main()` against a real verl-omni, in particular the
-registration inside verl-omni's Ray task-runner process.
+* **verl-omni's own entry points**, with the upstream series `patches/verl-omni-a1139baf/` applied (a generic
+  external-trainer hook: `trainer.trainer_class`, entry-point group `verl_omni.trainers`). This package's entry
+  point `digenrl` (ENTRY_POINT) names `DigenRLDiffusionTrainer`; its `config_section()` is `trainer.digenrl`
+  (the same typed section as on our entry point, so `trainer.digenrl.*` composes without Hydra's `+`). Then
+  `python -m verl_omni.trainer.main_diffusion` (v0) or `main_diffusion_v1` with `trainer.trainer_class=digenrl`
+  hands the run over before Ray starts: the command-line overrides the user gave go, unchanged but for the
+  handover keys (`handover_overrides`), to `digenrl_verl.main`, exactly as on our entry point (validation,
+  the printed plan and its decisions, pools from verl-omni's `trainer.nnodes` x `trainer.n_gpus_per_node` unless
+  `trainer.digenrl.pools.*` is given, `trainer.digenrl.dry_run`, messages naming a key, exit status 2 on a bad
+  config). Tested in tests/verl_omni/ (CPU).
+* **An unpatched verl-omni's v1 task runner**: `register()` puts `DigenRLDiffusionTrainer` in its
+  `DIFFUSION_TRAINER_REGISTRY` as `trainer.v1.trainer_mode=digenrl`; `python -m digenrl_verl.integrations.verl_omni
+  <overrides>` composes verl-omni's config, registers and runs it. That path translates the composed config key by
+  key (`translate_config`) and sets `rollout.agent.agent_loop_manager_class` to a no-op manager (DigenRL's
+  generator pool generates; verl-omni's agent loop and vLLM-Omni replicas are not started). The class lifecycle
+  (init / fit on a translated config) is tested on CPU; `register()` / `main()` against a real verl-omni are not.
 
-How DigenRL plugs in, and what it reuses of verl-omni (and what not):
-
-* **Config**: verl-omni's keys are ours where they overlap (digenrl_verl/config/digenrl_trainer.yaml), so the
-  verl-omni config is translated key by key; `trainer.v1.trainer_mode=digenrl` selects the disaggregated
-  mode, and verl-omni's resource layout gives the pools (`pools_from_layout`).
-* **Trainer mode**: `DigenRLDiffusionTrainer` has the v1 trainer lifecycle (init / get_llm_client /
-  get_reward_handles / fit); `register()` puts it in verl-omni's `register_diffusion_trainer` registry. It
-  runs DigenRL's own generator and trainer pools, so it points `rollout.agent.agent_loop_manager_class` at
-  `NoopAgentLoopManager`: verl-omni's agent loop and vLLM-Omni replicas are not started.
-* **Not reused (yet)**: verl-omni's model adapters (`DiffusionModelBase` registry) and its checkpoint
-  engine. Generation uses our adapters (diffusers, or our vLLM-Omni pipeline with
-  `actor_rollout_ref.rollout.name=vllm_omni`, see `integrations.vllm_omni`), weights sync through our
-  trainer → generator process group. Reusing them is the next step once this can run next to verl-omni.
-
-Launch (needs verl-omni installed): `python -m digenrl_verl.integrations.verl_omni <verl-omni overrides>`
-composes verl-omni's own config, registers the mode in the task-runner process and runs it. Launching
-through verl-omni's own entry point instead needs the mode resolvable inside its task runner: that is what
-patches/verl-omni-a1139baf/ proposes upstream (external trainer modes resolved by name on first use).
+Not reused from verl-omni: its model adapters (`DiffusionModelBase` registry), its checkpoint engine and its
+agent loop; generation uses our adapters (diffusers, or our vLLM-Omni pipeline with
+`actor_rollout_ref.rollout.name=vllm_omni`), weights sync through our trainer -> generator process group.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from typing import Any, Mapping, Sequence
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from digenrl_verl import main as entry
+from digenrl_verl.config.digenrl import SECTION, schema_node
+from digenrl_verl.trainer.config import build_run
+from digenrl_verl.trainer.runner import DigenRLTrainer
 
 VERL_OMNI_REPO = "https://github.com/verl-project/verl-omni"
 VERL_OMNI_COMMIT = "a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"  # 2026-08-22, version 0.2.0rc1
@@ -52,6 +52,22 @@ INSTALL_HINT = (f"verl-omni is not on PyPI: pip install 'verl-omni @ git+{VERL_O
 KEY_MODE = "trainer.v1.trainer_mode"
 #: trainer.v1.trainer_mode → our trainer.digenrl.mode
 MODES = {TRAINER_MODE: "disaggregated", "sync": "colocated"}
+
+# ---- the external-trainer hook of patched verl-omni (patches/verl-omni-a1139baf/)
+#: the hook's entry-point group, the name this package registers there, and the key that selects it
+ENTRY_POINT_GROUP = "verl_omni.trainers"
+ENTRY_POINT_NAME = TRAINER_MODE
+KEY_TRAINER_CLASS = "trainer.trainer_class"
+#: the `entry_points` argument of setup.py (the lead applies it; tests write it as entry_points.txt)
+ENTRY_POINTS = {ENTRY_POINT_GROUP: [f"{ENTRY_POINT_NAME} = {__name__}:DigenRLDiffusionTrainer"]}
+#: the mode of `trainer.digenrl` when verl-omni's entry point selects DigenRL (choosing it means disaggregated;
+#: `trainer.digenrl.mode=colocated` gives verl-omni's layout on our machinery)
+HANDOVER_MODE = "disaggregated"
+#: overrides that select the trainer in verl-omni and mean nothing past the handover (dropped, each said)
+_HANDOVER_KEYS = {
+    KEY_TRAINER_CLASS: "selected DigenRL",
+    "trainer.use_v1": "chooses between verl-omni's own v0 and v1 trainers; trainer.trainer_class replaces both",
+}
 
 # verl-omni defaults that we do not follow (our YAML holds the value that applies here): a translated config
 # carries these keys only when the user set them to something else, so that an explicit request still fails
@@ -81,49 +97,13 @@ def require_verl_omni() -> None:
         raise VerlOmniNotInstalled(f"verl_omni is not installed. {INSTALL_HINT}")
 
 
+def entry_points_txt() -> str:
+    """ENTRY_POINTS as a dist-info entry_points.txt (what `pip install` writes from setup.py's entry_points)."""
+    return "".join(f"[{group}]\n" + "".join(f"{line}\n" for line in lines) + "\n"
+                   for group, lines in ENTRY_POINTS.items())
+
+
 # ------------------------------------------------------------------------------------------ config
-def pools_from_layout(cfg: Any, mode: str) -> dict[str, dict[str, Any]]:
-    """`trainer.digenrl.pools` from verl-omni's resource layout.
-
-    verl-omni sizes the actor (trainer) GPUs with `trainer.nnodes × trainer.n_gpus_per_node` and standalone
-    rollout GPUs with `actor_rollout_ref.rollout.nnodes × rollout.n_gpus_per_node` (0 nodes = colocated).
-    Disaggregated: the generator pool is the standalone rollout GPUs when there are any, else half of the
-    trainer GPUs (rounded down, at least 1) move to the generator pool. Colocated: one pool of every GPU.
-    `use_gpu` follows `trainer.device` (anything but cpu).
-    """
-    from omegaconf import OmegaConf
-
-    def sel(key: str, default: Any) -> Any:
-        v = OmegaConf.select(cfg, key, default=default) if not isinstance(cfg, Mapping) else _dig(cfg, key, default)
-        return default if v is None else v
-
-    use_gpu = str(sel("trainer.device", "cuda")) != "cpu"
-    t_nodes, t_per = int(sel("trainer.nnodes", 1)), int(sel("trainer.n_gpus_per_node", 8))
-    r_nodes = int(sel("actor_rollout_ref.rollout.nnodes", 0))
-    r_per = int(sel("actor_rollout_ref.rollout.n_gpus_per_node", t_per) or t_per)
-
-    def pool(nodes: int, per: int) -> dict[str, Any]:
-        return {"nnodes": nodes, "workers_per_node": per, "use_gpu": use_gpu, "accelerator_type": None,
-                "custom_resource": None}
-
-    if mode == "colocated":
-        if r_nodes > 0 and r_per != t_per:
-            raise ValueError(f"colocated: trainer.n_gpus_per_node={t_per} and actor_rollout_ref.rollout."
-                             f"n_gpus_per_node={r_per} differ; one pool needs equal nodes")
-        return {"colocated": pool(t_nodes + r_nodes, t_per)}
-    if r_nodes > 0:
-        return {"generator": pool(r_nodes, r_per), "trainer": pool(t_nodes, t_per)}
-    total = t_nodes * t_per
-    if total < 2:
-        raise ValueError(f"{KEY_MODE}={TRAINER_MODE} needs at least 2 GPUs (trainer.nnodes × trainer.n_gpus_per_node"
-                         f" = {total}) or standalone rollout GPUs (actor_rollout_ref.rollout.nnodes > 0)")
-    if t_nodes > 1:  # whole nodes: half of them generate
-        gen_nodes = t_nodes // 2
-        return {"generator": pool(gen_nodes, t_per), "trainer": pool(t_nodes - gen_nodes, t_per)}
-    gen = max(1, t_per // 2)
-    return {"generator": pool(1, gen), "trainer": pool(1, t_per - gen)}
-
-
 def _dig(d: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     cur: Any = d
     for part in dotted.split("."):
@@ -133,21 +113,46 @@ def _dig(d: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     return cur
 
 
+def _override_key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def handover_overrides(config: Any, overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Our entry point's overrides for a run that verl-omni's entry point hands over (`trainer.trainer_class`).
+
+    `overrides` are the ones the user gave verl-omni (Hydra's `overrides.task`); they pass unchanged, except the
+    keys that selected DigenRL in verl-omni (`_HANDOVER_KEYS`, dropped), so that the run is the one our entry point
+    makes of them: the same validation, plan, pools (from verl-omni's `trainer.nnodes` x `trainer.n_gpus_per_node`
+    unless `trainer.digenrl.pools.*` is given; `config.verl_omni.build_layout`) and dry run. `trainer.digenrl.mode`
+    is `config`'s (HANDOVER_MODE unless the user set it). Returns (overrides, notes): a note for every dropped or
+    added override, printed before the plan.
+    """
+    out, notes = [], []
+    for o in overrides:
+        key = _override_key(o)
+        if key in _HANDOVER_KEYS:
+            notes.append(f"{o}: {_HANDOVER_KEYS[key]} (not passed on)")
+        else:
+            out.append(o)
+    if f"{SECTION}.mode" not in {_override_key(o) for o in out}:
+        mode = OmegaConf.select(config, f"{SECTION}.mode", default=None) or HANDOVER_MODE
+        out.append(f"{SECTION}.mode={mode}")
+        notes.append(f"{SECTION}.mode={mode}: the mode when verl-omni's entry point selects DigenRL")
+    return out, notes
+
+
 def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
-    """Our run config (a DictConfig of digenrl_verl.main) from a verl-omni config.
+    """Our run config (a DictConfig of digenrl_verl.main) from a verl-omni config (the v1 trainer-mode path).
 
     Every key our config has is taken from `source` when `source` has it (verl-omni's value wins), except
     the verl-omni defaults listed in `_THEIR_DEFAULTS_NOT_OURS`. Then: `trainer.digenrl.mode` from
-    `trainer.v1.trainer_mode` (digenrl → disaggregated, sync → colocated), `trainer.use_v1=false`, and the
-    pools from `trainer.digenrl.pools` when `source` has them, else from verl-omni's layout. Without a
+    `trainer.v1.trainer_mode` (digenrl → disaggregated, sync → colocated), `trainer.use_v1=false`, and
+    `trainer.digenrl` merged from `source` when it has the section (else the pools derive from verl-omni's layout
+    keys, copied like the others: `config.verl_omni.build_layout`). Without a
     reward function or a custom reward file the reward is verl-omni's default (jpeg compressibility).
 
     Raises ValueError naming the key for a trainer mode we cannot run.
     """
-    from omegaconf import DictConfig, OmegaConf, open_dict
-
-    from digenrl_verl.main import compose
-
     src = OmegaConf.to_container(source, resolve=True, throw_on_missing=False) if isinstance(source, DictConfig) \
         else dict(source)
     their_mode = _dig(src, KEY_MODE, "sync") or "sync"
@@ -155,15 +160,14 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
         raise ValueError(f"{KEY_MODE}={their_mode!r} has no DigenRL equivalent; valid here: {sorted(MODES)} "
                          f"({TRAINER_MODE} = disaggregated, sync = colocated)")
     mode = MODES[their_mode]
-    ours = compose(list(base_overrides) + [f"actor_rollout_ref.model.path={_dig(src, 'actor_rollout_ref.model.path')}"])
+    ours = entry.compose(list(base_overrides)
+                         + [f"actor_rollout_ref.model.path={_dig(src, 'actor_rollout_ref.model.path')}"])
     with open_dict(ours):
         _copy_shared(ours, src, prefix="")
         ours.trainer.use_v1 = False
         mine = _dig(src, "trainer.digenrl")
         if isinstance(mine, Mapping):
             ours.trainer.digenrl = OmegaConf.merge(ours.trainer.digenrl, mine)
-        else:
-            ours.trainer.digenrl.pools = OmegaConf.merge(ours.trainer.digenrl.pools, pools_from_layout(src, mode))
         ours.trainer.digenrl.mode = mode
         functions = _dig(src, "reward.reward_functions")
         custom = _dig(src, "reward.custom_reward_function.path")
@@ -178,8 +182,6 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
 
 def _copy_shared(ours: Any, src: Mapping[str, Any], prefix: str) -> None:
     """Copy `src`'s values into `ours` for every key `ours` has (recursing into non-empty sections)."""
-    from omegaconf import DictConfig, OmegaConf
-
     for key in list(ours.keys()):
         dotted = f"{prefix}{key}"
         if not isinstance(src, Mapping) or key not in src:
@@ -195,7 +197,7 @@ def _copy_shared(ours: Any, src: Mapping[str, Any], prefix: str) -> None:
             OmegaConf.update(ours, str(key), theirs, merge=False)
 
 
-# ------------------------------------------------------------------------------------------ trainer mode
+# ------------------------------------------------------------------------------------------ trainer
 class NoopAgentLoopManager:
     """Stands in for verl-omni's agent-loop manager: DigenRL's generator pool generates by itself."""
 
@@ -209,30 +211,45 @@ NOOP_AGENT_LOOP_MANAGER = f"{__name__}.NoopAgentLoopManager"
 
 
 class DigenRLDiffusionTrainer:
-    """The `digenrl` v1 trainer mode: verl-omni's trainer lifecycle around `DigenRLTrainer`.
+    """DigenRL behind verl-omni's entry points: an external trainer (`trainer.trainer_class=digenrl`, patched
+    verl-omni) or the v1 trainer mode `digenrl` (`register()`).
 
     Args:
-        config: the verl-omni config the task runner passes (`trainer_cls(config=config)`).
-        base_overrides: extra overrides of our config applied before the translation (tests).
+        config: the verl-omni config its entry point or task runner passes (`trainer_cls(config=config)`).
+        overrides: the command-line overrides the user gave verl-omni. None: Hydra's, when a Hydra app is running
+            (verl-omni's entry point: the external-trainer path, `fit()` runs `digenrl_verl.main` on them);
+            otherwise the config is translated key by key (`translate_config`, the v1 trainer-mode path).
+        base_overrides: extra overrides of our config applied before the translation (tests of the v1 path).
     """
 
-    def __init__(self, config: Any, base_overrides: Sequence[str] = ()) -> None:
-        from omegaconf import DictConfig, OmegaConf, open_dict
-
+    def __init__(self, config: Any, overrides: Sequence[str] | None = None, base_overrides: Sequence[str] = ()) \
+            -> None:
         self.config = config
-        self.run_config = translate_config(config, base_overrides=base_overrides)
+        if overrides is None and HydraConfig.initialized():
+            overrides = list(HydraConfig.get().overrides.task)
+        self.overrides = None if overrides is None else list(overrides)
+        self.run_config = None
         self.trainer = None
+        if self.overrides is not None:
+            return  # the external-trainer path: translated in fit()
+        self.run_config = translate_config(config, base_overrides=base_overrides)
         if isinstance(config, DictConfig) and OmegaConf.select(config, "actor_rollout_ref.rollout") is not None:
             with open_dict(config):  # the task runner builds its agent-loop manager from this key after init()
                 config.actor_rollout_ref.rollout.setdefault("agent", {})
                 config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = NOOP_AGENT_LOOP_MANAGER
 
-    def init(self) -> None:
-        """Validate (build_run) and prepare the run; workers start in `fit`."""
-        from digenrl_verl.trainer.config import build_run
-        from digenrl_verl.trainer.runner import DigenRLTrainer
+    @classmethod
+    def config_section(cls) -> DictConfig:
+        """`trainer.digenrl` for verl-omni's config (the external-trainer hook composes it under trainer.<name>):
+        our typed section, mode HANDOVER_MODE."""
+        node = schema_node()
+        node.mode = HANDOVER_MODE
+        return node
 
-        self.trainer = DigenRLTrainer(build_run(self.run_config))
+    def init(self) -> None:
+        """Validate (build_run) and prepare the run; workers start in `fit` (the v1 trainer-mode path)."""
+        if self.run_config is not None:
+            self.trainer = DigenRLTrainer(build_run(self.run_config))
 
     def get_llm_client(self) -> None:
         return None  # no verl-omni rollout replicas: the generator pool serves generation
@@ -240,7 +257,17 @@ class DigenRLDiffusionTrainer:
     def get_reward_handles(self) -> None:
         return None  # rewards are scored on the generator pool
 
-    def fit(self, agent_loop_manager: Any = None) -> dict[str, Any]:
+    def fit(self, agent_loop_manager: Any = None) -> dict[str, Any] | None:
+        """Run it. External-trainer path: `digenrl_verl.main` on the handed-over overrides; a status other than 0
+        (a bad config: 2, a failed run: 1) leaves the process with that status, after our message."""
+        if self.overrides is not None:
+            overrides, notes = handover_overrides(self.config, self.overrides)
+            for note in notes:
+                print(f"digenrl (from verl-omni's entry point): {note}")
+            status = entry.main(overrides)
+            if status != entry.EXIT_OK:
+                raise SystemExit(status)
+            return None
         if self.trainer is None:
             self.init()
         try:
@@ -250,8 +277,8 @@ class DigenRLDiffusionTrainer:
 
 
 def register() -> type:
-    """Register `DigenRLDiffusionTrainer` as verl-omni's v1 trainer mode `digenrl` (idempotent). UNTESTED
-    against verl-omni (see the module docstring). Raises VerlOmniNotInstalled with the install command."""
+    """Register `DigenRLDiffusionTrainer` as verl-omni's v1 trainer mode `digenrl` (idempotent; an unpatched
+    verl-omni). Raises VerlOmniNotInstalled with the install command."""
     require_verl_omni()
     from verl_omni.trainer.diffusion.v1 import DIFFUSION_TRAINER_REGISTRY, register_diffusion_trainer
 
@@ -263,14 +290,14 @@ def register() -> type:
 
 
 def make_task_runner():
-    """A Ray task runner that registers the mode in its own process, then runs it. UNTESTED."""
+    """A Ray task runner that registers the mode in its own process, then runs it. Not run against verl-omni."""
     import ray
 
     @ray.remote(num_cpus=1)
     class DigenRLTaskRunner:
         def run(self, config: Any) -> dict[str, Any]:
             register()
-            trainer = DigenRLDiffusionTrainer(config=config)
+            trainer = DigenRLDiffusionTrainer(config=config, overrides=None)
             trainer.init()
             return trainer.fit(NoopAgentLoopManager.create(config))
 
@@ -278,13 +305,11 @@ def make_task_runner():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m digenrl_verl.integrations.verl_omni <verl-omni overrides>` (needs verl-omni)."""
+    """`python -m digenrl_verl.integrations.verl_omni <verl-omni overrides>` (an unpatched verl-omni's v1 mode)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not verl_omni_available():
         print(f"digenrl: verl_omni is not installed. {INSTALL_HINT}", file=sys.stderr)
         return 2
-    import os
-
     import verl_omni
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

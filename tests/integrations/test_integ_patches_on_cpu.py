@@ -1,13 +1,17 @@
-"""patches/: the verl 0.9.1 series applies to the installed verl and the patched verl works; the verl-omni
-series parses, and its new files (the trainer-mode loader) work against this package."""
+"""patches/: the verl 0.9.1 series applies to the installed verl and the patched verl works; the verl-omni series
+parses and `git am`s onto verl-omni a1139baf (its source archive in ../shared/upstream/), where its hook resolves
+this package's trainer by the name our entry point registers (the run itself is tests/verl_omni/, in the verl-omni
+venv)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VERL_PATCHES = sorted((ROOT / "patches" / "verl-0.9.1").glob("*.patch"))
 OMNI_PATCHES = sorted((ROOT / "patches" / "verl-omni-a1139baf").glob("*.patch"))
+OMNI_ARCHIVE = ROOT.parent / "shared" / "upstream" / "verl-omni-a1139baf.tar.gz"
 
 
 def _installed_verl() -> tuple[Path, str]:
@@ -33,9 +38,9 @@ def test_series_are_present_and_numbered():
     assert [p.name[:4] for p in VERL_PATCHES] == ["0001", "0002", "0003"]
     assert [p.name[:4] for p in OMNI_PATCHES] == ["0001", "0002"]
     for p in VERL_PATCHES + OMNI_PATCHES:
-        head = p.read_text().splitlines()[:3]
+        head = p.read_text().splitlines()[:5]
         assert head[0].startswith("From 0000000000000000000000000000000000000000")
-        assert head[2].startswith("Subject: [PATCH")
+        assert any(line.startswith("Subject: [PATCH") for line in head), head
 
 
 @pytest.mark.parametrize("patch", VERL_PATCHES, ids=[p.name for p in VERL_PATCHES])
@@ -81,21 +86,59 @@ def test_patched_verl_copy_works(tmp_path):
     assert proc.returncode == 0 and "patched verl ok" in proc.stdout, proc.stderr[-3000:]
 
 
-def test_verl_omni_series_parses_and_its_new_files_load_our_trainer(tmp_path):
+def test_verl_omni_series_parses():
     for patch in OMNI_PATCHES:
-        proc = _git_apply(["--numstat", str(patch)], cwd=tmp_path)
+        proc = _git_apply(["--numstat", str(patch)], cwd=ROOT / "patches")
         assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
-    # 0001 adds files only: it applies to an empty tree, and the loader it adds finds this package's trainer mode.
-    proc = _git_apply(["-p1", str(OMNI_PATCHES[0])], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    loader = tmp_path / "verl_omni" / "trainer" / "diffusion" / "v1" / "trainer_digenrl.py"
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("verl_omni_trainer_digenrl_probe", loader)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from digenrl_verl.integrations.verl_omni import TRAINER_MODE, DigenRLDiffusionTrainer
 
-    assert module.DIGENRL_TRAINER_MODE == TRAINER_MODE
-    assert module.load_digenrl_trainer() is DigenRLDiffusionTrainer
-    assert (tmp_path / "docs" / "algo" / "digenrl.md").is_file()
+def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    ident = ["-c", "user.name=t", "-c", "user.email=t@invalid"]
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(cwd.parent)}
+    return subprocess.run(["git", *ident, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow  # unpacks verl-omni and runs git in subprocesses
+def test_verl_omni_series_git_ams_onto_a1139baf_and_its_hook_finds_our_trainer(tmp_path, monkeypatch):
+    """`git am` of the whole series onto the a1139baf tree (as proposed upstream); the result adds the hook module,
+    its CPU test, its docs page in the index, and `trainer.trainer_class` in the YAML and the generated references.
+    The hook module, loaded from the patched tree, resolves our trainer by the FQN our entry point names."""
+    if not OMNI_ARCHIVE.is_file():
+        pytest.skip(f"{OMNI_ARCHIVE} is missing (verl-omni's source archive)")
+    with tarfile.open(OMNI_ARCHIVE) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (tree,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "a1139baf"]):
+        assert _git(args, tree).returncode == 0
+    proc = _git(["am", "--keep-non-patch", *map(str, OMNI_PATCHES)], tree)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    subjects = _git(["log", "--format=%s", "-2"], tree).stdout.splitlines()
+    assert [s.split(" ")[0] for s in subjects] == ["[doc]", "[trainer,"], subjects
+    assert (tree / "tests" / "trainer" / "test_external_trainer_on_cpu.py").is_file()
+    assert "algo/external_trainer.md" in (tree / "docs" / "index.md").read_text()
+    assert "Last updated:" in (tree / "docs" / "algo" / "external_trainer.md").read_text()
+    config = tree / "verl_omni" / "trainer" / "config"
+    for name in ("diffusion_trainer.yaml", "_generated_diffusion_trainer.yaml",
+                 "_generated_diffusion_veomni_trainer.yaml"):
+        assert "  trainer_class: null" in (config / name).read_text(), name
+    assert "- optional trainer_plugins@trainer: installed" in (config / "diffusion_trainer.yaml").read_text()
+    for entry in ("main_diffusion.py", "main_diffusion_v1.py"):
+        text = (tree / "verl_omni" / "trainer" / entry).read_text()
+        assert "register_plugin_configs()" in text and "if run_external_trainer(config):" in text, entry
+    from digenrl_verl.integrations.verl_omni import DigenRLDiffusionTrainer, entry_points_txt
+
+    # our entry point as pip writes it from setup.py's entry_points, on sys.path; the hook module from the tree
+    dist = tmp_path / "site" / "digenrl_verl_probe-0.0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: digenrl-verl-probe\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text(entry_points_txt())
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    spec = importlib.util.spec_from_file_location("verl_omni_external_trainer_probe",
+                                                  tree / "verl_omni" / "trainer" / "external_trainer.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    assert hook.load_external_trainer("digenrl") is DigenRLDiffusionTrainer
+    assert hook.load_external_trainer("digenrl_verl.integrations.verl_omni.DigenRLDiffusionTrainer") \
+        is DigenRLDiffusionTrainer
+    section = DigenRLDiffusionTrainer.config_section()
+    assert section.mode == "disaggregated" and section.dry_run is False

@@ -1,4 +1,5 @@
-"""The verl-omni bridge without verl-omni: the install message, lazy imports, and the config translation."""
+"""The verl-omni bridge without verl-omni: the install message, lazy imports, the config translation (v1 trainer-mode
+path) and the handover of verl-omni's entry-point overrides (external-trainer path)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import textwrap
 import pytest
 
 from digenrl_verl.integrations import verl_omni as vo
+from digenrl_verl.main import compose
+from digenrl_verl.trainer.config import build_run
 
 
 def test_not_installed_says_how_to_install_and_which_commit(capsys):
@@ -87,8 +90,6 @@ def _verl_omni_like(**over):
 
 
 def test_translation_takes_their_values_and_mode_and_derives_pools(tiny_dirs):
-    from digenrl_verl.trainer.config import build_run
-
     ours = vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"]))
     assert ours.trainer.digenrl.mode == "disaggregated" and ours.trainer.use_v1 is False
     spec = build_run(ours)  # validates: verl-omni's defaults that we do not follow were not carried
@@ -104,8 +105,6 @@ def test_translation_takes_their_values_and_mode_and_derives_pools(tiny_dirs):
 
 
 def test_translation_carries_explicit_unsupported_values_so_they_fail(tiny_dirs):
-    from digenrl_verl.trainer.config import build_run
-
     ours = vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"],
                                                actor_rollout_ref__rollout__tensor_model_parallel_size=4))
     with pytest.raises(ValueError, match="tensor_model_parallel_size=4"):
@@ -114,16 +113,33 @@ def test_translation_carries_explicit_unsupported_values_so_they_fail(tiny_dirs)
         vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__v1__trainer_mode="separate_async"))
 
 
-@pytest.mark.parametrize("layout,expect", [
-    ({"trainer": {"device": "cuda", "nnodes": 1, "n_gpus_per_node": 2},
-      "actor_rollout_ref": {"rollout": {"nnodes": 1, "n_gpus_per_node": 2}}}, {"generator": (1, 2), "trainer": (1, 2)}),
-    ({"trainer": {"device": "cuda", "nnodes": 4, "n_gpus_per_node": 8}}, {"generator": (2, 8), "trainer": (2, 8)}),
-    ({"trainer": {"device": "cuda", "nnodes": 1, "n_gpus_per_node": 4}}, {"generator": (1, 2), "trainer": (1, 2)}),
-    ({"trainer": {"device": "cuda", "nnodes": 1, "n_gpus_per_node": 3}}, {"generator": (1, 1), "trainer": (1, 2)}),
-])
-def test_pools_from_verl_omni_layout(layout, expect):
-    pools = vo.pools_from_layout(layout, "disaggregated")
-    assert {r: (p["nnodes"], p["workers_per_node"]) for r, p in pools.items()} == expect
-    assert all(p["use_gpu"] for p in pools.values())
-    with pytest.raises(ValueError, match="at least 2 GPUs"):
-        vo.pools_from_layout({"trainer": {"nnodes": 1, "n_gpus_per_node": 1}}, "disaggregated")
+# ------------------------------------------------------------------------------------------ external-trainer hook
+def test_handover_passes_the_users_overrides_less_the_selection_and_our_entry_point_derives_pools(tiny_dirs):
+    """What verl-omni's entry point hands over (trainer.trainer_class=digenrl): the user's overrides for our entry
+    point, less the keys that selected DigenRL, plus the mode, each said; the pools then come from verl-omni's
+    layout keys as on our own entry point."""
+    model = f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}"
+    given = [model, "trainer.trainer_class=digenrl", "trainer.use_v1=true", "trainer.device=cpu",
+             "trainer.n_gpus_per_node=4", "trainer.digenrl.dry_run=true"]
+    out, notes = vo.handover_overrides(vo.DigenRLDiffusionTrainer.config_section(), given)
+    assert out == [model, "trainer.device=cpu", "trainer.n_gpus_per_node=4", "trainer.digenrl.dry_run=true",
+                   "trainer.digenrl.mode=disaggregated"]
+    assert [n.split(":")[0] for n in notes] == ["trainer.trainer_class=digenrl", "trainer.use_v1=true",
+                                                "trainer.digenrl.mode=disaggregated"]
+    spec = build_run(compose(out))
+    assert spec.digenrl.mode == "disaggregated" and spec.digenrl.dry_run is True
+    assert {r: spec.digenrl.pools[r].size for r in spec.digenrl.roles} == {"generator": 2, "trainer": 2}
+
+    mine = [model, "trainer.device=cpu", "trainer.digenrl.mode=colocated"]
+    assert vo.handover_overrides(vo.DigenRLDiffusionTrainer.config_section(), mine) == (mine, [])  # the user's mode
+
+
+def test_the_handover_fails_by_name_with_the_entry_points_status(tiny_dirs, capsys):
+    """A bad config leaves verl-omni's process with our status (2) and a message naming the key, no traceback."""
+    trainer = vo.DigenRLDiffusionTrainer(config=vo.DigenRLDiffusionTrainer.config_section(), overrides=[
+        f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}", "trainer.device=cpu",
+        "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"])
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.fit()
+    assert exit_info.value.code == 2
+    assert "tensor_model_parallel_size=4" in capsys.readouterr().err

@@ -7,6 +7,7 @@ span fields run in `__post_init__` when the node becomes a `DigenRLConfig` (`fro
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -29,6 +30,9 @@ class PoolConfig:
         custom_resource: a custom Ray resource the pool's nodes advertise (placement without GPUs).
         gpu_fraction: GPUs per worker when use_gpu: 1, or 1/k to share a device (e.g. 0.5: the generator and the
             trainer pool on one GPU; their weight sync then runs over gloo, since NCCL needs one device per rank).
+        max_restarts: generator pools: how many times a generator that dies is replaced by a new actor (which
+            rejoins the weight sync and takes tasks again, docs/elastic.md); a worker dying once more is dropped with
+            a message and the run goes on without it. No effect on trainer pools (a trainer death stops the run).
     """
 
     nnodes: int = 1
@@ -37,6 +41,7 @@ class PoolConfig:
     accelerator_type: Optional[str] = None
     custom_resource: Optional[str] = None
     gpu_fraction: float = 1.0
+    max_restarts: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.nnodes, bool) or not isinstance(self.nnodes, int) or self.nnodes < 1:
@@ -50,6 +55,8 @@ class PoolConfig:
             raise ConfigError("gpu_fraction", self.gpu_fraction, "use 1/k for an integer k >= 1 (1, 0.5, 0.25, ...)")
         if self.gpu_fraction != 1.0 and not self.use_gpu:
             raise ConfigError("gpu_fraction", self.gpu_fraction, "a fraction of a GPU needs use_gpu=true")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError("max_restarts", self.max_restarts, "use an integer >= 0 (0: a dead generator is dropped)")
         if self.accelerator_type and not self.use_gpu:
             raise ConfigError("accelerator_type", self.accelerator_type,
                               "needs use_gpu=true; on CPU place pools with custom_resource instead")
@@ -109,6 +116,11 @@ class DigenRLConfig(ScheduleSettings):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(name, value, f"use an integer >= {low}")
+        for role in ("colocated", "trainer") if self.mode == "colocated" else ("trainer",):
+            if self.pools[role].max_restarts != PoolConfig.max_restarts:
+                warnings.warn(f"{SECTION}.pools.{role}.max_restarts has no effect: only generators are restarted "
+                              "(a trainer death stops the run; resume from its last checkpoint)", UserWarning,
+                              stacklevel=2)
 
     @property
     def roles(self) -> tuple[str, ...]:

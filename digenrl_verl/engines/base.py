@@ -80,8 +80,9 @@ class RolloutEngine(Protocol):
     def generate(self, rows: RolloutRows) -> Rollout:
         """Sample one trajectory per row with the weights held (`version`)."""
 
-    def join(self, spec: CollectiveSpec, generator_rank: int) -> int:
-        """Join the trainer → generator process group as `generator_rank` (collective); the global rank."""
+    def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
+        """Join the trainer → generator weight sync as `generator_rank` (its pair group is built on the first
+        `receive_weights`); `epoch`: this actor's incarnation of the rank (`weights.sync`). The global rank."""
 
     def receive_weights(self, version: int) -> int:
         """Receive the trainable weights trainer rank 0 broadcasts; they are `version` from now on."""

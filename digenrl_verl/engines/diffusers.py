@@ -62,8 +62,8 @@ class DiffusersEngine:
                        policy_version=torch.full((traj.batch_size,), self.version, dtype=torch.int64))
         return Rollout(tensors, images.cpu())
 
-    def join(self, spec: CollectiveSpec, generator_rank: int) -> int:
-        self.collectives = Collectives(spec, "generator", generator_rank)
+    def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
+        self.collectives = Collectives(spec, "generator", generator_rank, epoch)
         return self.collectives.global_rank
 
     def receive_weights(self, version: int) -> int:

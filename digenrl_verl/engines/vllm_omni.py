@@ -697,8 +697,9 @@ class VllmOmniEngine:
 
     @property
     def client(self) -> Any:
-        """The engine client; `AsyncOmni` starts here on first use (after `join`, so torch.distributed in this
-        actor belongs to our group whatever vLLM-Omni does in-process), with a free MASTER_PORT of its own."""
+        """The engine client; `AsyncOmni` starts here on first use (after `join`; the weight sync's pair group is a
+        bare process group, independent of any torch.distributed world vLLM-Omni starts in-process), with a free
+        MASTER_PORT of its own."""
         if self._client is None:
             api = import_vllm_omni()
             kwargs = dict(self.kwargs, master_port=isolate_master_port())
@@ -746,7 +747,7 @@ class VllmOmniEngine:
         return self.loop.run_until_complete(self._rpc(method, *args))
 
     # -- weights ----------------------------------------------------------------------------------------
-    def join(self, spec: CollectiveSpec, generator_rank: int) -> int:
+    def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
         """Join the trainer -> generator group in this actor (torch.distributed is free here, unlike inside a
         vLLM worker); the engine's worker never joins."""
         import torch.distributed as dist
@@ -754,7 +755,7 @@ class VllmOmniEngine:
         if dist.is_initialized() and self.collectives is None:
             raise RuntimeError("torch.distributed is already initialised in the vLLM-Omni generator actor: it would "
                                "join that world instead of the trainer -> generator group")
-        self.collectives = Collectives(spec, "generator", generator_rank)
+        self.collectives = Collectives(spec, "generator", generator_rank, epoch)
         return self.collectives.global_rank
 
     def weights_meta(self) -> dict[str, list]:

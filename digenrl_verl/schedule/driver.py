@@ -154,6 +154,7 @@ class _Step:
     trained_version: int | None = None
     first_start: float | None = None
     infos: list[dict[str, Any]] = field(default_factory=list)
+    gen_tasks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class StepResult:
         stale_samples: samples generated with a version < step.
         gen_versions: version -> number of samples generated with it.
         infos: ``info`` dicts of the step's successful SCORE completions (e.g. reward summaries).
+        gen_tasks: generator worker -> successful GEN tasks of the step it took part in (the lanes that ran it).
     """
 
     step: int
@@ -180,6 +182,7 @@ class StepResult:
     stale_samples: int
     gen_versions: dict[int, int]
     infos: tuple[dict[str, Any], ...] = ()
+    gen_tasks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -776,8 +779,12 @@ class Driver:
         task = c.task
         kind = task.kind
         if kind in (TaskKind.GEN, TaskKind.TAG_GEN):
-            m = self.steps[task.step].mbs[task.microbatch]
+            st = self.steps[task.step]
+            m = st.mbs[task.microbatch]
             m.status, m.gen_version = MbStatus.GENERATED, task.version
+            if kind == TaskKind.GEN:
+                for w in task.workers:
+                    st.gen_tasks[w] = st.gen_tasks.get(w, 0) + 1
             self.scoring_queue.append((task.step, task.microbatch))
         elif kind == TaskKind.SCORE:
             st = self.steps[task.step]
@@ -821,7 +828,8 @@ class Driver:
             versions[m.gen_version] = versions.get(m.gen_version, 0) + len(m.mb.samples)
         assert st.trained_version is not None
         self.finished.append(StepResult(step, st.trained_version, end if st.first_start is None else st.first_start,
-                                        end, len(st.mbs), st.tags, st.stale_samples, versions, tuple(st.infos)))
+                                        end, len(st.mbs), st.tags, st.stale_samples, versions, tuple(st.infos),
+                                        dict(st.gen_tasks)))
         self.done_steps += 1
         if self.config.is_checkpoint_step(step):
             self.checkpoint_pending = step

@@ -2,6 +2,10 @@
 
     validate (build_run) → start_ray → build_workers → make_executor → make_driver → train → finish
 
+At every step boundary of a disaggregated run (`at_step_end`), the generator pool may change size: from
+`resize_generators(n)` or the control file ``<output_dir>/pools.json`` (``{"generator": n}``); dead generators
+are replaced while the run goes on (`trainer.elastic`, docs/elastic.md).
+
 Colocated and disaggregated runs differ only in the worker roles built (`build_workers`) and in the
 schedule the driver follows; the loop itself is the scheduling engine's driver (`schedule.driver`), which
 the Ray executor interprets. Nothing here decides what runs when: periodic checkpoints too are tasks of the
@@ -25,18 +29,19 @@ import torch
 from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.driver import Driver
-from digenrl_verl.schedule.trace import Trace
+from digenrl_verl.schedule.trace import Decision, Trace
 from digenrl_verl.schedule.types import Task, TaskKind, worker_pool, worker_rank
 from digenrl_verl.trainer.checkpoint import CheckpointWriter, checkpoint_dir, read_meta
 from digenrl_verl.trainer.config import SCHEDULE_POOL_NAMES, RunSpec
 from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batch
+from digenrl_verl.trainer.elastic import ElasticRayExecutor, GeneratorSupervisor
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import init_local_ray
 from digenrl_verl.trainer.reporting import RunReporter
 from digenrl_verl.viz.gantt import save_gantt
 from digenrl_verl.weights.sync import CollectiveSpec
 from digenrl_verl.workers import roles
-from digenrl_verl.workers.pools import PoolManager, PoolSpec
+from digenrl_verl.workers.pools import PoolManager, PoolSpec, check_placeable, make_ray_pool
 
 POOL_ROLE = {pool: role for role, pool in SCHEDULE_POOL_NAMES.items()}  # schedule pool name -> role
 
@@ -51,6 +56,8 @@ class StepMetrics:
 
 
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
+POOLS_FILE = "pools.json"
+"""The control file of a running job, in its output directory: ``{"generator": <count>}``, read at step ends."""
 
 
 def free_loopback_port() -> int:
@@ -104,6 +111,12 @@ class DigenRLTrainer:
         self.marks: dict[str, float] = {}  # wall-clock (time.time) start-up marks of the driver
         self.worker_startup: dict[str, dict[str, float]] = {}  # worker id -> its start-up marks
         self.startup: dict[str, Any] = {}  # start-up phases in seconds (`startup_phases`)
+        self.run_id = ""  # names this run's placement groups and actors (they are global in a Ray cluster)
+        self.collective_spec: CollectiveSpec | None = None
+        self.supervisor: GeneratorSupervisor | None = None  # disaggregated runs: the elastic generator pool
+        self.own_pools: dict[int, Any] = {}  # generator rank beyond the pool's -> its own placement (grown)
+        self.generator_target: int | None = None  # asked generator count not applied yet (`resize_generators`)
+        self._pools_file_seen: float | None = None  # mtime of the control file last read
 
     def mark(self, name: str) -> None:
         """Record a wall-clock start-up mark (kept: the first one of a name)."""
@@ -159,7 +172,7 @@ class DigenRLTrainer:
         from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
         d = self.run.digenrl
-        run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
+        self.run_id = run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
         specs = {f"{r}_pool": PoolSpec(f"{r}_pool_{run_id}_", (d.pools[r].workers_per_node,) * d.pools[r].nnodes,
                                        use_gpu=d.pools[r].use_gpu, accelerator_type=d.pools[r].accelerator_type,
                                        custom_resource=d.pools[r].custom_resource,
@@ -184,6 +197,7 @@ class DigenRLTrainer:
         # workers never start verl's own process group, so the port is ours)
         spec = CollectiveSpec(str(trainers.master_address), int(trainers.master_port), trainers.world_size,
                               gens.world_size if gens else 0, backend=backend)
+        self.collective_spec = spec
         refs = [w.join.remote(spec) for w in trainers.workers] + ([w.join.remote(spec) for w in gens.workers]
                                                                   if gens else [])
         # the start-up marks come back with the join (actor calls run in order: after the join), one round trip
@@ -194,9 +208,103 @@ class DigenRLTrainer:
 
     # ---------------------------------------------------------------------------------- schedule
     def make_executor(self):
-        return RayExecutor(self.workers, self.step_batch, self.run.advantage,
-                           self.run.policy.rollout.num_train_steps, on_result=self.on_result,
-                           on_checkpoint=self.on_checkpoint)
+        """The Ray executor; disaggregated: the elastic one (replacements for dead generators, resizes)."""
+        args = (self.step_batch, self.run.advantage, self.run.policy.rollout.num_train_steps)
+        kwargs = {"on_result": self.on_result, "on_checkpoint": self.on_checkpoint}
+        if "generator" not in self.worker_groups:
+            return RayExecutor(self.workers, *args, **kwargs)
+        self.supervisor = GeneratorSupervisor(self.workers, self.start_generator, self.workers["trn:0"],
+                                              self.collective_spec, self.run.digenrl.pools.generator.max_restarts,
+                                              self.stop_generator)
+        return ElasticRayExecutor(self.workers, *args, supervisor=self.supervisor, **kwargs)
+
+    # ------------------------------------------------------------------------- elastic generator pool
+    def start_generator(self, rank: int):
+        """A new generator actor of `rank` (the supervisor has it join): in the pool's placement-group bundle of
+        that rank (free again once its actor died or left), or, past the pool's size, in a placement group of its
+        own (one bundle of the pool's shape)."""
+        import ray
+        from verl.single_controller.ray.base import RayClassWithInitArgs
+
+        pool_cfg = self.run.digenrl.pools.generator
+        wg = self.worker_groups["generator"]
+        device = "cuda" if pool_cfg.use_gpu else "cpu"
+        if rank < pool_cfg.size:
+            pg, bundle = self.pool_manager.pool_for("generator").pgs[rank // pool_cfg.workers_per_node], \
+                rank % pool_cfg.workers_per_node
+        else:
+            if rank not in self.own_pools:
+                spec = PoolSpec(f"generator_pool_{self.run_id}_r{rank}_", (1,), use_gpu=pool_cfg.use_gpu,
+                                accelerator_type=pool_cfg.accelerator_type, custom_resource=pool_cfg.custom_resource,
+                                gpu_fraction=pool_cfg.gpu_fraction)
+                check_placeable(spec, "generator")
+                self.own_pools[rank] = make_ray_pool(spec)
+            pg, bundle = self.own_pools[rank].get_placement_groups(device_name=device)[0], 0
+        cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class("generator")), **self.worker_args("generator"))
+        env = {"WORLD_SIZE": str(max(wg.world_size, rank + 1)), "RANK": str(rank), "WG_BACKEND": "ray",
+               "WG_PREFIX": f"digenrl_generator_{self.run_id}", "RAY_LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": str(wg.master_address), "MASTER_PORT": str(wg.master_port)}
+        cls.update_options({"runtime_env": {"env_vars": env},
+                            "name": f"digenrl_generator_{self.run_id}_r{rank}_{uuid.uuid4().hex[:4]}"})
+        return cls(placement_group=pg, placement_group_bundle_idx=bundle, use_gpu=pool_cfg.use_gpu,
+                   num_gpus=pool_cfg.gpu_fraction, device_name=device)
+
+    def stop_generator(self, rank: int, actor) -> None:
+        """Stop a generator actor; a grown rank's own placement group goes back to the cluster."""
+        import ray
+
+        ray.kill(actor, no_restart=True)
+        self.release_own_pools([rank])
+
+    def release_own_pools(self, ranks=None) -> None:
+        """Remove the placement groups of grown ranks (`ranks`; None: all)."""
+        from ray.util.placement_group import remove_placement_group
+
+        for rank in list(self.own_pools) if ranks is None else ranks:
+            pool = self.own_pools.pop(rank, None)
+            for pg in (pool.pgs or []) if pool is not None else []:
+                remove_placement_group(pg)
+
+    def resize_generators(self, count: int) -> None:
+        """Ask for `count` generators (>= 1); applied at the next step end (`at_step_end`)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"resize_generators({count!r}): use an integer >= 1 (generators of the running job)")
+        if self.supervisor is None and self.executor is not None:
+            raise ValueError("resize_generators: only a disaggregated run has a generator pool to resize")
+        self.generator_target = count
+
+    def read_pools_file(self) -> int | None:
+        """The generator count the control file ``<output_dir>/pools.json`` asks for, when it changed since the last
+        read (None otherwise); a malformed file is reported (warning) and ignored."""
+        path = self.output_dir / POOLS_FILE
+        if not path.is_file() or path.stat().st_mtime == self._pools_file_seen:
+            return None
+        self._pools_file_seen = path.stat().st_mtime
+        try:
+            count = json.loads(path.read_text())["generator"]
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"generator={count!r} is not an integer >= 1")
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"digenrl: ignoring {path}: {type(e).__name__}: {e}; write {{\"generator\": <count >= 1>}}",
+                  file=sys.stderr)
+            return None
+        return int(count)
+
+    def at_step_end(self, result) -> None:
+        """A step boundary: stop generators the driver removed, then apply an asked resize (API or control file)."""
+        if self.supervisor is None or self.driver is None:
+            return
+        self.supervisor.release(self.driver.removed)
+        asked = self.read_pools_file()
+        target = asked if asked is not None else self.generator_target
+        self.generator_target = None
+        if target is None:
+            return
+        members = self.driver.live_generators + self.driver.joining
+        for event in self.supervisor.resize(target, members):
+            self.driver.post(event)
+        self.driver.trace.decide(Decision(self.executor.now(), "resize", result.step, None, None,
+                                          f"generators {len(members)} -> {target} at the end of step {result.step}"))
 
     def make_driver(self, executor):
         """The driver of the whole run (its schedule has a checkpoint barrier every `trainer.save_freq` steps,
@@ -240,6 +348,8 @@ class DigenRLTrainer:
             "schedule/stale_samples": result.stale_samples, "schedule/stale_fraction": result.stale_samples / samples,
             "policy/version": result.version,
             "workers/dead": len(self.driver.dead) if self.driver is not None else 0,
+            "workers/generators": len(self.driver.live_generators) if self.driver is not None else 0,
+            "schedule/generators_used": len(result.gen_tasks),
         }
         return out
 
@@ -262,6 +372,7 @@ class DigenRLTrainer:
             self.reporter.log_step(result.step, log)
             self._batches.pop(result.step, None)  # finished: no task reads it again
             self.check_finite(result.step, log)
+            self.at_step_end(result)
         last = self.driver.config.end_step - 1
         if self.driver.config.checkpoint_every > 0 and not self.driver.config.is_checkpoint_step(last):
             self.save_checkpoint(last + 1)
@@ -489,6 +600,9 @@ class DigenRLTrainer:
         for wg in self.worker_groups.values():
             for w in wg.workers:
                 ray.kill(w)
+        for w in self.workers.values():  # replacements and grown generators
+            ray.kill(w)
+        self.release_own_pools()
         self.worker_groups.clear()
         self.workers.clear()
         manager = self.pool_manager

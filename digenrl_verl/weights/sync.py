@@ -1,13 +1,23 @@
 """Collectives that span both pools: trainer data-parallel gradient reduction and weight sync.
 
-One torch.distributed default group holds every worker of both pools (gloo on CPU, NCCL on GPU): the
-trainer ranks come first (global ranks 0 … T−1), then the generator ranks (T … T+G−1). Two subgroups are
-created collectively on every rank at start-up:
-- `trainer_group`: the trainer ranks, for the all-reduce of accumulated gradients at the optimizer step;
-- one pair group {trainer rank 0, generator g} per generator, for the broadcast of the trainable weights
-  after each optimizer step (the generators then hold policy version v+1). Pair groups, rather than one
-  broadcast over everything, keep the sync working when a generator has died: its pair is skipped,
-  while a collective over a group with a dead member would hang.
+Two kinds of process group, built so that one generator can be replaced without touching a live worker:
+
+- the **trainer world**: torch.distributed's default group holds the trainer ranks only (global ranks
+  0 … T−1), rendezvous through a `TCPStore` that trainer rank 0 serves at ``master_addr:master_port``.
+  `trainer_group` (the whole world) carries the all-reduce of accumulated gradients and FSDP2's collectives;
+- one **pair group** {trainer rank 0, generator g} per generator, for the broadcast of the trainable weights
+  after each optimizer step. A pair group is a bare `ProcessGroupGloo` / `ProcessGroupNCCL` of size 2 built
+  on a `PrefixStore` of the same TCPStore, keyed ``pair/<g>/<epoch>``: it does not depend on the default world
+  (generators never join it, so a generator dying cannot break a trainer collective), and it is built
+  lazily, on both sides, by the first weight broadcast between the two. A replaced generator (same rank g,
+  a new actor) gets the next *epoch*: trainer rank 0 is told first (`expect`), so its next send to g builds
+  a fresh pair under the new key while the new generator's first receive builds its side; the other pairs
+  and the trainer world are never rebuilt. A dead generator's pair is simply never used again (the driver
+  leaves it out of every SYNC), while a collective over a group with a dead member would hang.
+
+Chosen over a drained re-initialisation of one world spanning both pools: that needs every live worker to
+take part at a step boundary (FSDP2's mesh would have to be rebuilt too), and a rejoin would wait for it.
+
 Weights travel as one flat buffer per dtype, so a sync is one collective per dtype and generator.
 """
 
@@ -25,11 +35,13 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class CollectiveSpec:
-    """Where every worker joins the shared process group.
+    """Where every worker joins: the trainer world and the pair groups share one TCP rendezvous.
 
     Args:
-        master_addr / master_port: TCP rendezvous (the driver picks a free loopback port on one machine).
-        num_trainers / num_generators: pool sizes; trainer ranks first.
+        master_addr / master_port: TCPStore served by trainer rank 0 (the driver picks a free loopback port on
+            one machine; on a cluster, verl's port on trainer rank 0's node).
+        num_trainers / num_generators: pool sizes at start-up (the trainer world is num_trainers ranks; generator
+            ranks may later grow past num_generators).
         backend: "gloo" (CPU) or "nccl" (GPU).
     """
 
@@ -45,27 +57,36 @@ class CollectiveSpec:
         return self.num_trainers + self.num_generators
 
     def global_rank(self, role: str, rank: int) -> int:
+        """A worker's number across both pools (trainers first): for logs; only trainers are in the world."""
         return rank if role == "trainer" else self.num_trainers + rank
 
 
 class Collectives:
-    """The process groups one worker belongs to (created by `join`)."""
+    """The process groups one worker belongs to (created by `join`).
 
-    def __init__(self, spec: CollectiveSpec, role: str, rank: int) -> None:
+    Args:
+        epoch: a generator's incarnation (0 at start-up, +1 per replacement of rank `rank`); its pair group with
+            trainer rank 0 lives under that epoch's key.
+    """
+
+    def __init__(self, spec: CollectiveSpec, role: str, rank: int, epoch: int = 0) -> None:
         self.spec = spec
         self.role = role
+        self.rank = rank
         self.global_rank = spec.global_rank(role, rank)
-        if not dist.is_initialized():
-            dist.init_process_group(
-                backend=spec.backend,
-                init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
-                world_size=spec.world_size,
-                rank=self.global_rank,
-                timeout=datetime.timedelta(seconds=spec.timeout_s),
-            )
-        # new_group is collective: every rank must call it, members or not, in the same order.
-        self.trainer_group = dist.new_group(ranks=list(range(spec.num_trainers)))
-        self.pair_groups = [dist.new_group(ranks=[0, spec.num_trainers + g]) for g in range(spec.num_generators)]
+        self.timeout = datetime.timedelta(seconds=spec.timeout_s)
+        is_master = role == "trainer" and rank == 0
+        self.store = dist.TCPStore(spec.master_addr, spec.master_port, is_master=is_master, timeout=self.timeout,
+                                   wait_for_workers=False)
+        self.trainer_group = None
+        if role == "trainer" and not dist.is_initialized():
+            dist.init_process_group(backend=spec.backend, store=dist.PrefixStore("trainers", self.store),
+                                    world_size=spec.num_trainers, rank=rank, timeout=self.timeout)
+        if role == "trainer":
+            self.trainer_group = dist.new_group(ranks=list(range(spec.num_trainers)))
+        self.epoch = epoch  # generators: this actor's epoch
+        self.expected: dict[int, int] = {}  # trainer rank 0: generator rank -> epoch its next send connects to
+        self.pairs: dict[int, tuple[int, object]] = {}  # generator rank -> (epoch, pair process group)
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum the gradients of `params` over the trainer ranks (each rank accumulated its own shard)."""
@@ -80,29 +101,52 @@ class Collectives:
             else:
                 p.grad.copy_(g)
 
+    def expect(self, generator: int, epoch: int) -> None:
+        """On trainer rank 0: generator `generator` was replaced; its next send builds the pair of `epoch`."""
+        self.expected[generator] = epoch
+
+    def pair(self, generator: int, epoch: int):
+        """The pair group {trainer rank 0, generator} of `epoch`, built (a rendezvous with the other side, which
+        must be building it too) on first use."""
+        have = self.pairs.get(generator)
+        if have is not None and have[0] == epoch:
+            return have[1]
+        store = dist.PrefixStore(f"pair/{generator}/{epoch}", self.store)
+        rank = 0 if self.role == "trainer" else 1
+        if self.spec.backend == "nccl":
+            group = dist.ProcessGroupNCCL(store, rank, 2, dist.ProcessGroupNCCL.Options())
+        else:
+            group = dist.ProcessGroupGloo(store, rank, 2, self.timeout)
+        self.pairs[generator] = (epoch, group)
+        return group
+
     def send_weights(self, tensors: Mapping[str, torch.Tensor], generators: list[int]) -> None:
         """On trainer rank 0: send `tensors` to each generator rank listed (pool-local generator ranks)."""
-        assert self.global_rank == 0, "only trainer rank 0 sends weights"
+        assert self.role == "trainer" and self.rank == 0, "only trainer rank 0 sends weights"
         for g in generators:
-            _broadcast_flat(tensors, self.pair_groups[g], src=0)
+            _broadcast_flat(tensors, self.pair(g, self.expected.get(g, 0)))
 
     def receive_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """On a generator: overwrite `tensors` in place with trainer rank 0's values."""
-        g = self.global_rank - self.spec.num_trainers
-        _broadcast_flat(tensors, self.pair_groups[g], src=0)
+        _broadcast_flat(tensors, self.pair(self.rank, self.epoch))
 
     def close(self) -> None:
+        self.pairs.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _broadcast_flat(tensors: Mapping[str, torch.Tensor], group, src: int) -> None:
+def _broadcast_flat(tensors: Mapping[str, torch.Tensor], group) -> None:
+    """Pair-rank 0 (trainer rank 0) -> pair-rank 1, on a bare pair group (not registered with the default world,
+    so through the group's own `broadcast`)."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for name in sorted(tensors):
         by_dtype.setdefault(tensors[name].dtype, []).append(tensors[name])
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
     for same in by_dtype.values():
         flat = torch._utils._flatten_dense_tensors([t.detach() for t in same])
-        dist.broadcast(flat, src=src, group=group)
+        group.broadcast([flat], opts).wait()
         with torch.no_grad():
             for t, new in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
                 t.copy_(new)

@@ -407,10 +407,12 @@ class GeneratorWorker(_Base, GenerationMixin, ScoringMixin):
         self._startup_mark("init_end")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def join(self, spec: CollectiveSpec) -> int:
-        """The engine joins the process group spanning both pools as this generator rank (collective)."""
+    def join(self, spec: CollectiveSpec, epoch: int = 0) -> int:
+        """The engine joins the weight sync as this generator rank; `epoch`: which incarnation of the rank this
+        actor is (0 at start-up, +1 per replacement; see `weights.sync`). Its pair group with trainer rank 0 is
+        built by the first weight broadcast, so a replacement joins without any other worker taking part."""
         self._startup_mark("join_start")
-        out = int(self.engine.join(spec, self.rank))
+        out = int(self.engine.join(spec, self.rank, epoch))
         self._startup_mark("join_end")
         return out
 
@@ -470,6 +472,12 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
         self._scorer()
         return super().score(sample_ids, *image_parts)
+
+    def expect_generator(self, generator: int, epoch: int) -> None:
+        """Generator rank `generator` was replaced by a new actor of `epoch`: rank 0's next send to it builds a
+        fresh pair group (`weights.sync`). Called before the SYNC that includes it (actor calls run in order)."""
+        if self.rank == 0:
+            self.collectives.expect(generator, epoch)
 
     def send_weights(self, version: int, generators: list[int]) -> int:
         """Rank 0 sends to each listed generator in turn; a failed pair does not stop the others (its

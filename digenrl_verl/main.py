@@ -8,6 +8,7 @@ plugin's own knobs sit under `trainer.digenrl.*`. Everything is validated before
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -24,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from digenrl_verl.schedule.types import ScheduleError
 from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
 from digenrl_verl.trainer.config import build_run
+from digenrl_verl.trainer.ray_runtime import connect_ray
 from digenrl_verl.trainer.runner import DigenRLTrainer, NonFiniteError
 
 CONFIG_MODULE = "digenrl_verl.config"
@@ -99,6 +101,10 @@ def run(cfg: DictConfig) -> int:
     if spec.digenrl.dry_run:
         print("dry run: config valid, no worker started")
         return EXIT_OK
+    address = os.environ.get("RAY_ADDRESS")
+    if address:  # an existing cluster (`ray start` on each node); without it the trainer starts a local one
+        print(f"connecting to the Ray cluster at RAY_ADDRESS={address}")
+        connect_ray(address, torch_threads=spec.digenrl.torch_threads)
     trainer = DigenRLTrainer(spec)
     _received.clear()
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -1,4 +1,4 @@
-"""Starting Ray safely: a local cluster on loopback, no dashboard unless asked."""
+"""Starting Ray safely: a local cluster on loopback, no dashboard unless asked; or joining a running cluster."""
 
 from __future__ import annotations
 
@@ -49,6 +49,25 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
         log_to_driver=True,
         logging_level="WARNING",
     )
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
+def connect_ray(address: str, *, torch_threads: int = 1) -> None:
+    """Connect this driver to a running Ray cluster (``ray start --head`` on one node, ``ray start
+    --address=<head>:6379`` on the others; `address` as ``ray.init`` takes it: ``auto``, ``<head>:6379``).
+
+    The cluster's nodes keep their own resources and addresses (custom resources from ``ray start --resources``
+    place the pools, see `workers.pools`); the worker processes get the same environment as on a local instance
+    (threads, offline hub), except the loopback pin.
+    """
+    import ray
+
+    env = {k: v for k, v in WORKER_ENV.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env.update(OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True, logging_level="WARNING")
     for sig, handler in handlers.items():
         if handler is not None:
             signal.signal(sig, handler)

@@ -126,6 +126,11 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
     "reward.reward_model.enable_resource_pool": (True, "a separate reward pool is not supported: the reward (and "
                                                  "its VLM judge) runs in each generator worker; set it to false"),
     f"{A}.actor.ppo_epochs": ("!1", "only ppo_epochs=1 is supported (one pass over each step's samples)"),
+    f"{A}.actor.ppo_mini_batch_size": (
+        lambda v, keys: v != keys("data.train_batch_size"),
+        "several optimizer steps per global step are not implemented: the mini-batch must be the whole step's prompts "
+        "(one optimizer step per global step: the pipeline overlaps a step's generation with its own update); set it "
+        "to null or to data.train_batch_size"),
     f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size": (
         "!1", "Ulysses sequence parallelism is not supported; set it to 1"),
     "algorithm.trainer_type": ("!policy_gradient", "only trainer_type=policy_gradient is supported"),
@@ -390,6 +395,9 @@ VERL_OMNI_DEFAULTS: dict[str, Any] = {
     f"{A}.rollout.tensor_model_parallel_size": 2,
     f"{A}.model.target_modules": "all-linear",
     f"{A}.model.fsdp_layer_prefixes": ["transformer_blocks."],
+    f"{A}.actor.optim.lr": 1e-6,
+    f"{A}.actor.optim.weight_decay": 0.01,
+    f"{A}.actor.ppo_mini_batch_size": 256,
     "data.train_batch_size": 1024,
     "data.seed": None,
     "algorithm.global_std": True,
@@ -401,8 +409,10 @@ VERL_OMNI_DEFAULTS: dict[str, Any] = {
     "trainer.total_training_steps": None,
     "trainer.logger": ["console", "wandb"],
 }
-# keys whose defaults differ by nature (names and paths), not listed as differences
-NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.path", "data.train_files")
+# keys whose defaults differ by nature (names and paths) or only in form (null = the trainer's GPUs per node, which is
+# what verl-omni's interpolation resolves to), not listed as differences
+NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.path", "data.train_files",
+                f"{A}.rollout.n_gpus_per_node")
 
 
 def differences(keys: RecipeKeys) -> list[str]:
@@ -699,11 +709,6 @@ def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
                          "rollout.n >= 2")
     if not isinstance(prompts, int) or prompts < 1:
         raise ValueError(f"data.train_batch_size={prompts!r} must be a positive number of prompts")
-    mini = keys(f"{A}.actor.ppo_mini_batch_size")
-    if mini is not None and mini != prompts:
-        raise ValueError(f"{A}.actor.ppo_mini_batch_size={mini} must equal data.train_batch_size={prompts} (one "
-                         "optimizer step per global step: the pipeline overlaps a step's generation with its own "
-                         "update); set it to null or to the train batch size")
     role = digenrl.trainer_role
     ranks = digenrl.pools[role].size
     micro = keys(f"{A}.actor.ppo_micro_batch_size_per_gpu")

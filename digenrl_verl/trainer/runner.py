@@ -419,6 +419,7 @@ class DigenRLTrainer:
             "prompts_per_step": self.run.prompts_per_step, "n": self.run.n,
             "tcss": {"staleness": self.run.schedule.tcss.staleness, "queued_microbatches": []},
             "cost_profile": self.driver.profiler.snapshot() if self.driver is not None else {},
+            "generators": len(self.generator_ids()),
             "architecture": self.run.architecture,
         }
         path = writer.commit(tmp, version, meta)
@@ -440,7 +441,17 @@ class DigenRLTrainer:
                 else a.load_weights.remote(str(path), version) for w, a in self.workers.items()]
         ray.get(refs)
         self.cost_profile = dict(meta.get("cost_profile", {}))
+        saved, now = meta.get("generators"), len(self.generator_ids())
+        if saved is not None and saved != now:
+            print(f"digenrl: resuming with {now} generator(s), the checkpoint was written with {saved}: the lanes are "
+                  "re-planned; the cost estimates (per worker class and unit of work) are kept", file=sys.stderr)
         return version
+
+    def generator_ids(self) -> list[str]:
+        """The generators taking part now (the driver's live ones once it runs; else every generator worker)."""
+        if self.driver is not None and self.supervisor is not None:
+            return self.driver.live_generators
+        return [w for w in self.workers if worker_pool(w) == "gen"]
 
     def evaluate(self, num_prompts: int) -> dict[str, float]:
         """Deterministic (ODE) samples of the first prompts with the final weights, scored on the trainer

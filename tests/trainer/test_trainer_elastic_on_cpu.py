@@ -7,7 +7,10 @@ import json
 import pytest
 import ray
 
+from digenrl_verl.main import compose
 from digenrl_verl.schedule.types import TaskKind
+from digenrl_verl.trainer.checkpoint import read_meta
+from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.elastic import ElasticRayExecutor
 from digenrl_verl.trainer.runner import POOLS_FILE, DigenRLTrainer
 
@@ -139,3 +142,27 @@ def test_grow_one_to_two_generators_between_steps_and_shrink_back(train_run):
     spans = {r.step: r.end - r.start for r in t.results}
     print("step spans (s):", {s: round(v, 3) for s, v in spans.items()}, "generators:",
           [h["workers/generators"] for h in t.reporter.history])
+
+
+@pytest.mark.slow
+def test_resume_with_a_different_generator_count_reaches_the_same_weights(train_run, tiny_flux_dir, tmp_path, capfd):
+    common = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2"]
+    ckpt_root = tmp_path / "ckpt"
+    first = train_run(*common, f"trainer.default_local_dir={ckpt_root}", name="one_gen")
+    want = ray.get(first.workers["trn:0"].trainable_state.remote())
+    ckpt = ckpt_root / "global_step_2"
+    assert read_meta(ckpt)["generators"] == 1
+    overrides = [f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path / 'two'}",
+                 f"trainer.default_local_dir={tmp_path / 'ckpt2'}", "trainer.logger=[console]", *common,
+                 "trainer.digenrl.pools.generator.workers_per_node=2"]
+    resumed = DigenRLTrainer(build_run(compose(overrides), start_step=2))
+    try:
+        resumed.fit(resume_from=ckpt)
+        got = ray.get(resumed.workers["trn:0"].trainable_state.remote())
+        assert [r.step for r in resumed.results] == [2, 3]
+        assert all(set(r.gen_tasks) == {"gen:0", "gen:1"} for r in resumed.results)
+        assert "resuming with 2 generator(s), the checkpoint was written with 1" in capfd.readouterr().err
+    finally:
+        resumed.shutdown()
+    worst = max(float((got[k] - want[k]).abs().max() / want[k].abs().max().clamp_min(1e-12)) for k in want)
+    assert worst <= 1e-5, worst

@@ -44,7 +44,9 @@ from digenrl_verl.models.registry import get_adapter_class, read_model_index
 from digenrl_verl.rewards.base import get_reward, reward_names
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
-from digenrl_verl.rewards.vlm_judge import JUDGE_REWARD, JudgeConfig, judge_family, resolve_judge_path
+from digenrl_verl.rewards.vlm_judge import (
+    JUDGE_FUNCTION, JUDGE_REWARD, JudgeConfig, is_judge_function, judge_family, resolve_judge_path,
+)
 from digenrl_verl.workers.sharding import STRATEGIES, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
 
@@ -892,10 +894,11 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
                      sharding=build_sharding(keys, digenrl, n))
 
 
-# verl-omni's judge-backed OCR reward function (file name, function): with reward.reward_model.enable=True it calls
-# the served judge; here it becomes the in-process judge's reward JUDGE_REWARD (rewards.vlm_judge)
-GENRM_OCR_FUNCTION = ("genrm_ocr.py", "compute_score_ocr")
+# verl-omni's multi-reward sentinel: reward.custom_reward_function.name when reward.reward_functions holds the files
+MULTI_REWARD_PLACEHOLDER = "_multi_reward_placeholder"
 _RM = "reward.reward_model"
+_RF = "reward.reward_functions"
+_ENTRY_KEYS = ("path", "name", "weight", "required")
 
 
 def build_judge(keys: RecipeKeys) -> JudgeConfig | None:
@@ -912,38 +915,82 @@ def build_judge(keys: RecipeKeys) -> JudgeConfig | None:
     return JudgeConfig(model_path=resolved).from_env()  # verl-omni's GENRM_OCR_* sampling overrides
 
 
+def _function_entries(functions: dict) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+    """`reward.reward_functions` → (name → weight, name → (file, function)): a number is a registered reward's
+    weight; a mapping is verl-omni's `{path, name, weight, required}` entry of a function in a file."""
+    weights: dict[str, Any] = {}
+    files: dict[str, tuple[str, str]] = {}
+    for name, entry in functions.items():
+        if not isinstance(entry, dict):
+            weights[name] = entry
+            continue
+        extra = sorted(set(entry) - set(_ENTRY_KEYS))
+        if extra:
+            raise ValueError(f"{_RF}.{name}: {extra} would be extra arguments of the function, which digenrl_verl does "
+                             f"not pass; remove them (an entry takes {list(_ENTRY_KEYS)})")
+        if not entry.get("path"):
+            raise ValueError(f"{_RF}.{name}.path is not set: give the file that defines the function")
+        weights[name] = float(entry.get("weight", 1.0))
+        files[name] = (str(entry["path"]), str(entry.get("name") or "compute_score"))
+    if files and not all(str(e.get("required", False)).lower() == "true" for e in functions.values()
+                         if isinstance(e, dict)):
+        warnings.warn(f"{_RF}.*.required: a reward function that raises fails its scoring task here (retried, then the "
+                      "run stops), as verl-omni's required=true; verl-omni's default required=false would score it 0",
+                      UserWarning, stacklevel=3)
+    return weights, files
+
+
+def _judge_note(where: str, function: str) -> str:
+    return (f"{where}:{function} (verl-omni's judge-backed OCR reward) is scored by digenrl_verl's in-process VLM judge "
+            "(same instruction, sampling and Levenshtein score; the file is not loaded)")
+
+
 def build_reward(keys: RecipeKeys) -> RewardConfig:
     custom = keys.section("reward.custom_reward_function", ("path", "name"))
-    functions = keys("reward.reward_functions")
+    functions = keys(_RF)
     judge = build_judge(keys)
+    files: dict[str, tuple[str, str]] = {}
+    if functions is not None:
+        functions, files = _function_entries(functions)
+    if files and custom.get("name") == MULTI_REWARD_PLACEHOLDER:
+        warnings.warn(f"reward.custom_reward_function {custom.get('path')}:{MULTI_REWARD_PLACEHOLDER} is verl-omni's "
+                      f"multi-reward placeholder: the reward is the weighted sum of {_RF} {sorted(files)}", UserWarning,
+                      stacklevel=2)
+        custom = {}
     if judge is not None and custom.get("path"):
-        function = (Path(str(custom["path"])).name, custom.get("name") or "compute_score")
-        if function != GENRM_OCR_FUNCTION:
+        function = custom.get("name") or "compute_score"
+        if not is_judge_function(custom["path"], function):
             raise ValueError(
-                f"{_RM}.enable=True with reward.custom_reward_function {custom['path']}:{function[1]}: verl-omni hands "
+                f"{_RM}.enable=True with reward.custom_reward_function {custom['path']}:{function}: verl-omni hands "
                 "such a function the address of its served reward model; digenrl_verl runs the judge in-process and "
-                f"scores it as verl-omni's {':'.join(GENRM_OCR_FUNCTION)} does: point reward.custom_reward_function at "
-                f"that function (or set reward.reward_functions={{{JUDGE_REWARD}: 1.0}}), or set {_RM}.enable=false")
-        warnings.warn(f"reward.custom_reward_function {custom['path']}:{function[1]} (verl-omni's judge-backed OCR "
-                      f"reward) is scored by digenrl_verl's in-process VLM judge, reward {JUDGE_REWARD!r} (same "
-                      "instruction, sampling and Levenshtein score; the file is not loaded)", UserWarning, stacklevel=2)
+                f"scores it as verl-omni's {':'.join(JUDGE_FUNCTION)} does: point reward.custom_reward_function at "
+                f"that function (or set {_RF}={{{JUDGE_REWARD}: 1.0}}), or set {_RM}.enable=false")
+        warnings.warn(_judge_note(f"reward.custom_reward_function {custom['path']}", function) +
+                      f": reward {JUDGE_REWARD!r}", UserWarning, stacklevel=2)
         custom = {}
         functions = {**(functions or {}), JUDGE_REWARD: 1.0}
     if functions is None:  # the YAML default (a dict default would be struct: no other name could be set)
         functions = {} if custom.get("path") else dict(DEFAULT_REWARD)
     reward = RewardConfig(reward_functions=dict(functions), aggregation=keys("reward.aggregation", "weighted_sum"),
                           custom_reward_function_path=custom.get("path"),
-                          custom_reward_function_name=custom.get("name") or "compute_score", reward_model=judge)
-    if judge is not None and JUDGE_REWARD not in reward.weights():
-        warnings.warn(f"{_RM}.enable=True has no effect: no reward uses the judge (add {JUDGE_REWARD} to "
-                      "reward.reward_functions)", UserWarning, stacklevel=2)
+                          custom_reward_function_name=custom.get("name") or "compute_score", reward_model=judge,
+                          function_files=files)
+    judged = [name for name, f in files.items() if is_judge_function(*f)]
+    for name in judged:
+        warnings.warn(_judge_note(f"{_RF}.{name} {files[name][0]}", files[name][1]), UserWarning, stacklevel=2)
+    if judge is not None and JUDGE_REWARD not in reward.weights() and not judged:
+        warnings.warn(f"{_RM}.enable=True has no effect: no reward uses the judge (add {JUDGE_REWARD} to {_RF})",
+                      UserWarning, stacklevel=2)
     for name in reward.weights():
-        if name in ("custom", JUDGE_REWARD):
+        if name in ("custom", JUDGE_REWARD) or name in files:
             continue
         if name not in reward_names():
             get_reward(name)  # ValueError listing the valid reward names
         if name == "ocr" and _missing("rapidocr_onnxruntime"):  # checked without loading the OCR models
-            raise ValueError(f"reward.reward_functions names 'ocr': {OCR_INSTALL_HINT}")
+            raise ValueError(f"{_RF} names 'ocr': {OCR_INSTALL_HINT}")
+    for name, (path, _) in files.items():
+        if name not in judged and not Path(path).is_file():
+            raise ValueError(f"{_RF}.{name}.path={path!r} is not a file")
     if reward.custom_reward_function_path and not Path(reward.custom_reward_function_path).is_file():
         raise ValueError(f"reward.custom_reward_function.path={reward.custom_reward_function_path!r} is not a file")
     return reward

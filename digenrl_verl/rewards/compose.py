@@ -10,7 +10,9 @@ import torch
 
 from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, Reward, get_reward
 from digenrl_verl.rewards.custom import KEY_CUSTOM_PATH, CustomReward
-from digenrl_verl.rewards.vlm_judge import JUDGE_REWARD, KEY_ENABLE, KEY_MODEL_PATH, JudgeConfig, VLMJudgeReward
+from digenrl_verl.rewards.vlm_judge import (
+    JUDGE_REWARD, KEY_ENABLE, KEY_MODEL_PATH, JudgeConfig, VLMJudgeReward, is_judge_function,
+)
 
 KEY_AGGREGATION = "reward.aggregation"
 CUSTOM = "custom"
@@ -23,6 +25,10 @@ class RewardConfig:
         aggregation: only "weighted_sum" (normalise-then-weight is an advantage-level choice:
             `diffusion.advantages.combine_rewards` on `WeightedReward.score_components`).
         reward_model: the VLM judge (`reward.reward_model.*`); the reward named `genrm_ocr` scores with it.
+        function_files: name → (file, function) for the names of reward_functions that are functions in files
+            (verl-omni's `reward.reward_functions.<name>.{path,name,weight}` entries); a file entry takes precedence
+            over a registered reward of the same name, and verl-omni's judge function (`is_judge_function`) is
+            scored by the judge instead of being loaded.
         custom_reward_function_path / _name: a file and a function in it; when a path is set and "custom" is not
             in reward_functions, the custom function is added with weight 1.
     """
@@ -32,6 +38,7 @@ class RewardConfig:
     custom_reward_function_path: str | None = None
     custom_reward_function_name: str = "compute_score"
     reward_model: JudgeConfig | None = None
+    function_files: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.aggregation != "weighted_sum":
@@ -46,6 +53,12 @@ class RewardConfig:
         if JUDGE_REWARD in self.reward_functions and self.reward_model is None:
             raise ValueError(f"{KEY_REWARD_FUNCTIONS} names {JUDGE_REWARD!r} (the VLM judge's OCR score) but no judge "
                              f"is configured: set {KEY_ENABLE}=true and {KEY_MODEL_PATH}")
+        for name, (path, function) in self.function_files.items():
+            if name not in self.reward_functions:
+                raise ValueError(f"{KEY_REWARD_FUNCTIONS}.{name}: a function file without a weight")
+            if is_judge_function(path, function) and self.reward_model is None:
+                raise ValueError(f"{KEY_REWARD_FUNCTIONS}.{name} is verl-omni's judge-backed {function} ({path}), "
+                                 f"which needs the judge: set {KEY_ENABLE}=true and {KEY_MODEL_PATH}")
 
     def weights(self) -> dict[str, float]:
         w = {k: float(v) for k, v in self.reward_functions.items()}
@@ -79,7 +92,9 @@ def build_reward(cfg: RewardConfig) -> WeightedReward:
     """Instantiate every reward the config names (the custom file is loaded here, and only it)."""
     components: dict[str, tuple[Reward, float]] = {}
     for name, w in cfg.weights().items():
-        if name == CUSTOM:
+        if name in cfg.function_files:
+            reward = _file_reward(name, *cfg.function_files[name], cfg.reward_model)
+        elif name == CUSTOM:
             reward: Reward = CustomReward.from_file(cfg.custom_reward_function_path or "",
                                                     cfg.custom_reward_function_name)
         elif name == JUDGE_REWARD and cfg.reward_model is not None:
@@ -88,3 +103,13 @@ def build_reward(cfg: RewardConfig) -> WeightedReward:
             reward = get_reward(name)
         components[name] = (reward, w)
     return WeightedReward(components)
+
+
+def _file_reward(name: str, path: str, function: str, judge: JudgeConfig | None) -> Reward:
+    """A `reward_functions` entry loaded from its file, or the judge for verl-omni's judge function."""
+    if is_judge_function(path, function) and judge is not None:
+        reward: Reward = VLMJudgeReward(judge)
+    else:
+        reward = CustomReward.from_file(path, function)
+    reward.name = name
+    return reward

@@ -38,6 +38,9 @@ KEY_ENABLE = "reward.reward_model.enable"
 KEY_MODEL_PATH = "reward.reward_model.model_path"
 #: the reward name of the judge's OCR score (verl-omni's `genrm_ocr.compute_score_ocr`)
 JUDGE_REWARD = "genrm_ocr"
+#: verl-omni's judge-backed OCR reward function (file name, function name): with reward.reward_model.enable=True it
+#: asks the served judge; here `VLMJudgeReward` scores in its place (the file is not loaded)
+JUDGE_FUNCTION = ("genrm_ocr.py", "compute_score_ocr")
 #: config.json `model_type`s whose chat template and image processor `JudgeProcessor` handles
 JUDGE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 OCR_INSTRUCTION = "Please output only the text content from the image without any additional descriptions or " \
@@ -47,6 +50,11 @@ SYSTEM_PROMPT = "You are a helpful assistant."
 SAMPLING_ENV = {"temperature": ("GENRM_OCR_TEMPERATURE", float), "top_p": ("GENRM_OCR_TOP_P", float),
                 "max_new_tokens": ("GENRM_OCR_MAX_TOKENS", int), "seed": ("GENRM_OCR_SEED", int)}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def is_judge_function(path: str, function: str) -> bool:
+    """True for verl-omni's judge-backed OCR reward function (`JUDGE_FUNCTION`), named by its file and function."""
+    return (os.path.basename(str(path)), function) == JUDGE_FUNCTION
 
 
 def resolve_judge_path(path: str) -> str:

@@ -192,3 +192,61 @@ def test_verl_omni_reward_model_keys_without_effect_warn_by_name(judge_dir):
         got = _reward("reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
                       "reward.reward_functions={genrm_ocr: 0.5, brightness: 0.5}")
     assert got.weights() == {JUDGE_REWARD: 0.5, "brightness": 0.5}
+
+
+# --- verl-omni's multi-reward entries: reward.reward_functions.<name>.{path,name,weight} --------------------------
+
+JPEG_FILE = """
+import io
+from PIL import Image
+
+def compute_score(data_source, solution_image, ground_truth, extra_info):
+    buf = io.BytesIO()
+    Image.fromarray(solution_image.permute(1, 2, 0).numpy()).save(buf, format="JPEG", quality=95)
+    return {"score": -buf.tell() / 500_000.0, "kb": buf.tell() / 1000}
+"""
+
+
+def test_function_file_entries_mix_the_judge_and_a_loaded_file(judge_dir, tmp_path):
+    (tmp_path / "jpeg_compressibility.py").write_text(JPEG_FILE)
+    files = {"ocr": (GENRM, "compute_score_ocr"), "jpeg": (str(tmp_path / "jpeg_compressibility.py"), "compute_score")}
+    cfg = RewardConfig(reward_functions={"ocr": 0.25, "jpeg": 0.75}, function_files=files,
+                       reward_model=JudgeConfig(judge_dir, max_new_tokens=3, temperature=0.0))
+    reward = make_reward(cfg)
+    judge, jpeg = reward.components["ocr"][0], reward.components["jpeg"][0]
+    assert isinstance(judge, VLMJudgeReward) and judge.name == "ocr"  # a file entry wins over the registered 'ocr'
+    assert type(jpeg).__name__ == "CustomReward" and jpeg.name == "jpeg"
+    parts = reward.score_components(_images(2), ['"OPEN"', '"SALE"'])
+    torch.testing.assert_close(reward.combine(parts), 0.25 * parts["ocr"] + 0.75 * parts["jpeg"])
+    assert (parts["jpeg"] < 0).all()
+    with pytest.raises(ValueError, match=r"reward_functions\.ocr is verl-omni's judge-backed compute_score_ocr.*"
+                                         r"reward\.reward_model\.enable=true"):
+        RewardConfig(reward_functions={"ocr": 1.0}, function_files={"ocr": files["ocr"]})
+    with pytest.raises(ValueError, match=r"reward_functions\.jpeg: a function file without a weight"):
+        RewardConfig(reward_functions={"ocr": 1.0}, function_files={"jpeg": files["jpeg"]})
+
+
+def test_verl_omni_multi_reward_script_keys_build_the_judge_and_the_file(judge_dir, tmp_path):
+    (tmp_path / "jpeg_compressibility.py").write_text(JPEG_FILE)
+    jpeg = tmp_path / "jpeg_compressibility.py"
+    script = [  # flowgrpo_trainer/qwen_image/run_qwen_image_ocr_multi_reward.sh, reward keys
+        "reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
+        "reward.custom_reward_function.path=pkg://verl_omni.reward_loop.reward_manager.multi",
+        "reward.custom_reward_function.name=_multi_reward_placeholder",
+        "reward.reward_manager.name=MultiVisualRewardManager",
+        f"+reward.reward_functions.ocr.path={GENRM}", "+reward.reward_functions.ocr.name=compute_score_ocr",
+        "+reward.reward_functions.ocr.weight=0.5", f"+reward.reward_functions.jpeg.path={jpeg}",
+        "+reward.reward_functions.jpeg.name=compute_score", "+reward.reward_functions.jpeg.weight=0.5",
+        "reward.aggregation=weighted_sum"]
+    with pytest.warns(UserWarning) as record:
+        reward = _reward(*script)
+    text = "\n".join(str(w.message) for w in record)
+    assert "_multi_reward_placeholder is verl-omni's multi-reward placeholder" in text
+    assert "reward.reward_functions.ocr " in text and "in-process VLM judge" in text
+    assert "verl-omni's default required=false would score it 0" in text
+    assert reward.weights() == {"ocr": 0.5, "jpeg": 0.5} and reward.custom_reward_function_path is None
+    assert reward.function_files == {"ocr": (GENRM, "compute_score_ocr"), "jpeg": (str(jpeg), "compute_score")}
+    with pytest.raises(ValueError, match=r"reward\.reward_functions\.jpeg: \['scale'\] would be extra arguments"):
+        _reward(*script, "+reward.reward_functions.jpeg.scale=2")
+    with pytest.raises(ValueError, match=r"reward\.reward_functions\.jpeg\.path='/nope/j\.py' is not a file"):
+        _reward(*script, "reward.reward_functions.jpeg.path=/nope/j.py")

@@ -10,4 +10,5 @@ BENCHMARKS: dict[str, str] = {
     "bts": "digenrl_verl.bench.bts",
     "e2e": "digenrl_verl.bench.e2e",
     "driver": "digenrl_verl.bench.driver",
+    "tcss": "digenrl_verl.bench.tcss",
 }

@@ -911,8 +911,12 @@ def build_judge(keys: RecipeKeys) -> JudgeConfig | None:
             warnings.warn(f"{_RM}.model_path={path!r} has no effect: {_RM}.enable=false", UserWarning, stacklevel=3)
         return None
     resolved = resolve_judge_path(path)
-    judge_family(resolved)
-    return JudgeConfig(model_path=resolved).from_env()  # verl-omni's GENRM_OCR_* sampling overrides
+    family = judge_family(resolved)
+    judge = JudgeConfig(model_path=resolved).from_env()  # verl-omni's GENRM_OCR_* sampling overrides
+    keys.decide(f"{_RM}.model_path={path!r}: a {family} judge run in-process in each generator worker with transformers "
+                f"generate ({resolved}; temperature {judge.temperature}, top_p {judge.top_p}, at most "
+                f"{judge.max_new_tokens} new tokens, {judge.micro_batch_size} images per call), not served by vLLM")
+    return judge
 
 
 def _function_entries(functions: dict) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:

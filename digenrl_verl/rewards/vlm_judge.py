@@ -202,7 +202,7 @@ class JudgeProcessor:
                              f"({self.image_token!r}) for one image")
         head, tail = chat.split(self.image_token)
         texts = [head + self.image_token * n + tail for n in per_image]
-        text = self.tokenizer(texts, padding=True, return_tensors="pt")
+        text = self.tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")  # template has them
         return {"input_ids": text["input_ids"], "attention_mask": text["attention_mask"],
                 "pixel_values": vision["pixel_values"], "image_grid_thw": grid}
 

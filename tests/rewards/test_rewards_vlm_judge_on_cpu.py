@@ -7,6 +7,7 @@ import json
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,6 +165,11 @@ def test_verl_omni_ocr_recipe_keys_build_the_judge(judge_dir, monkeypatch):
     assert reward.weights() == {JUDGE_REWARD: 1.0} and reward.custom_reward_function_path is None
     assert reward.reward_model == JudgeConfig(judge_dir, max_new_tokens=12)
     assert {"reward.reward_model.enable", "reward.reward_model.model_path"} <= keys.read
+    family = json.loads((Path(judge_dir) / "config.json").read_text())["model_type"]
+    assert [d for d in keys.decisions if d.startswith("reward.reward_model.model_path")] == [
+        f"reward.reward_model.model_path={judge_dir!r}: a {family} judge run in-process in each generator worker with "
+        f"transformers generate ({judge_dir}; temperature 0.7, top_p 0.8, at most 12 new tokens, 8 images per call), "
+        "not served by vLLM"]  # printed by the dry run's plan
     assert "reward.reward_model.rollout" in NO_EFFECT and "reward.reward_model.enable" not in UNSUPPORTED
 
 

@@ -301,7 +301,12 @@ class DigenRLTrainer:
         if target is None:
             return
         members = self.driver.live_generators + self.driver.joining
-        for event in self.supervisor.resize(target, members):
+        try:
+            events = self.supervisor.resize(target, members)
+        except ValueError as e:  # no room in the cluster for a grown rank: the run goes on with what it has
+            print(f"digenrl: cannot grow the generator pool to {target}: {e}", file=sys.stderr)
+            return
+        for event in events:
             self.driver.post(event)
         self.driver.trace.decide(Decision(self.executor.now(), "resize", result.step, None, None,
                                           f"generators {len(members)} -> {target} at the end of step {result.step}"))

@@ -1,0 +1,227 @@
+"""DigenRL through verl-omni's OWN entry points, with the upstream series (patches/verl-omni-a1139baf/) applied:
+`python -m verl_omni.trainer.main_diffusion` (v0) and `main_diffusion_v1` with `trainer.trainer_class=digenrl`.
+
+scripts/test_verl_omni.sh installs the patched verl-omni and the plugin's entry point (group verl_omni.trainers)
+into `.venv-verl-omni`; without verl-omni, or with an unpatched one, these tests skip.
+
+* the plugin is an installed external trainer, and its section `trainer.digenrl` composes in verl-omni's config
+  with no Hydra `+`;
+* verl-omni's 29 FlowGRPO / DanceGRPO example scripts, replayed through verl-omni's entry point each names (its
+  own Hydra config, its main) with the flag and a dry run: each is accepted or rejected by a message naming the
+  key or model, none fails in Hydra or with a traceback. The entry points' `main` runs in a process forked from
+  one that imported verl-omni once (as `python -m` would run it, without paying verl-omni's import 58 times);
+* tiny-model twins of the FlowGRPO SD3.5 (v1 entry point) and the DanceGRPO Wan2.2 (v0 entry point) recipes train
+  one real step on CPU through `python -m verl_omni.trainer.main_diffusion[_v1]`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+
+try:
+    import verl_omni  # noqa: F401  (imports vLLM-Omni eagerly)
+except ImportError as e:
+    pytest.skip(f"verl_omni is not importable here ({e}); run bash scripts/test_verl_omni.sh", allow_module_level=True)
+try:
+    from verl_omni.trainer import external_trainer
+except ImportError:
+    pytest.skip("this verl-omni lacks the external-trainer hook (patches/verl-omni-a1139baf/); bash "
+                "scripts/test_verl_omni.sh applies it", allow_module_level=True)
+
+from hydra import compose as hydra_compose  # noqa: E402
+from hydra import initialize_config_dir  # noqa: E402
+from hydra.core.config_store import ConfigStore  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+
+from digenrl_verl.integrations.verl_omni import ENTRY_POINT_NAME, DigenRLDiffusionTrainer  # noqa: E402
+from digenrl_verl.integrations.verl_omni_recipes import RECIPES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+ARCHIVE = ROOT.parent / "shared" / "upstream" / "verl-omni-a1139baf.tar.gz"
+CONFIG_DIR = str(Path(verl_omni.__file__).parent / "trainer" / "config")
+SELECT = f"trainer.trainer_class={ENTRY_POINT_NAME}"
+ENTRIES = ("verl_omni.trainer.main_diffusion", "verl_omni.trainer.main_diffusion_v1")
+
+
+def _replay_module():
+    spec = importlib.util.spec_from_file_location("replay_verl_omni_recipes",
+                                                  ROOT / "scripts" / "replay_verl_omni_recipes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _verl_omni_config(overrides):
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            return hydra_compose(config_name="diffusion_trainer", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def test_the_plugin_is_an_installed_external_trainer_with_its_section():
+    assert ENTRY_POINT_NAME in external_trainer.installed_external_trainers()
+    assert external_trainer.load_external_trainer(ENTRY_POINT_NAME) is DigenRLDiffusionTrainer
+    try:
+        assert ENTRY_POINT_NAME in external_trainer.register_plugin_configs()
+        cfg = _verl_omni_config([SELECT, "trainer.digenrl.mode=colocated", "trainer.digenrl.tsp.chunk_size=2"])
+        with pytest.raises(Exception, match="not_a_key"):  # closed to unknown keys, as on our entry point
+            _verl_omni_config(["trainer.digenrl.not_a_key=1"])
+    finally:
+        ConfigStore.instance().repo.pop(external_trainer.PLUGIN_CONFIG_GROUP, None)
+    assert cfg.trainer.trainer_class == ENTRY_POINT_NAME
+    assert cfg.trainer.digenrl.mode == "colocated" and cfg.trainer.digenrl.tsp.chunk_size == 2
+    assert cfg.trainer.digenrl.dry_run is False  # our section's defaults, typed (a structured node)
+    assert "digenrl" not in _verl_omni_config([]).trainer  # no section while no plugin config is registered
+
+
+# ------------------------------------------------------------------------------------------ entry points, forked
+def _child(entry: str, argv: list[str], log: str) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = sys.stdout
+    sys.argv = [entry, *argv]
+    try:
+        importlib.import_module(entry).main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported as the traceback it is
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def run_entry_point(entry: str, argv: list[str], log: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """verl-omni's entry point `entry` with `argv`, as `python -m entry argv` runs it (its Hydra `main`), in a
+    process forked from this one (verl-omni imported once): exit status and output."""
+    proc = multiprocessing.get_context("fork").Process(target=_child, args=(entry, argv, str(log)))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    return subprocess.CompletedProcess([entry, *argv], proc.exitcode, stdout=log.read_text(), stderr="")
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """Every example script through the entry point it calls, with the flag and a dry run: as shipped, and with
+    the overrides that switch on unsupported features dropped (the replay script's --drop-unsupported)."""
+    if not ARCHIVE.is_file():
+        pytest.skip(f"{ARCHIVE} is missing")
+    replay = _replay_module()
+    work = tmp_path_factory.mktemp("replay_entry")
+    repo = replay.extract(ARCHIVE, work / "src")
+    prompts = work / "prompts.txt"
+    prompts.write_text("a red apple on a table\na photo of the word \"hello\"\n")
+    scripts = sorted(p for t in replay.TRAINERS for p in (repo / "examples" / t).rglob("*.sh"))
+    rows = {"as shipped": [], "unsupported dropped": []}
+    for i, script in enumerate(scripts):
+        rel = str(script.relative_to(repo / "examples"))
+        calls = replay.capture(script, repo, work)
+        assert len(calls) == 1, f"{rel}: {len(calls)} verl-omni calls captured"
+        entry, overrides = calls[0][1], calls[0][2:]
+        arch, tiny, model_path = replay.model_of(overrides)
+        model_dir = replay.stand_in_model(arch, tiny, work / "models")
+        for variant in rows:
+            given = overrides
+            if variant == "unsupported dropped":
+                given, _ = replay.drop_unsupported(overrides)
+            argv = [*replay.localise(given, model_path, model_dir, prompts), SELECT,
+                    f"hydra.run.dir={work / 'hydra' / f'{i}-{len(rows[variant])}'}", "hydra.output_subdir=null"]
+            proc = run_entry_point(entry, argv, work / f"{script.stem}-{variant[:2]}.log")
+            result, detail = replay.classify(proc)
+            rows[variant].append({"script": rel, "entry": entry.rsplit(".", 1)[-1], "result": result,
+                                  "detail": detail, "handed_over": "the run is handed to digenrl_verl" in proc.stdout})
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["as shipped", "unsupported dropped"])
+def test_every_example_script_through_verl_omnis_own_entry_point(replayed, variant):
+    rows = replayed[variant]
+    counts = {k: sum(r["result"] == k for r in rows) for k in ("accepted", "rejected", "hydra error", "traceback")}
+    for r in rows:
+        first = r["detail"].splitlines()[0][:110] if r["detail"] else ""
+        print(f"{r['result']:12s} {r['entry']:18s} {r['script']}: {first}")
+    print(f"{variant}: {len(rows)} scripts through verl-omni's entry points: " +
+          ", ".join(f"{v} {k}" for k, v in counts.items()))
+    assert len(rows) == 29
+    assert {r["entry"] for r in rows} == {"main_diffusion", "main_diffusion_v1"}
+    assert all(r["handed_over"] for r in rows), [r["script"] for r in rows if not r["handed_over"]]
+    bad = [(r["script"], r["result"], r["detail"]) for r in rows if r["result"] not in ("accepted", "rejected")]
+    assert not bad, bad
+    for r in rows:
+        assert "use +" not in r["detail"] and "To append" not in r["detail"]
+        if r["result"] == "rejected":  # a named key (`key=value is not supported ...`) or the model directory
+            assert "is not supported by digenrl_verl" in r["detail"] or "actor_rollout_ref.model" in r["detail"], r
+
+
+# ------------------------------------------------------------------------------------------ one real step
+#: recipe -> the entry point its script calls; SD3.5 keeps trainer.use_v1=true (dropped at the handover, said)
+TWINS = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni.trainer.main_diffusion_v1",
+         "wan22_dancegrpo": "verl_omni.trainer.main_diffusion"}
+_REWARD = '''
+def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
+    """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""
+    return float(solution_image.float().mean() / 255.0)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp_path):
+    """The recipe's override list (its blockers switched off but trainer.use_v1, its `tiny` sizes, one generator
+    and one trainer CPU worker from verl-omni's layout keys) through `python -m <its entry point>` with
+    trainer.trainer_class=digenrl: one disaggregated step, weights back on the generator."""
+    import pandas as pd
+
+    from digenrl_verl.models.tiny import build_tiny_model_dir
+
+    recipe, entry = RECIPES[name], TWINS[name]
+    model = build_tiny_model_dir(recipe.architecture, tmp_path / "model", seed=0)
+    for file, fn in recipe.reward_files.items():
+        (tmp_path / file).write_text(_REWARD.format(name=fn))
+    rows = [{"prompt": [{"role": "user", "content": f'A sign that reads "{w}"'}], "data_source": "ocr",
+             "reward_model": {"ground_truth": w, "style": "rule"}} for w in ("HELLO", "RL", "GPU", "PIPELINE")]
+    for split in ("train", "test"):
+        pd.DataFrame(rows).to_parquet(tmp_path / f"{split}.parquet")
+    out = tmp_path / "run"
+    keep_on = ["trainer.use_v1"] if "trainer.use_v1" in recipe.blockers else []
+    argv = recipe.render(str(model), str(tmp_path), str(tmp_path),
+                         switch_off=[k for k in recipe.blockers if k not in keep_on],
+                         extra=[*recipe.tiny, "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
+                                "actor_rollout_ref.rollout.nnodes=0", f"trainer.digenrl.output_dir={out}", SELECT])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0",
+           "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", entry, *argv, f"hydra.run.dir={tmp_path / 'hydra'}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    assert "the run is handed to digenrl_verl.integrations.verl_omni.DigenRLDiffusionTrainer" in text
+    assert "mode: disaggregated; pools: generator: 1 worker(s), trainer: 1 worker(s)" in text
+    if keep_on:
+        assert "trainer.use_v1=true: chooses between verl-omni's own v0 and v1 trainers" in text
+    written = json.loads((out / "summary.json").read_text())
+    summary, workers = written["summary"], written["workers"]
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "summary" not in m]
+    print(f"{name} via {entry}: summary {json.dumps(summary)}")
+    print(f"{name} via {entry}: step metrics {json.dumps(steps)}")
+    assert summary["mode"] == "disaggregated" and summary["steps"] == 1 and len(steps) == 1
+    assert summary["samples"] == 4  # tiny: 2 prompts x n=2
+    assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"] and {w["version"] for w in workers} == {1}

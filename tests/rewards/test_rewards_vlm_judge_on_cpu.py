@@ -256,3 +256,24 @@ def test_verl_omni_multi_reward_script_keys_build_the_judge_and_the_file(judge_d
         _reward(*script, "+reward.reward_functions.jpeg.scale=2")
     with pytest.raises(ValueError, match=r"reward\.reward_functions\.jpeg\.path='/nope/j\.py' is not a file"):
         _reward(*script, "reward.reward_functions.jpeg.path=/nope/j.py")
+
+
+def test_a_hugging_face_id_resolves_from_the_local_cache_only(judge_dir, tmp_path, monkeypatch):
+    """`Qwen/...` ids resolve to their snapshot in the local HF cache (a cache laid out as huggingface_hub writes it),
+    without any download (HF_HUB_OFFLINE=1)."""
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "hub" / "models--Tiny--Judge-VL" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for f in Path(judge_dir).iterdir():
+        (snapshot / f.name).write_bytes(f.read_bytes())
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert Path(resolve_judge_path("Tiny/Judge-VL")) == snapshot
+    got = _reward("reward.reward_model.enable=True", "reward.reward_model.model_path=Tiny/Judge-VL",
+                  "reward.reward_functions={genrm_ocr: 1.0}")
+    assert Path(got.reward_model.model_path) == snapshot
+    with pytest.raises(ValueError, match=r"model_path='Tiny/Other-VL' is neither a local directory nor a model in "
+                                         "the Hugging Face cache"):
+        resolve_judge_path("Tiny/Other-VL")

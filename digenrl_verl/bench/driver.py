@@ -14,6 +14,11 @@ the measured steps went:
 - ``probe_s``: collecting the other ready refs; ``get_s``: `ray.get` of the results (object transfer back);
 - ``complete_s``: absorbing results (scores); ``other_s``: the rest (the loop, timestamps).
 
+``driver_cpu_s`` is the CPU time the driver process used meanwhile (all its threads, Ray's included):
+``cpu_share`` = CPU / wall shows how much of a core it got on a shared machine, and ``tasks_per_cpu_s`` the
+completions per second of driver CPU, the rate a driver with a core of its own would approach while the actors
+keep up.
+
 Goal: >= 500 task completions/s at 64 actors, the driver's decisions a small share of the wall time.
 The bench hands the actors numpy advantages (computed as the executor does, `advantage_array` made numpy)
 and a numpy step batch, so the actor processes never import torch (see `bench.noop_workers`).
@@ -86,13 +91,13 @@ def run_case(actors: int, steps: int, n: int, profile: bool = False) -> dict[str
         driver.run_steps(1)  # warm-up: first calls on every actor, cost estimates
         before = _counters(driver, executor)
         prof = cProfile.Profile() if profile else None
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if prof is not None:
             prof.enable()
         driver.run()
         if prof is not None:
             prof.disable()
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         after = _counters(driver, executor)
     finally:
         for w in workers.values():
@@ -106,6 +111,7 @@ def run_case(actors: int, steps: int, n: int, profile: bool = False) -> dict[str
         "tasks": d["tasks"], "actor_calls": d["calls"], "decisions": d["decisions"], "waits": d["waits"],
         "tasks_per_s": d["tasks"] / wall, "calls_per_s": d["calls"] / wall, "decisions_per_s": d["decisions"] / wall,
         "us_per_decision": 1e6 * times["decision_s"] / max(d["decisions"], 1),
+        "driver_cpu_s": cpu, "cpu_share": cpu / wall, "tasks_per_cpu_s": d["tasks"] / cpu if cpu > 0 else None,
         **times, "shares": {k: v / wall for k, v in times.items()},
     }
     if prof is not None:
@@ -145,11 +151,12 @@ def main(argv: list[str]) -> int:
         init_local_ray(num_cpus=2)
     rows = [run_case(a, args.steps, args.n, args.profile) for a in args.actors]
     print(f"{'actors':>6} {'gen':>4} {'trn':>4} {'lanes':>5} {'tasks':>6} {'tasks/s':>8} {'calls/s':>8} "
-          f"{'dec/s':>8} {'us/dec':>7} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
+          f"{'dec/s':>8} {'us/dec':>7} {'cpu%':>5} {'t/cpu-s':>7} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
     for r in rows:
         print(f"{r['actors']:>6} {r['generators']:>4} {r['trainers']:>4} {r['lanes']:>5} {r['tasks']:>6} "
               f"{r['tasks_per_s']:>8.0f} {r['calls_per_s']:>8.0f} {r['decisions_per_s']:>8.0f} "
-              f"{r['us_per_decision']:>7.0f} " + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))
+              f"{r['us_per_decision']:>7.0f} {r['cpu_share']:>5.0%} {r['tasks_per_cpu_s'] or 0:>7.0f} "
+              + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))
         if "profile_top" in r:
             print(r["profile_top"])
     head = max(rows, key=lambda r: r["actors"])

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 # before Ray is imported: keep every node on the loopback addresses given below (Ray would otherwise swap
 # 127.0.0.1 for the machine's routable address), in the driver and in every process the nodes start
@@ -35,10 +36,9 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from digenrl_verl.main import compose  # noqa: E402
-from digenrl_verl.schedule.types import TaskKind  # noqa: E402
+from digenrl_verl.schedule.types import Task, TaskKind  # noqa: E402
 from digenrl_verl.trainer.checkpoint import read_meta  # noqa: E402
 from digenrl_verl.trainer.config import build_run  # noqa: E402
-from digenrl_verl.trainer.ray_executor import RayExecutor  # noqa: E402
 from digenrl_verl.trainer.ray_runtime import connect_ray  # noqa: E402
 from digenrl_verl.trainer.runner import DigenRLTrainer  # noqa: E402
 
@@ -52,19 +52,20 @@ COMMON = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "actor_rol
           "trainer.digenrl.pools.trainer.custom_resource=digenrl_trn"]
 
 
-class NodeLossExecutor(RayExecutor):
+class NodeLoss:
     """Removes the generator node right after the first GEN of step 1 is submitted, and returns once the generator's
     process is gone (so every later call to it fails; the GEN in flight may or may not have finished first)."""
 
-    def __init__(self, *args, lose, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, lose: Callable[[], None], submit: Callable[[Task], None], gen_pid: int, now) -> None:
         self.lose = lose
-        self.gen_pid = ray.get(self.workers["gen:0"].__ray_call__.remote(lambda _: os.getpid()))
+        self.submit_task = submit
+        self.gen_pid = gen_pid
+        self.now = now
         self.lost_at: float | None = None
         self.gone_after_s: float | None = None
 
-    def submit(self, task) -> None:
-        super().submit(task)
+    def submit(self, task: Task) -> None:
+        self.submit_task(task)
         if task.kind == TaskKind.GEN and task.step == 1 and self.lost_at is None:
             self.lost_at = self.now()
             self.lose()
@@ -74,12 +75,20 @@ class NodeLossExecutor(RayExecutor):
 
 
 class NodeLossTrainer(DigenRLTrainer):
-    lose = None
+    """The runner's own executor (the elastic one in disaggregated mode), its `submit` wrapped by `NodeLoss`."""
+
+    lose: Callable[[], None] | None = None
+
+    def __init__(self, run) -> None:
+        super().__init__(run)
+        self.node_loss: NodeLoss | None = None
 
     def make_executor(self):
-        return NodeLossExecutor(self.workers, self.step_batch, self.run.advantage,
-                                self.run.policy.rollout.num_train_steps, on_result=self.on_result,
-                                on_checkpoint=self.on_checkpoint, lose=type(self).lose)
+        executor = super().make_executor()
+        pid = ray.get(self.workers["gen:0"].__ray_call__.remote(lambda _: os.getpid()))
+        self.node_loss = NodeLoss(type(self).lose, executor.submit, pid, executor.now)
+        executor.submit = self.node_loss.submit  # the driver calls this instance's submit
+        return executor
 
 
 def _wait_gone(pid: int, limit_s: float) -> float | None:
@@ -131,7 +140,13 @@ def _report(trainer, t0: float) -> dict:
     return {
         "wall_s": time.monotonic() - t0,
         "placement": {w: _node_of(a) for w, a in trainer.workers.items()},
-        "rendezvous": {"master_addr": str(trainers.master_address), "master_port": int(trainers.master_port)},
+        "rendezvous": {"master_addr": str(trainers.master_address), "master_port": int(trainers.master_port),
+                       "collective_master_addr": trainer.collective_spec.master_addr,
+                       "trainer0_env_master_addr": ray.get(trainer.workers["trn:0"].__ray_call__.remote(
+                           lambda _: os.environ.get("MASTER_ADDR")), timeout=60)},
+        "supervisor": None if trainer.supervisor is None else {
+            "pending": trainer.supervisor.pending(), "restarts": dict(trainer.supervisor.restarts),
+            "dropped": sorted(trainer.supervisor.dropped), "messages": list(trainer.supervisor.messages)},
         "checksums": _checksums(trainer),
         "completions": [{"id": c.task.task_id, "kind": c.task.kind.value, "step": c.task.step,
                          "mb": c.task.microbatch, "workers": list(c.task.workers), "samples": list(c.task.samples),
@@ -156,8 +171,8 @@ def _run(trainer_cls, model: str, out: Path, name: str, *extra: str) -> dict:
         trainer.fit()
         report = _report(trainer, t0)
         if isinstance(trainer, NodeLossTrainer):
-            report["lost_at"] = trainer.executor.lost_at
-            report["process_gone_after_s"] = trainer.executor.gone_after_s
+            report["lost_at"] = trainer.node_loss.lost_at
+            report["process_gone_after_s"] = trainer.node_loss.gone_after_s
         return report
     finally:
         trainer.shutdown()

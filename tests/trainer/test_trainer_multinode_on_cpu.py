@@ -1,7 +1,8 @@
 """A 3-node Ray cluster on this machine (driver node, generator node, trainer node; `ray.cluster_utils.Cluster`):
 the tiny disaggregated job places its pools by custom resource, rendezvous and weight sync cross nodes, and losing
 the generator node ends as documented (README, "Running on an existing Ray cluster"): the lost GEN is re-issued,
-the trainer generates the rest (TAG), every sample is trained once, the checkpoints stay.
+the trainer generates the rest (TAG), every sample is trained once, the checkpoints stay, and the replacement the
+elastic pool asks for waits for a node with the generator label.
 
 The cluster and both runs live in one subprocess (`multinode_cluster_job.py`): the session's Ray instance is
 single-node. Each test reads the one report.
@@ -56,8 +57,11 @@ def test_three_nodes_pools_on_their_nodes_rendezvous_on_the_trainer_node(report)
     assert nodes[GEN_IP]["resources"].get("digenrl_gen") == 1 and nodes[TRN_IP]["resources"].get("digenrl_trn") == 1
     run = report["healthy"]
     assert run["placement"] == {"gen:0": GEN_IP, "trn:0": TRN_IP}
-    # the process group's rendezvous is trainer rank 0's node, not the driver's
-    assert run["rendezvous"]["master_addr"] == TRN_IP != report["driver_node"]
+    # the process group's rendezvous is trainer rank 0's node, not the driver's: in the worker group, in what the
+    # workers joined, in trainer rank 0's environment
+    rdv = run["rendezvous"]
+    assert rdv["master_addr"] == rdv["collective_master_addr"] == rdv["trainer0_env_master_addr"] == TRN_IP
+    assert TRN_IP != report["driver_node"]
     assert run["steps"] == [0, 1] and run["dead"] == []
     _trained_once(run)
     # the weight sync crossed nodes: the generator holds the trainer's weights of the last version
@@ -97,3 +101,6 @@ def test_losing_the_generator_node_reissues_its_work_on_the_trainer_and_keeps_th
     assert {k: v["global_step"] for k, v in run["checkpoints"].items()} == {"global_step_1": 1, "global_step_2": 2}
     assert run["checksums"]["trn:0"]["version"] == 2
     assert run["history"][-1]["workers/dead"] == 1
+    # the elastic pool asked for a replacement in the dead generator's placement-group bundle; that bundle's node is
+    # gone and no other node has the label, so it is still waiting at the end (it never joined, nothing ran on it)
+    assert run["supervisor"]["restarts"] == {"gen:0": 1} and run["supervisor"]["pending"] == ["gen:0"]

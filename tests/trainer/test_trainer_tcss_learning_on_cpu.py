@@ -19,10 +19,11 @@ With `objective=clip` (the clipped ratio against the behaviour policy) 96–99% 
 and 49–55% add no gradient: TCSS reaches 40% of the on-policy gain summed over the 7 pairs (mean gap +0.017). With
 `objective=decoupled` (trust region around the trainer's current weights, detached importance weight
 w = π_current/π_behaviour, cap 5) every stale row adds w·A·∇log π (w: mean 0.975–0.997, max 1.03–1.06, none capped):
-102% of the on-policy gain, mean gap −0.0005, |gap| ≤ 0.0063 in 6 of 7 pairs and 0.0109 in one. At 4×4 the stale
-share depends on timing (guard off, generators idle), so the two TCSS arms may train different stale samples; at 2×4
-one group is the whole 50% allowance and the schedule is the same in every run. The test below runs the 2×4, seed 42
-pair; switching its TCSS arm to `tcss.objective=clip` fails the match check (gap +0.0259).
+102% of the on-policy gain, mean gap −0.0005, |gap| ≤ 0.0063 in 6 of 7 pairs and 0.0109 in one (a second repetition,
+`python -m digenrl_verl.bench tcss --json`: the same 2×4 rows; clip 38%, decoupled 98%, 4×4 seed 3 +0.0121). At 4×4
+the stale share depends on timing (guard off, generators idle), so the two TCSS arms may train different stale
+samples; at 2×4 one group is the whole 50% allowance and the schedule is the same in every run. The test below runs
+the 2×4, seed 42 pair; switching its TCSS arm to `tcss.objective=clip` fails the match check (gap +0.0259).
 """
 
 from __future__ import annotations

@@ -104,6 +104,15 @@ def test_a_killed_generator_rejoins_with_the_trainers_weights_and_the_run_matche
         got = ray.get(t.workers[g].checksum.remote())
         assert (got["checksum"], got["version"]) == (trn["checksum"], trn["version"]) == (got["checksum"], 4)
     assert t.reporter.history[-1]["workers/generators"] == 2
+    # the Perfetto trace: the decisions on the driver's lane, gen:0's lane with the gap and its tasks after it
+    chrome = json.loads((t.output_dir / "trace.json").read_text())["traceEvents"]
+    instants = {e["name"]: e["ts"] for e in chrome if e.get("ph") == "i"}
+    tid = next(e["tid"] for e in chrome if e.get("ph") == "M" and e["args"].get("name") == "gen:0")
+    lane = sorted((e["ts"], e["name"], e["args"]["ok"]) for e in chrome if e.get("ph") == "X" and e["tid"] == tid)
+    failed_at = next(ts for ts, _, ok in lane if not ok)
+    assert failed_at <= instants["dead"] < instants["rejoin"] < instants["joined"]
+    assert any(ts > instants["joined"] and name.startswith("GEN") and ok for ts, name, ok in lane)
+    assert not any(instants["dead"] < ts < instants["rejoin"] for ts, _, _ in lane)  # the gap
 
     straight = train_run(*common, name="straight")
     want = ray.get(straight.workers["trn:0"].trainable_state.remote())

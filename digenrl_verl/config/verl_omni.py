@@ -41,11 +41,12 @@ from digenrl_verl.diffusion.selection import auto_selection
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.registry import get_adapter_class, read_model_index
-from digenrl_verl.rewards.base import get_reward, reward_names
+from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, get_reward, reward_names
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
 from digenrl_verl.rewards.vlm_judge import (
-    JUDGE_FUNCTION, JUDGE_REWARD, JudgeConfig, is_judge_function, judge_family, resolve_judge_path,
+    JUDGE_FUNCTION, JUDGE_REWARD, KEY_ENABLE, KEY_MODEL_PATH, JudgeConfig, is_judge_function, judge_family,
+    resolve_judge_path,
 )
 from digenrl_verl.workers.sharding import STRATEGIES, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
@@ -896,24 +897,23 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
 
 # verl-omni's multi-reward sentinel: reward.custom_reward_function.name when reward.reward_functions holds the files
 MULTI_REWARD_PLACEHOLDER = "_multi_reward_placeholder"
-_RM = "reward.reward_model"
-_RF = "reward.reward_functions"
+_RF = KEY_REWARD_FUNCTIONS
 _ENTRY_KEYS = ("path", "name", "weight", "required")
 
 
 def build_judge(keys: RecipeKeys) -> JudgeConfig | None:
     """`reward.reward_model.*` → the VLM judge (None when disabled): the model path resolved now (a local directory
     or a cached Hugging Face id) and its family checked, so a bad path fails before any worker starts."""
-    enable = bool(keys(f"{_RM}.enable", False))
-    path = keys(f"{_RM}.model_path")
+    enable = bool(keys(KEY_ENABLE, False))
+    path = keys(KEY_MODEL_PATH)
     if not enable:
         if path is not None:
-            warnings.warn(f"{_RM}.model_path={path!r} has no effect: {_RM}.enable=false", UserWarning, stacklevel=3)
+            warnings.warn(f"{KEY_MODEL_PATH}={path!r} has no effect: {KEY_ENABLE}=false", UserWarning, stacklevel=3)
         return None
     resolved = resolve_judge_path(path)
     family = judge_family(resolved)
-    judge = JudgeConfig(model_path=resolved).from_env()  # verl-omni's GENRM_OCR_* sampling overrides
-    keys.decide(f"{_RM}.model_path={path!r}: a {family} judge run in-process in each generator worker with transformers "
+    judge = JudgeConfig(model_path=resolved).with_env_overrides()  # verl-omni's GENRM_OCR_* sampling overrides
+    keys.decide(f"{KEY_MODEL_PATH}={path!r}: a {family} judge run in-process in each generator worker with transformers "
                 f"generate ({resolved}; temperature {judge.temperature}, top_p {judge.top_p}, at most "
                 f"{judge.max_new_tokens} new tokens, {judge.micro_batch_size} images per call), not served by vLLM")
     return judge
@@ -965,10 +965,10 @@ def build_reward(keys: RecipeKeys) -> RewardConfig:
         function = custom.get("name") or "compute_score"
         if not is_judge_function(custom["path"], function):
             raise ValueError(
-                f"{_RM}.enable=True with reward.custom_reward_function {custom['path']}:{function}: verl-omni hands "
+                f"{KEY_ENABLE}=True with reward.custom_reward_function {custom['path']}:{function}: verl-omni hands "
                 "such a function the address of its served reward model; digenrl_verl runs the judge in-process and "
                 f"scores it as verl-omni's {':'.join(JUDGE_FUNCTION)} does: point reward.custom_reward_function at "
-                f"that function (or set {_RF}={{{JUDGE_REWARD}: 1.0}}), or set {_RM}.enable=false")
+                f"that function (or set {_RF}={{{JUDGE_REWARD}: 1.0}}), or set {KEY_ENABLE}=false")
         warnings.warn(_judge_note(f"reward.custom_reward_function {custom['path']}", function) +
                       f": reward {JUDGE_REWARD!r}", UserWarning, stacklevel=2)
         custom = {}
@@ -983,7 +983,7 @@ def build_reward(keys: RecipeKeys) -> RewardConfig:
     for name in judged:
         warnings.warn(_judge_note(f"{_RF}.{name} {files[name][0]}", files[name][1]), UserWarning, stacklevel=2)
     if judge is not None and JUDGE_REWARD not in reward.weights() and not judged:
-        warnings.warn(f"{_RM}.enable=True has no effect: no reward uses the judge (add {JUDGE_REWARD} to {_RF})",
+        warnings.warn(f"{KEY_ENABLE}=True has no effect: no reward uses the judge (add {JUDGE_REWARD} to {_RF})",
                       UserWarning, stacklevel=2)
     for name in reward.weights():
         if name in ("custom", JUDGE_REWARD) or name in files:

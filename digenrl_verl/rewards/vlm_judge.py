@@ -8,11 +8,11 @@ worker (the reward sits with the generators) with transformers' `generate`, on C
 served (vLLM) backend is not implemented.
 
 What is kept from verl-omni's recipe: the chat (system "You are a helpful assistant.", user = image + instruction),
-the sampling (temperature 0.7, top-p 0.8, at most 4096 new tokens, no seed; the same `GENRM_OCR_TEMPERATURE`,
-`GENRM_OCR_TOP_P`, `GENRM_OCR_MAX_TOKENS`, `GENRM_OCR_SEED` environment overrides, read by `JudgeConfig.from_env`
-in the driver), the score (`judge_ocr_score`), video frames judged one by one every `frame_interval` frames and
-averaged. The target is the sample's ground truth (`reward_model.ground_truth`), else the quoted text of the
-prompt (`rewards.ocr.ocr_target`).
+the sampling (temperature 0.7, top-p 0.8, no top-k, at most 4096 new tokens, no seed; the same
+`GENRM_OCR_TEMPERATURE`, `GENRM_OCR_TOP_P`, `GENRM_OCR_MAX_TOKENS`, `GENRM_OCR_SEED` environment overrides, read by
+`JudgeConfig.with_env_overrides` in the driver), the score (`judge_ocr_score`), video frames judged one by one
+every `frame_interval` frames and averaged. The target is the sample's ground truth (`reward_model.ground_truth`),
+else the quoted text of the prompt (`rewards.ocr.ocr_target`).
 
 Inputs are prepared with the model's own tokenizer, chat template and image processor; the processor step that
 expands each image placeholder into one token per merged patch is done here (`JudgeProcessor`), because
@@ -126,7 +126,7 @@ class JudgeConfig:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"JudgeConfig: dtype={self.dtype!r}; valid: {['auto', *DTYPES]}")
 
-    def from_env(self, environ: Mapping[str, str] | None = None) -> "JudgeConfig":
+    def with_env_overrides(self, environ: Mapping[str, str] | None = None) -> "JudgeConfig":
         """A copy with verl-omni's `GENRM_OCR_*` sampling overrides applied (`SAMPLING_ENV`)."""
         environ = os.environ if environ is None else environ
         found = {}

@@ -134,10 +134,10 @@ def test_judge_config_checks_and_verl_omni_environment_overrides(tmp_path):
     with pytest.raises(ValueError, match="device='tpu'"):
         JudgeConfig("x", device="tpu")
     env = {"GENRM_OCR_TEMPERATURE": "0.2", "GENRM_OCR_MAX_TOKENS": "16", "GENRM_OCR_SEED": "5"}
-    got = JudgeConfig("x").from_env(env)
+    got = JudgeConfig("x").with_env_overrides(env)
     assert (got.temperature, got.top_p, got.max_new_tokens, got.seed) == (0.2, 0.8, 16, 5)
     with pytest.raises(ValueError, match="GENRM_OCR_TOP_P='high'"):
-        JudgeConfig("x").from_env({"GENRM_OCR_TOP_P": "high"})
+        JudgeConfig("x").with_env_overrides({"GENRM_OCR_TOP_P": "high"})
     with pytest.raises(ValueError, match=r"reward\.reward_model\.model_path='Qwen/Nope-VL'.*hf download"):
         resolve_judge_path("Qwen/Nope-VL")  # HF_HUB_OFFLINE=1 (tests/conftest.py) and not cached
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))

@@ -84,7 +84,9 @@ def _set(overrides: list[str], new: str) -> list[str]:
 _TINY = ("data.train_batch_size=2", f"{A}.actor.ppo_mini_batch_size=2", f"{A}.actor.ppo_micro_batch_size_per_gpu=2",
          f"{A}.rollout.n=2", f"{A}.rollout.pipeline.num_inference_steps=6", f"{A}.rollout.pipeline.height=32",
          f"{A}.rollout.pipeline.width=32", f"{A}.rollout.pipeline.max_sequence_length=16",
-         "trainer.total_training_steps=1", "trainer.logger=[console]")
+         "trainer.total_training_steps=1", "trainer.logger=[console]",
+         "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",  # pools derived: 1 + 1 CPU workers
+         f"{A}.rollout.nnodes=0")
 _USER_TEMPLATE = ("\"{% for message in messages %}{% if message['role'] == 'user' %}{{ message['content'] }}"
                   "{% endif %}{% endfor %}\"")
 
@@ -232,12 +234,10 @@ WAN22_DANCEGRPO = VerlOmniRecipe(
     ),
     reward_files={"hpsv3_reward.py": "compute_score_hpsv3"},
     blockers={
-        "trainer.device": "cpu",
         f"{A}.rollout.name": "diffusers",
         "trainer.val_before_train": "False",
         "trainer.test_freq": "-1",
         f"{A}.actor.ppo_mini_batch_size": "64",
-        f"{A}.actor.ppo_micro_batch_size_per_gpu": "8",
     },
     tiny=(*_TINY, f"{A}.rollout.pipeline.num_frames=5"),
 )

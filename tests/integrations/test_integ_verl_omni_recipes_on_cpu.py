@@ -81,7 +81,9 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tiny_dirs, reward_dir, data_
                                 extra=[DIGENRL_FLAG, "trainer.digenrl.dry_run=true"]))
     assert run(cfg) == 0
     out = capsys.readouterr().out
-    assert "mode: disaggregated; pools: generator: 1 worker(s), trainer: 1 worker(s)" in out
+    # pools from the recipe's layout: 1 standalone rollout node x 2, the trainer's 1 node x 2
+    assert "mode: disaggregated; pools: generator: 2 worker(s), trainer: 2 worker(s)" in out
+    assert "actor_rollout_ref.rollout.nnodes=1 (standalone rollout nodes)" in out
     assert "sde_type=cps" in out and "dry run: config valid, no worker started" in out
 
 
@@ -110,7 +112,6 @@ UNSUPPORTED_CASES = [
     ("algorithm.adv_estimator=grpo_guard", "algorithm.adv_estimator"),
     (f"{A}.actor.diffusion_loss.loss_mode=flow_dppo", f"{A}.actor.diffusion_loss.loss_mode"),
     ("trainer.device=npu", "trainer.device"),
-    ("trainer.device=cuda", "trainer.device"),  # CPU pools
     (f"{A}.rollout.nnodes=1", f"{A}.rollout.nnodes"),  # colocated: standalone rollout GPUs need disaggregated
     ("reward.reward_model.enable=true", "reward.reward_model.enable"),
     ("trainer.use_v1=true", "trainer.use_v1"),

@@ -264,6 +264,7 @@ class VLMJudgeReward(Reward):
               extra: Sequence[Mapping[str, Any]] | None = None) -> torch.Tensor:
         video = images.ndim == 5
         frames, extra = as_frames(images, prompts, extra)
+        targets = [ocr_target(p, e) for p, e in zip(prompts, extra)]  # before the judge runs: fail fast
         owner, pil = [], []
         for row, (clip, e) in enumerate(zip(frames, extra)):
             step = int((e.get("extra_info") or {}).get("frame_interval", 4 if video else 1))
@@ -271,7 +272,6 @@ class VLMJudgeReward(Reward):
                 owner.append(row)
                 pil.append(Image.fromarray(frame.permute(1, 2, 0).contiguous().numpy(), "RGB"))
         self.last_answers = self.judge.transcribe(pil)
-        targets = [ocr_target(p, e) for p, e in zip(prompts, extra)]
         total = torch.zeros(len(prompts), dtype=torch.float64)
         count = torch.zeros(len(prompts), dtype=torch.float64)
         for row, answer in zip(owner, self.last_answers):

@@ -277,3 +277,13 @@ def test_a_hugging_face_id_resolves_from_the_local_cache_only(judge_dir, tmp_pat
     with pytest.raises(ValueError, match=r"model_path='Tiny/Other-VL' is neither a local directory nor a model in "
                                          "the Hugging Face cache"):
         resolve_judge_path("Tiny/Other-VL")
+
+
+def test_tiny_judge_cli_writes_a_directory(tmp_path, capsys):
+    from digenrl_verl.rewards import tiny_judge
+
+    assert tiny_judge.main([str(tmp_path / "j"), "--family", "qwen3_vl", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "j")
+    assert judge_family(str(tmp_path / "j")) == "qwen3_vl"
+    with pytest.raises(ValueError, match=r"unknown family 'llava'; valid: \['qwen2_5_vl', 'qwen3_vl'\]"):
+        build_tiny_judge_dir(tmp_path / "k", "llava")

@@ -461,8 +461,8 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join(self, spec: CollectiveSpec) -> int:
-        """Join the process groups (collective: every worker must call it), then shard the model (FSDP2) or
-        not, and build the optimizer."""
+        """Join the trainer world (collective over the trainer ranks; rank 0 serves the rendezvous store the
+        generators' weight-sync pairs use too), then shard the model (FSDP2) or not, and build the optimizer."""
         self._startup_mark("join_start")
         self.collectives = Collectives(spec, "trainer", self.rank)
         self._build_parallel(self.collectives)

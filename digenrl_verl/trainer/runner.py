@@ -618,6 +618,8 @@ class DigenRLTrainer:
                 ray.kill(w)
         for w in self.workers.values():  # replacements and grown generators
             ray.kill(w)
+        for start in self.supervisor.starting.values() if self.supervisor is not None else ():
+            ray.kill(start.actor)  # still starting (e.g. waiting for room on a lost node)
         self.release_own_pools()
         self.worker_groups.clear()
         self.workers.clear()

@@ -16,7 +16,8 @@ from digenrl_verl.trainer.config import build_run
 
 
 def test_not_installed_says_how_to_install_and_which_commit(capsys):
-    assert not vo.verl_omni_available()
+    if vo.verl_omni_available():
+        pytest.skip("verl-omni is installed here (the verl-omni venv): the not-installed path cannot be shown")
     commit = "a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"
     with pytest.raises(vo.VerlOmniNotInstalled, match=f"pip install 'verl-omni @ git\\+.*@{commit}'"):
         vo.require_verl_omni()

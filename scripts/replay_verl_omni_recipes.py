@@ -179,7 +179,8 @@ def drop_unsupported(overrides: list[str]) -> tuple[list[str], list[str]]:
     why = ENGINES.entry(engine).unavailable_reason() if engine in ENGINES.names() else None
     if why is not None:
         switched.append(f"{A}.rollout.name=diffusers")
-        notes.append(f"{A}.rollout.name={engine} -> diffusers ({why})")
+        notes.append(f"{A}.rollout.name={engine} -> diffusers")
+        print(f"  {A}.rollout.name={engine} -> diffusers: {why}", file=sys.stderr)
     return [*kept, *switched], notes
 
 
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
             proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600, check=False)
             row.result, row.detail = classify(proc)
+            row.detail = row.detail.replace(str(work), "<work>")  # the replay's temporary directory
             rows.append(row)
             print(f"{row.result:12s} {rel}: {row.detail.splitlines()[0][:120] if row.detail else ''}", file=sys.stderr,
                   flush=True)
@@ -283,6 +285,8 @@ def print_table(rows: list[Replay], markdown: bool, dropped: bool = False) -> No
         print("|---|---|---|---|---|" + ("---|" if dropped else ""))
         for r in rows:
             res = f"rejected: {named_keys(r.detail)}" if r.result == "rejected" else r.result
+            if r.result == "rejected" and dropped:  # what is left: the message says more than its key
+                res = f"rejected: {r.detail.splitlines()[0][:150].replace('|', '/')}"
             if r.result in ("hydra error", "traceback"):
                 res += f": {r.detail}"
             up = "yes" if r.upstream == "ok" else f"no: {r.upstream}"

@@ -41,7 +41,7 @@ from digenrl_verl.trainer.reporting import RunReporter
 from digenrl_verl.viz.gantt import save_gantt
 from digenrl_verl.weights.sync import CollectiveSpec
 from digenrl_verl.workers import roles
-from digenrl_verl.workers.pools import PoolManager, PoolSpec, check_placeable, make_ray_pool
+from digenrl_verl.workers.pools import PoolManager, PoolSpec, check_placeable, make_ray_pool, make_worker_group
 
 POOL_ROLE = {pool: role for role, pool in SCHEDULE_POOL_NAMES.items()}  # schedule pool name -> role
 
@@ -143,16 +143,16 @@ class DigenRLTrainer:
             total = sum(self.run.digenrl.pools[r].size for r in self.run.digenrl.roles)
             init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads)
 
-    def rendezvous(self) -> dict[str, Any]:
-        """`master_addr` / `master_port` for a worker group, or {} to let verl find them (a Ray task on the group's
+    def rendezvous(self) -> tuple[str, str] | None:
+        """(master_addr, master_port) for a worker group, or None to let verl find them (a Ray task on the group's
         first bundle: one more worker process and round trip per pool at start-up). On a one-node cluster on this
         machine's loopback (every CPU run here) the driver picks a free loopback port itself."""
         import ray
 
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if len(nodes) != 1 or nodes[0].get("NodeManagerAddress") != "127.0.0.1":
-            return {}
-        return {"master_addr": "127.0.0.1", "master_port": str(free_loopback_port())}
+            return None
+        return "127.0.0.1", str(free_loopback_port())
 
     def worker_class(self, role: str):
         """The verl Worker class of a pool (one generator worker serves every `actor_rollout_ref.rollout.name`)."""
@@ -169,7 +169,7 @@ class DigenRLTrainer:
     def build_workers(self) -> None:
         """One verl RayWorkerGroup per role on its own resource pool; then the shared process group."""
         import ray
-        from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
+        from verl.single_controller.ray.base import RayClassWithInitArgs
 
         d = self.run.digenrl
         self.run_id = run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
@@ -180,9 +180,9 @@ class DigenRLTrainer:
         self.pool_manager = manager = PoolManager(specs, {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles})
         for role in d.roles:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
-            wg = RayWorkerGroup(resource_pool=manager.pool_for("trainer" if role == "colocated" else role, role),
-                                ray_cls_with_init=cls, name_prefix=f"digenrl_{role}_{run_id}",
-                                device_name="cuda" if d.pools[role].use_gpu else "cpu", **self.rendezvous())
+            wg = make_worker_group(manager.pool_for("trainer" if role == "colocated" else role, role), cls,
+                                   name_prefix=f"digenrl_{role}_{run_id}",
+                                   device_name="cuda" if d.pools[role].use_gpu else "cpu", rendezvous=self.rendezvous())
             self.worker_groups[role] = wg
             self.mark(f"submitted_{role}")
             for i, actor in enumerate(wg.workers):

@@ -161,3 +161,28 @@ def make_ray_pool(spec: PoolSpec):
         max_colocate_count=round(1 / spec.gpu_fraction) if spec.use_gpu else 1,
         accelerator_type=spec.accelerator_type if spec.use_gpu else None,
     )
+
+
+def make_worker_group(resource_pool, ray_cls_with_init, *, name_prefix: str, device_name: str,
+                      rendezvous: tuple[str, str] | None = None):
+    """A verl `RayWorkerGroup` on `resource_pool`; `rendezvous` = (master_addr, master_port) to use as the group's
+    MASTER_ADDR / MASTER_PORT, or None to let verl find them (a Ray task on the group's first bundle).
+
+    verl's `RayWorkerGroup` takes `master_addr` / `master_port` keyword arguments but its base class's `__init__`
+    resets both to None before the workers start, so verl always runs its port-finding task; this subclass keeps
+    the given address."""
+    from verl.single_controller.ray.base import RayWorkerGroup
+
+    class _WorkerGroup(RayWorkerGroup):
+        def __init__(self, **kwargs) -> None:
+            self._given_rendezvous = rendezvous  # before super().__init__: it starts the workers
+            super().__init__(**kwargs)
+
+        def _get_master_addr_port(self, pg, bundle_index=0, master_port_range=None):
+            if self._given_rendezvous is None:
+                return super()._get_master_addr_port(pg, bundle_index=bundle_index,
+                                                     master_port_range=master_port_range)
+            self._master_addr, self._master_port = self._given_rendezvous
+
+    return _WorkerGroup(resource_pool=resource_pool, ray_cls_with_init=ray_cls_with_init, name_prefix=name_prefix,
+                        device_name=device_name)

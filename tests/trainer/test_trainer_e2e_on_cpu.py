@@ -147,8 +147,9 @@ def test_tcss_run_keeps_its_invariants_and_still_learns(train_run):
                   "trainer.digenrl.tag.policy=off",
                   "trainer.digenrl.tcss.guard=false", "trainer.digenrl.tcss.max_stale_fraction=0.5",
                   "trainer.total_training_steps=16", "actor_rollout_ref.actor.optim.lr=3e-3",
-                  # stale rows sit one optimizer step away (ratios 0.93-1.03 here); Flow-GRPO's 1e-4 clip would
-                  # zero their gradient, which halves the signal of a 50%-stale run
+                  # written when stale rows were clipped against the behaviour policy (tcss.objective=clip, where
+                  # Flow-GRPO's 1e-4 zeroes about half of them); the default decoupled objective does not clip
+                  # stale rows, the recipes' clip is tested in test_trainer_tcss_learning_on_cpu.py
                   "actor_rollout_ref.actor.diffusion_loss.clip_ratio=1e-2", name="tcss")
     # the scheduling engine's own invariant checker, on the Ray run's trace (coverage, versions, ordering, limits)
     assert check_run(t.driver.config, t.driver.trace.completions) == []

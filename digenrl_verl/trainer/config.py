@@ -95,7 +95,7 @@ class RunSpec:
             f"{' (custom: ' + str(self.reward.custom_reward_function_path) + ')' if self.reward.custom_reward_function_path else ''}",
             f"output: {self.output_dir}",
             *_block("decisions", self.decisions),
-            *_block("differences from verl-omni's defaults (keys not set)", self.differences),
+            *_block("differences from verl-omni's defaults (keys at this plugin's default, which differs)", self.differences),
         ]
         return "\n".join(lines)
 

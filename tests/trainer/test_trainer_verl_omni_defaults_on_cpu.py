@@ -169,7 +169,7 @@ def test_the_dry_run_prints_decisions_and_differences(tiny_flux_dir, capsys):
     out = capsys.readouterr().out
     assert "decisions:\n  - pools: generator 1 + trainer 1 CPU worker process(es)" in out
     assert "  - algorithm.global_std=True -> False" in out
-    assert "differences from verl-omni's defaults (keys not set):" in out
+    assert "differences from verl-omni's defaults (keys at this plugin's default, which differs):" in out
     assert f"  - {A}.rollout.pipeline.width=32 (verl-omni: 512)" in out and ".pipeline.height=" not in out
 
 

@@ -236,6 +236,11 @@ class ScheduleConfig(ScheduleSettings):
         micro_batch_size: the colocated plan's micro-batch: samples per rank (verl-omni's
             ``ppo_micro_batch_size_per_gpu``); None = a rank's whole share of the step, one micro-batch. See
             `plan.ColocatedPlanner`. The disaggregated plans ignore it (a GAP micro-batch is one prompt group).
+        mini_batches_per_step: optimizer steps per global step (verl's ``train_batch_size / ppo_mini_batch_size``
+            with ``ppo_epochs=1``): the step's prompt groups are cut into this many contiguous mini-batches
+            (`plan.step_microbatches`); the UPDATEs of mini-batch j accumulate until its OPT_STEP, mini-batch j+1's
+            UPDATEs wait for it, and the weights reach the generators (SYNC, one version bump) after the last one.
+            Must divide ``prompts_per_step``.
     """
 
     pools: Optional[Mapping[str, PoolSpec]] = None
@@ -245,6 +250,7 @@ class ScheduleConfig(ScheduleSettings):
     n: int = 8
     checkpoint_every: int = 0
     micro_batch_size: Optional[int] = None
+    mini_batches_per_step: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -255,6 +261,11 @@ class ScheduleConfig(ScheduleSettings):
             _int_at_least(name, getattr(self, name), low)
         if self.micro_batch_size is not None:
             _int_at_least("micro_batch_size", self.micro_batch_size, 1)
+        _int_at_least("mini_batches_per_step", self.mini_batches_per_step, 1)
+        if self.prompts_per_step % self.mini_batches_per_step:
+            raise ConfigError("mini_batches_per_step", self.mini_batches_per_step,
+                              f"use a divisor of prompts_per_step={self.prompts_per_step} (each mini-batch holds "
+                              "whole prompt groups, the same number in each)")
         object.__setattr__(self, "pools", self._normalised_pools())
 
     @classmethod
@@ -287,6 +298,11 @@ class ScheduleConfig(ScheduleSettings):
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.n
+
+    def minibatch_of(self, sample: int) -> int:
+        """The mini-batch (optimizer step within the global step, ``0 .. mini_batches_per_step - 1``) of a sample:
+        contiguous blocks of ``prompts_per_step / mini_batches_per_step`` prompt groups."""
+        return (sample // self.n) // (self.prompts_per_step // self.mini_batches_per_step)
 
     @property
     def end_step(self) -> int:

@@ -78,7 +78,7 @@ from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 from digenrl_verl.schedule.bts import BtsCosts, BtsState, GenPhase
 from digenrl_verl.schedule.config import ScheduleConfig
 from digenrl_verl.schedule.cost import CostProfiler
-from digenrl_verl.schedule.plan import MicroBatch, Planner, planner_for, split_even
+from digenrl_verl.schedule.plan import MicroBatch, Planner, planner_for, split_even, step_microbatches
 from digenrl_verl.schedule.select import FirstFree, LaneSelector
 from digenrl_verl.schedule.staleness import GenRequest, StalenessPolicy
 from digenrl_verl.schedule.tag import BubbleContext, TagPolicy, make_tag_policy
@@ -150,7 +150,8 @@ class _Step:
     tags: int = 0
     updated: int = 0
     scored: int = 0
-    opt_issued: bool = False
+    opt_issued: bool = False  # the OPT_STEP of mini-batch `opt_done` is in flight
+    opt_done: int = 0  # mini-batches whose OPT_STEP completed
     trained_version: int | None = None
     first_start: float | None = None
     infos: list[dict[str, Any]] = field(default_factory=list)
@@ -364,7 +365,7 @@ class Driver:
         holds it too (it has not stepped past the generators) and is idle; else they wait for the next SYNC."""
         step = self.last_update + 1  # the step whose generation it serves
         if (not self.joining or self.sync_needed or self.trainer_version != self.gen_version
-                or step >= self.config.end_step or not self._idle(self.trn_workers)):
+                or step >= self.config.end_step or not self._idle(self.trn_workers) or self._between_minibatches()):
             return False
         workers = tuple(self.trn_workers) + tuple(self.joining)
         self._submit(TaskKind.SYNC, step, None, workers, self.trainer_version,
@@ -470,7 +471,8 @@ class Driver:
         for step in range(self.config.start_step, upto + 1):
             if step not in self.steps and step > self.last_update:
                 ranks = len(self._live_gen()) or len(self.trn_workers)  # batch-axis: one group per rank
-                mbs = self.planner.microbatches(step, self.config.prompts_per_step, self.config.n, ranks)
+                mbs = step_microbatches(self.planner, step, self.config.prompts_per_step, self.config.n, ranks,
+                                        self.config.mini_batches_per_step)
                 self.steps[step] = _Step(step, [_Mb(mb) for mb in mbs], deque(range(len(mbs))))
 
     def _barrier_step(self) -> int:
@@ -581,7 +583,8 @@ class Driver:
                 est = self.profiler.estimate(task.kind, trn_cls, task.work) or 0.0
                 trainer_free = max(trainer_free, start + est)
         todo = sum(1 for m in current.mbs if m.status not in (MbStatus.UPDATING, MbStatus.UPDATED))
-        return now + gen_est * (1.0 - self.config.tcss.guard_slack) <= trainer_free + todo * upd_est + opt_est
+        opts = self.config.mini_batches_per_step - current.opt_done
+        return now + gen_est * (1.0 - self.config.tcss.guard_slack) <= trainer_free + todo * upd_est + opts * opt_est
 
     def _gen_request(self, st: _Step, idx: int, version: int) -> GenRequest:
         return GenRequest(st.step, version, len(st.mbs[idx].mb.samples), self.last_update, st.stale_samples,
@@ -594,10 +597,14 @@ class Driver:
         st = self.steps.get(self.last_update + 1)
         if st is None:
             return False
-        if st.updated == len(st.mbs) and not st.opt_issued:
+        if not st.opt_issued and all(m.status == MbStatus.UPDATED for m in st.mbs if m.mb.minibatch == st.opt_done):
             st.opt_issued = True
-            self._submit(TaskKind.OPT_STEP, st.step, None, tuple(trainers), self.trainer_version + 1,
-                         tuple((w, ()) for w in trainers), "all micro-batches updated")
+            k = self.config.mini_batches_per_step
+            last = st.opt_done == k - 1
+            detail = "all micro-batches updated" if k == 1 else f"mini-batch {st.opt_done + 1}/{k} updated"
+            # versions count global steps: only the step's last optimizer step bumps it (and is followed by SYNC)
+            self._submit(TaskKind.OPT_STEP, st.step, None, tuple(trainers), self.trainer_version + int(last),
+                         tuple((w, ()) for w in trainers), detail, None if last else {"minibatch"})
             return True
         ready = self._next_ready(st)
         if ready is not None:
@@ -611,18 +618,29 @@ class Driver:
         return False
 
     def _next_ready(self, st: _Step) -> int | None:
+        """A scored micro-batch of the current mini-batch of `st` (none while its OPT_STEP runs)."""
         if not self.config.pipeline or self.colocated:
             if st.scored < len(st.mbs):
                 return None
+        if st.opt_issued:
+            return None
         for pos, (step, idx) in enumerate(self.update_queue):
-            if step == st.step:
+            if step == st.step and st.mbs[idx].mb.minibatch == st.opt_done:
                 del self.update_queue[pos]
                 return idx
         return None
 
     # ================================================================================ TAG
+    def _between_minibatches(self) -> bool:
+        """The trainer holds weights between two optimizer steps of one global step (no version names them), so
+        it may neither generate (TAG) nor send its weights (join SYNC) until the step's last OPT_STEP."""
+        st = self.steps.get(self.last_update + 1)
+        return st is not None and st.opt_done > 0
+
     def _bubble(self, st: _Step) -> bool:
         idx = st.pending[-1]
+        if self._between_minibatches():
+            return False
         if self.staleness.check(self._gen_request(st, idx, self.trainer_version)):
             return False
         if not self._lanes:  # no generator left: TAG is the only way forward
@@ -811,6 +829,10 @@ class Driver:
 
     def _on_opt_step(self, c: Completion) -> None:
         st = self.steps[c.task.step]
+        st.opt_issued = False
+        st.opt_done += 1
+        if st.opt_done < self.config.mini_batches_per_step:  # a mini-batch's step: the next mini-batch updates
+            return
         st.trained_version = c.task.version - 1
         self.trainer_version = c.task.version
         self.last_update = st.step

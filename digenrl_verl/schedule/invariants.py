@@ -18,7 +18,11 @@ Checked:
 6. at most ``max_gen_futures`` generation tasks run at once;
 7. UPDATEs of step s start after OPT_STEP(s-1); OPT_STEP(s) starts after every UPDATE of s; SYNC(s)
    after OPT_STEP(s) (a ``join`` SYNC, weights to a generator that joined the pool, is not a step's SYNC:
-   it only counts as a version change for (3));
+   it only counts as a version change for (3)). With ``mini_batches_per_step = k``: a step has exactly k
+   successful OPT_STEPs, the first k-1 flagged ``minibatch`` at version s, the last at version s+1; the UPDATEs of
+   mini-batch j (`ScheduleConfig.minibatch_of`; an UPDATE holds one mini-batch) start after the step's
+   OPT_STEP j-1 ended and end before its OPT_STEP j started; OPT_STEP(s) above means its last one; no generation
+   on the trainer (TAG) and no SYNC on the trainer runs between a step's first and last OPT_STEP;
 8. with W = 0 (disaggregated), no task of step s starts before SYNC(s-1) ends;
 9. checkpoint barriers (``checkpoint_every = k``): every step s with (s + 1) % k == 0 has exactly one
    successful CHECKPOINT (version s + 1, on the trainer pool) and no other step has one; it starts after
@@ -116,11 +120,55 @@ def _versions(cfg: ScheduleConfig, ok: list[Completion]) -> list[str]:
     return out
 
 
+def _minibatches(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
+    out = []
+    k = cfg.mini_batches_per_step
+    opts: dict[int, list[Completion]] = defaultdict(list)
+    for c in ok:
+        if c.task.kind == TaskKind.OPT_STEP:
+            opts[c.task.step].append(c)
+    for step in range(cfg.start_step, cfg.end_step):
+        got = sorted(opts[step], key=lambda c: c.start)
+        if len(got) != k:
+            out.append(f"step {step}: {len(got)} successful OPT_STEPs, want mini_batches_per_step={k}")
+            continue
+        for j, c in enumerate(got):
+            last = j == k - 1
+            if c.task.version != step + int(last) or ("minibatch" in c.task.flags) == last:
+                out.append(f"OPT_STEP {j} of step {step}: version {c.task.version}, flags {sorted(c.task.flags)}; "
+                           f"want v{step + int(last)}{'' if last else ' flagged minibatch'}")
+        for c in all_:
+            t = c.task
+            if t.step == step and t.kind == TaskKind.UPDATE and c.ok:
+                js = {cfg.minibatch_of(i) for i in t.samples}
+                if len(js) != 1:
+                    out.append(f"{t.label} mixes mini-batches {sorted(js)}")
+                    continue
+                j = js.pop()
+                if j > 0 and c.start < got[j - 1].end - EPS:
+                    out.append(f"{t.label} (mini-batch {j}) starts before OPT_STEP {j - 1} of its step ended")
+                if c.end > got[j].start + EPS:
+                    out.append(f"{t.label} (mini-batch {j}) ends after OPT_STEP {j} of its step started")
+        trainers = set(cfg.workers(cfg.trainer_pool))
+        for c in all_:
+            t = c.task
+            if (k > 1 and (t.kind == TaskKind.TAG_GEN or t.kind == TaskKind.SYNC and trainers & set(t.workers))
+                    and c.end > got[0].end + EPS and c.start < got[-1].end - EPS):
+                out.append(f"{t.label} runs on the trainer between the first and last OPT_STEP of step {step}")
+    return out
+
+
 def _ordering(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
     out = []
-    end_of = {(c.task.kind, c.task.step): c.end for c in ok
-              if c.task.kind in (TaskKind.OPT_STEP, TaskKind.SYNC) and "join" not in c.task.flags}
-    start_of_opt = {c.task.step: c.start for c in ok if c.task.kind == TaskKind.OPT_STEP}
+    end_of: dict[tuple[TaskKind, int], float] = {}
+    for c in ok:  # a step's OPT_STEP: its last one (mini-batches: see `_minibatches`)
+        if c.task.kind in (TaskKind.OPT_STEP, TaskKind.SYNC) and "join" not in c.task.flags:
+            key = (c.task.kind, c.task.step)
+            end_of[key] = max(end_of.get(key, -math.inf), c.end)
+    start_of_opt: dict[int, float] = {}
+    for c in ok:
+        if c.task.kind == TaskKind.OPT_STEP:
+            start_of_opt[c.task.step] = max(start_of_opt.get(c.task.step, -math.inf), c.start)
     for c in all_:
         t = c.task
         if t.kind in GEN_KINDS:
@@ -197,4 +245,4 @@ def check_run(cfg: ScheduleConfig, completions: Iterable[Completion]) -> list[st
     all_ = list(completions)
     ok = [c for c in all_ if c.ok]
     return (_overlaps(all_) + _coverage(cfg, ok, all_) + _versions(cfg, ok) + _ordering(cfg, ok, all_)
-            + _limits(cfg, ok, all_) + _barriers(cfg, ok, all_))
+            + _minibatches(cfg, ok, all_) + _limits(cfg, ok, all_) + _barriers(cfg, ok, all_))

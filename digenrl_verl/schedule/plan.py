@@ -66,6 +66,7 @@ class MicroBatch:
         samples: sample indices (GAP and batch-axis: ``prompt * n + j`` for each prompt and ``j < n``), ascending.
         split: the plan's per-rank split, rank ``r``'s samples at position ``r`` (colocated plan); empty: the
             planner cuts ``samples`` over whichever ranks run the micro-batch.
+        minibatch: the mini-batch (optimizer step of the global step) it belongs to (`step_microbatches`).
     """
 
     step: int
@@ -73,6 +74,7 @@ class MicroBatch:
     prompts: tuple[int, ...]
     samples: tuple[int, ...]
     split: tuple[tuple[int, ...], ...] = ()
+    minibatch: int = 0
 
     def __post_init__(self) -> None:
         if self.split and sorted(s for part in self.split for s in part) != list(self.samples):
@@ -220,6 +222,28 @@ class ColocatedPlanner(Planner):
 
     def update_assignment(self, mb: MicroBatch, trainers: Sequence[str]) -> Assignment:
         return self.assign(mb, trainers, 0)
+
+
+def step_microbatches(planner: Planner, step: int, prompts: int, n: int, ranks: int,
+                      minibatches: int = 1) -> list[MicroBatch]:
+    """The micro-batches of one step cut into ``minibatches`` mini-batches (optimizer steps): mini-batch ``j`` holds
+    the prompt groups ``j * prompts / minibatches .. (j + 1) * prompts / minibatches - 1`` (verl's ``data.split``
+    of the batch in order, no shuffle), planned by ``planner`` as a batch of its own; indices run on across
+    mini-batches, so micro-batch order is mini-batch order.
+
+        >>> [(m.index, m.minibatch, m.prompts) for m in step_microbatches(GapPlanner(), 0, 4, 2, 2, minibatches=2)]
+        [(0, 0, (0,)), (1, 0, (1,)), (2, 1, (2,)), (3, 1, (3,))]
+    """
+    if minibatches < 1 or prompts % minibatches:
+        raise ValueError(f"{minibatches} mini-batches do not divide {prompts} prompt groups")
+    per = prompts // minibatches
+    out: list[MicroBatch] = []
+    for j in range(minibatches):
+        p0, s0 = j * per, j * per * n
+        for mb in planner.microbatches(step, per, n, ranks):
+            out.append(MicroBatch(step, len(out), tuple(p + p0 for p in mb.prompts), tuple(s + s0 for s in mb.samples),
+                                  tuple(tuple(s + s0 for s in part) for part in mb.split), j))
+    return out
 
 
 def make_planner(gap: bool) -> Planner:

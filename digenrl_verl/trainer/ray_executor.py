@@ -93,6 +93,8 @@ class RayExecutor:
         step_batch: global step → that step's DataProto (prompts × n rows; see trainer.data).
         advantage_cfg: how rewards become advantages (group-normalised per uid).
         loss_rows_per_sample: K, trained steps per sample (the loss denominator counts rows).
+        mini_batches_per_step: optimizer steps per global step (`ScheduleConfig.mini_batches_per_step`): the loss of
+            an UPDATE is normalised over its mini-batch's rows.
         on_result: optional callback(task, result values) for metrics (rewards, losses, ...).
         on_checkpoint: callback(task) run for a CHECKPOINT task: saves the trainer state of version
             ``task.version``, returns facts for the completion's info (e.g. the path) or None; if it raises, the
@@ -101,11 +103,13 @@ class RayExecutor:
 
     def __init__(self, workers: Mapping[str, Any], step_batch: Callable[[int], Any], advantage_cfg: AdvantageConfig,
                  loss_rows_per_sample: int, on_result: Callable[[Task, list], None] | None = None,
-                 on_checkpoint: Callable[[Task], Mapping[str, Any] | None] | None = None) -> None:
+                 on_checkpoint: Callable[[Task], Mapping[str, Any] | None] | None = None,
+                 mini_batches_per_step: int = 1) -> None:
         self.workers = dict(workers)
         self.step_batch = step_batch
         self.advantage_cfg = advantage_cfg
         self.rows_per_sample = loss_rows_per_sample
+        self.mini_batches_per_step = mini_batches_per_step
         self.on_result = on_result
         self.on_checkpoint = on_checkpoint
         self._t0 = time.monotonic()
@@ -230,7 +234,7 @@ class RayExecutor:
             finite = [r for r in rewards if math.isfinite(r)]
             return {"reward_mean": float(np.mean(finite)) if finite else float("nan"),
                     "nonfinite_rewards": len(rewards) - len(finite)}
-        if task.kind == TaskKind.OPT_STEP:
+        if task.kind == TaskKind.OPT_STEP and "minibatch" not in task.flags:  # the step's last optimizer step
             self.release_step(task.step)
         return {}
 
@@ -325,9 +329,11 @@ class RayExecutor:
         return {i: a if math.isfinite(a) else 0.0 for i, a in adv.items()}
 
     def loss_denominator(self, task: Task) -> float:
-        """The loss of every UPDATE of a step is a sum over its rows divided by the step's rows (samples x K), so
-        any cut of the step into micro-batches (GAP groups, colocated chunks, TSP chunks) accumulates one gradient."""
-        return float(len(self.step_batch(task.step)) * self.rows_per_sample)
+        """The loss of every UPDATE of a step is a sum over its rows divided by its mini-batch's rows (the step's
+        samples / mini_batches_per_step, x K), so any cut of a mini-batch into micro-batches (GAP groups, colocated
+        chunks, TSP chunks) accumulates the gradient of the mean loss over the mini-batch (verl's normalisation
+        per optimizer step)."""
+        return float(len(self.step_batch(task.step)) // self.mini_batches_per_step * self.rows_per_sample)
 
     def _update(self, task: Task) -> _InFlight:
         """UPDATE: each rank of the assignment (colocated: the plan's split of the micro-batch; disaggregated: even

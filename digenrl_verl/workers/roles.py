@@ -36,12 +36,13 @@ with its own (frozen, identical) text encoders, which costs less than moving emb
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import resource
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from verl import DataProto
@@ -235,6 +236,10 @@ class TrainingMixin:
         self.optimizer = None
         self.grad_sync: GradientSync | None = None
         self.skipped_steps = 0
+        # the weights of `version` while the trainer is between two optimizer steps of one global step (several
+        # mini-batches): later mini-batches recompute their old log-probs with them, as verl computes the whole
+        # batch's before its first update; empty otherwise
+        self.step_start_weights: dict[str, torch.Tensor] = {}
 
     def _build_parallel(self, collectives: Collectives) -> None:
         spec = self.train_spec
@@ -273,13 +278,33 @@ class TrainingMixin:
             fresh = data.batch["policy_version"] == self.version
             if bool(fresh.any()) or self.lockstep:  # lock-step ranks all run the pass, needed or not
                 old = old.clone()
-                old[fresh] = self._old_log_probs(cond, traj, tsp_cfg, max_share)[fresh]
+                with self._weights_of_version():
+                    old[fresh] = self._old_log_probs(cond, traj, tsp_cfg, max_share)[fresh]
         stale = data.batch["policy_version"] < self.version  # TCSS rows: clip stats apart (`LossStats`)
         stats = accumulate_gradients(self.adapter, cond, traj, advantages.to(self.device, torch.float32),
                                      self.train_spec.loss, tsp_cfg, loss_denominator, old_log_probs=old,
                                      min_passes=passes, stale=stale)
         self.busy_s += time.perf_counter() - t0
         return dict(vars(stats))  # LossStats sums: the driver side merges them across micro-batches and ranks
+
+    @contextlib.contextmanager
+    def _weights_of_version(self) -> Iterator[None]:
+        """The weights of `self.version` in place for the block: after a mini-batch's optimizer step (the global
+        step's earlier ones) the step-start weights are swapped in, and the current ones back after."""
+        if not self.step_start_weights:
+            yield
+            return
+        params = self.trainable()
+        with torch.no_grad():
+            current = {name: p.detach().clone() for name, p in params.items()}
+            for name, p in params.items():
+                p.copy_(self.step_start_weights[name])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, p in params.items():
+                    p.copy_(current[name])
 
     def _old_log_probs(self, cond: Any, traj: Trajectory, tsp_cfg: TSPConfig, max_share: int) -> torch.Tensor:
         """The recompute pass: log-probs [B, K] under the current weights, in chunks of
@@ -330,9 +355,12 @@ class TrainingMixin:
         return version
 
     def opt_step(self, version: int) -> dict[str, float]:
-        """All-reduce the accumulated gradients, clip, step; the weights become `version`."""
-        if version != self.version + 1:
-            raise RuntimeError(f"trainer rank {self.rank} at version {self.version} asked to produce version {version}")
+        """All-reduce the accumulated gradients, clip, step; the weights become `version`: ``self.version + 1`` at a
+        global step's last optimizer step, ``self.version`` at the step of one of its earlier mini-batches (versions
+        count global steps, `ScheduleConfig.mini_batches_per_step`)."""
+        if version not in (self.version, self.version + 1):
+            raise RuntimeError(f"trainer rank {self.rank} at version {self.version} asked to produce version {version} "
+                               f"(want {self.version + 1}, or {self.version} for a mini-batch's optimizer step)")
         t0 = time.perf_counter()
         params = list(self.trainable().values())
         self.grad_sync.reduce_grads(params)
@@ -345,6 +373,11 @@ class TrainingMixin:
             total = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
             norm = float(self.grad_sync.full(total))
         finite = math.isfinite(norm)
+        if version == self.version and not self.step_start_weights and self.train_spec.recompute_old_log_probs:
+            with torch.no_grad():  # the step's first mini-batch: keep `version`'s weights for the later recomputes
+                self.step_start_weights = {name: p.detach().clone() for name, p in self.trainable().items()}
+        elif version == self.version + 1:
+            self.step_start_weights = {}
         if grads and finite:
             self.optimizer.step()
         else:

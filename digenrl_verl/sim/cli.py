@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="global steps")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="a checkpoint barrier every k global steps (the drain costs the profile's checkpoint time)")
+    p.add_argument("--mini-batches", type=int, default=1,
+                   help="optimizer steps per global step (verl's train_batch_size / ppo_mini_batch_size); divides "
+                        "--prompts")
     p.add_argument("--jitter", type=float, default=0.0, help="relative std of task durations")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -146,7 +149,8 @@ def _scenario(args: argparse.Namespace) -> Scenario:
 
 def _single_config(args: argparse.Namespace, s: Scenario, cluster: ClusterSpec) -> ScheduleConfig:
     return ScheduleConfig.of(settings_from_flags(args, cluster.mode), prompts_per_step=s.prompts_per_step, n=s.n,
-                             num_steps=s.num_steps, pools=cluster.pools, checkpoint_every=args.checkpoint_every)
+                             num_steps=s.num_steps, pools=cluster.pools, checkpoint_every=args.checkpoint_every,
+                             mini_batches_per_step=args.mini_batches)
 
 
 def _write_outputs(args: argparse.Namespace, outcome: RunOutcome) -> None:

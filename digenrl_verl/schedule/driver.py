@@ -31,6 +31,12 @@ Invariants (tested in ``tests/schedule``):
 * with staleness 0 every micro-batch of step s is generated with version s, i.e. after the SYNC that
   delivered version s, and no task of step s+1 starts before that SYNC;
 * UPDATEs of step s+1 start only after OPT_STEP of step s;
+* with ``config.mini_batches_per_step = k`` (verl's ``ppo_mini_batch_size``) the step's prompt groups form k
+  contiguous mini-batches (`plan.step_microbatches`): the UPDATEs of mini-batch j start (as they are scored) only
+  after OPT_STEP j-1, OPT_STEP j follows all of them; the first k-1 OPT_STEPs keep the version (flag
+  ``minibatch``), the last bumps it and is followed by the SYNC, so generators get weights once per global step.
+  Between them the trainer's weights have no version: no TAG and no join SYNC runs then (with no live generator
+  left and a mini-batch still to generate, such a step cannot finish: a deadlock error);
 * at a checkpoint barrier (``config.checkpoint_every = k``: after every step s with (s + 1) % k == 0) the
   driver issues one CHECKPOINT on the trainer pool after the step's SYNC (colocated: its OPT_STEP) and opens
   step s+1 only when it ended: nothing of step s+1 (no stale TCSS generation either) starts before, so the

@@ -210,7 +210,8 @@ class DigenRLTrainer:
     def make_executor(self):
         """The Ray executor; disaggregated: the elastic one (replacements for dead generators, resizes)."""
         args = (self.step_batch, self.run.advantage, self.run.policy.rollout.num_train_steps)
-        kwargs = {"on_result": self.on_result, "on_checkpoint": self.on_checkpoint}
+        kwargs = {"on_result": self.on_result, "on_checkpoint": self.on_checkpoint,
+                  "mini_batches_per_step": self.run.schedule.mini_batches_per_step}
         if "generator" not in self.worker_groups:
             return RayExecutor(self.workers, *args, **kwargs)
         self.supervisor = GeneratorSupervisor(self.workers, self.start_generator, self.workers["trn:0"],

@@ -13,12 +13,46 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 @dataclass(frozen=True)
 class DataSpec:
     """Prompts: `train_files` (.txt or verl-style .parquet; None = the built-in prompts), the prompt column, the
-    shuffling seed."""
+    shuffling seed; validation prompts: `val_files` (None = the training prompts), at most `val_max_samples` of
+    them (-1 = all, as verl-omni's data.val_max_samples)."""
 
     train_files: Optional[str] = None
     prompt_key: str = "prompt"
     seed: int = 0
     shuffle: bool = True
+    val_files: Optional[str] = None
+    val_max_samples: int = -1
+
+    def __post_init__(self) -> None:
+        n = self.val_max_samples
+        if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
+            raise ConfigError("val_max_samples", n, "use -1 (every validation prompt) or an integer >= 1")
+
+
+@dataclass(frozen=True)
+class ValidationSpec:
+    """Validation runs (verl-omni's `trainer.test_freq` / `trainer.val_before_train`): deterministic samples of the
+    validation prompts, scored, after every global step s with (s + 1) % test_freq == 0 and after the last step
+    (test_freq <= 0: never), and before the first step when `before_train`."""
+
+    test_freq: int = -1
+    before_train: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.test_freq, bool) or not isinstance(self.test_freq, int):
+            raise ConfigError("test_freq", self.test_freq, "use an integer: the steps between validations "
+                              "(-1 = no periodic validation)")
+        if not isinstance(self.before_train, bool):
+            raise ConfigError("val_before_train", self.before_train, "use true or false")
+
+    @property
+    def every(self) -> int:
+        """The schedule's validation barrier period (0 = none)."""
+        return max(self.test_freq, 0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0 or self.before_train
 
 
 @dataclass(frozen=True)

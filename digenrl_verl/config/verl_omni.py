@@ -33,7 +33,7 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from digenrl_verl.config.digenrl import DigenRLConfig, PoolConfig, PoolsConfig
-from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec
+from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec, ValidationSpec
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.rollout import RolloutConfig
@@ -129,11 +129,6 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
     "reward.reward_model.enable_resource_pool": (True, "a separate reward pool is not supported: the reward (and "
                                                  "its VLM judge) runs in each generator worker; set it to false"),
     f"{A}.actor.ppo_epochs": ("!1", "only ppo_epochs=1 is supported (one pass over each step's samples)"),
-    f"{A}.actor.ppo_mini_batch_size": (
-        lambda v, keys: v != keys("data.train_batch_size"),
-        "several optimizer steps per global step are not implemented: the mini-batch must be the whole step's prompts "
-        "(one optimizer step per global step: the pipeline overlaps a step's generation with its own update); set it "
-        "to null or to data.train_batch_size"),
     f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size": (
         "!1", "Ulysses sequence parallelism is not supported; set it to 1"),
     "algorithm.trainer_type": ("!policy_gradient", "only trainer_type=policy_gradient is supported"),
@@ -149,9 +144,12 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
     f"{A}.model.lora_adapter_path": (lambda v, keys: v is not None,
                                      "loading a pre-trained LoRA adapter is not supported; set it to null (LoRA "
                                      "starts from its seeded init)"),
-    "trainer.val_before_train": (True, "validation runs are not implemented; set it to false"),
-    "trainer.test_freq": (lambda v, keys: isinstance(v, int) and v > 0,
-                          "validation runs are not implemented; set it to -1"),
+    "trainer.test_freq": (
+        lambda v, keys: isinstance(v, int) and v > 0 and keys("trainer.digenrl.mode") == "disaggregated"
+        and keys("trainer.digenrl.tcss.staleness") == 1,
+        "periodic validation with trainer.digenrl.tcss.staleness=1 is not implemented yet (stale generation of the "
+        "next step would run across the validation barrier); set trainer.digenrl.tcss.staleness=0 or "
+        "trainer.test_freq=-1 (trainer.val_before_train works with either)"),
     "trainer.device": (lambda v, keys: v not in DEVICES,
                        f"valid devices: {sorted(DEVICES)} (gpu = cuda); set trainer.device=cuda or cpu"),
     f"{A}.rollout.tensor_model_parallel_size": (
@@ -211,7 +209,9 @@ NO_EFFECT: dict[str, str] = {
                                                   "same rows as the policy's (a micro-batch, chunked by "
                                                   "trainer.digenrl.tsp.chunk_size)",
     f"{A}.rollout.agent.num_workers": "there is no agent loop: generators are driven by the schedule",
-    f"{A}.rollout.val_kwargs": "validation runs are not implemented",
+    f"{A}.rollout.val_kwargs": "validation samples are deterministic (ODE: noise 0, as verl-omni's default "
+                               "val_kwargs.algo.noise_level=0.0), one per prompt, with the rollout's steps, size and "
+                               f"seed ({A}.rollout.pipeline.*, {A}.rollout.seed)",
     f"{A}.rollout.checkpoint_engine.update_weights_bucket_megabytes": "weights are sent tensor by tensor over the "
                                                                       "trainer → generator process group",
     f"{A}.rollout.checkpoint_engine.engine_kwargs": "weights sync through our process group",
@@ -227,10 +227,9 @@ NO_EFFECT: dict[str, str] = {
     f"{A}.model.enable_gradient_checkpointing": "activation checkpointing is not implemented; use "
                                                 "trainer.digenrl.tsp.chunk_size to bound activation memory",
     f"{A}.actor.rollout_correction": "verl-omni's rollout correction is not implemented",
-    "data.val_files": "validation runs are not implemented",
-    "data.val_batch_size": "validation runs are not implemented",
+    "data.val_batch_size": "the validation prompts are sampled in one pass, dealt round-robin over the trainer "
+                           "ranks",
     "data.train_max_samples": "every prompt of data.train_files is used",
-    "data.val_max_samples": "validation runs are not implemented",
     "data.max_prompt_length": f"the text length is {A}.rollout.pipeline.max_sequence_length",
     "data.max_response_length": "diffusion samples have no response length",
     "data.reward_fn_key": "the reward's data source is the data_source column",
@@ -248,7 +247,7 @@ NO_EFFECT: dict[str, str] = {
     "reward.reward_model.rollout": "the VLM judge runs in-process with transformers' generate in each generator "
                                    "worker (bfloat16 on GPU, float32 on CPU; sampling as verl-omni's genrm_ocr); "
                                    "vLLM serving, its parallelism and memory settings are not implemented",
-    "trainer.log_val_generations": "validation runs are not implemented",
+    "trainer.log_val_generations": "validation samples are scored, not logged as images",
     "trainer.total_epochs": "the run length is trainer.total_training_steps",
     "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
     "trainer.trainer_class": "selects an external trainer on verl-omni's entry points (patches/verl-omni-a1139baf; "
@@ -365,7 +364,8 @@ NO_EFFECT.update({
     **{f"data.{k}": "prompts are read as text from data.prompt_key" for k in (
         "use_shm", "tool_config_path", "return_raw_input_ids", "return_full_prompt", "image_patch_size", "image_key",
         "video_key", "return_multi_modal_inputs", "filter_overlong_prompts_workers", "datagen")},
-    "data.validation_shuffle": "validation runs are not implemented",
+    "data.validation_shuffle": "validation uses the first data.val_max_samples prompts of data.val_files, in "
+                               "file order",
     "data.sampler": "the prompt order follows data.shuffle and data.seed",
     "reward.sandbox_fusion": "code-execution rewards do not apply to diffusion samples",
     "algorithm.old_policy_decay": "the old policy is the sampling policy of each trajectory (copy)",
@@ -703,6 +703,19 @@ class Shape:
     n: int
     total_steps: int
     micro_batch_size: int | None = None
+    mini_batches: int = 1
+
+
+def _mini_batches(keys: RecipeKeys, prompts: int) -> int:
+    """Optimizer steps per global step: data.train_batch_size / ppo_mini_batch_size (both in prompts, as verl's)."""
+    mini = keys(f"{A}.actor.ppo_mini_batch_size")
+    if mini is None:
+        return 1
+    if isinstance(mini, bool) or not isinstance(mini, int) or mini < 1 or mini > prompts or prompts % mini:
+        raise ValueError(f"{A}.actor.ppo_mini_batch_size={mini!r} must divide data.train_batch_size={prompts} (prompts "
+                         "per optimizer step; each optimizer step takes the same number of whole prompt groups): set "
+                         f"it to a divisor of {prompts}, or null (one optimizer step per global step)")
+    return prompts // mini
 
 
 def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
@@ -728,7 +741,7 @@ def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
         raise ValueError(f"trainer.total_training_steps={total!r} must be a positive number of global steps")
     _check_pool_sizes(digenrl, prompts * n)
     # colocated: verl-omni's micro-batches, `micro` samples of every rank's share (schedule.plan.ColocatedPlanner)
-    return Shape(prompts, n, total, micro if digenrl.mode == "colocated" else None)
+    return Shape(prompts, n, total, micro if digenrl.mode == "colocated" else None, _mini_batches(keys, prompts))
 
 
 def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
@@ -1026,8 +1039,28 @@ def build_advantage(keys: RecipeKeys, digenrl: DigenRLConfig) -> AdvantageConfig
 
 
 def build_data(keys: RecipeKeys) -> DataSpec:
-    return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key", "prompt"),
-                    seed=int(keys("data.seed", 0) or 0), shuffle=bool(keys("data.shuffle", True)))
+    try:
+        return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key", "prompt"),
+                        seed=int(keys("data.seed", 0) or 0), shuffle=bool(keys("data.shuffle", True)),
+                        val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples", -1))
+    except ConfigError as e:
+        raise e.under("data") from None
+
+
+def build_validation(keys: RecipeKeys, data: DataSpec) -> ValidationSpec:
+    """`trainer.test_freq` / `trainer.val_before_train`; the plan says which prompts validation samples."""
+    try:
+        spec = ValidationSpec(test_freq=keys("trainer.test_freq", -1), before_train=keys("trainer.val_before_train",
+                                                                                         False))
+    except ConfigError as e:
+        raise e.under("trainer") from None
+    if spec.enabled:
+        where = "data.val_files" if data.val_files is not None else "the training prompts (data.val_files=null)"
+        keys.decide(f"validation: deterministic (ODE) samples of {where}, one per prompt, scored and logged as "
+                    "val-core/<data_source>/reward/mean@1"
+                    f"{' before the first step,' if spec.before_train else ''}"
+                    f"{f' every {spec.every} step(s) and at the last step' if spec.every else ''}")
+    return spec
 
 
 def build_logging(keys: RecipeKeys) -> LoggingSpec:

@@ -15,8 +15,8 @@ digenrl_verl does not implement, so that tests can show both halves of the contr
 
 `blockers` are of two kinds: features we do not implement (a reward model served as vLLM replicas, verl-omni's
 v1 trainer selection, validation runs, the vLLM-Omni backend on a machine without CUDA), and batch layouts our
-schedule cannot express (several optimizer steps per global step: `ppo_mini_batch_size` must equal
-`data.train_batch_size`; a micro-batch smaller than one prompt group's share per trainer rank).
+schedule cannot express (a micro-batch smaller than one prompt group's share per trainer rank). Their
+``ppo_mini_batch_size`` at half the batch (two optimizer steps per global step) is run as they set it.
 """
 
 from __future__ import annotations
@@ -133,8 +133,6 @@ QWEN_IMAGE_OCR_LORA = VerlOmniRecipe(
     blockers={
         f"{A}.rollout.name": "diffusers",
         "reward.reward_model.enable": "False",
-        "trainer.test_freq": "-1",
-        f"{A}.actor.ppo_mini_batch_size": "32",
     },
     tiny=_TINY,
 )
@@ -192,7 +190,6 @@ SD35_OCR_LORA_SEPARATE_ASYNC = VerlOmniRecipe(
         f"{A}.rollout.name": "diffusers",
         "reward.reward_model.enable": "False",
         "reward.reward_model.enable_resource_pool": "False",
-        "trainer.test_freq": "-1",
         "trainer.use_v1": "false",
     },
     tiny=_TINY,
@@ -235,9 +232,6 @@ WAN22_DANCEGRPO = VerlOmniRecipe(
     reward_files={"hpsv3_reward.py": "compute_score_hpsv3"},
     blockers={
         f"{A}.rollout.name": "diffusers",
-        "trainer.val_before_train": "False",
-        "trainer.test_freq": "-1",
-        f"{A}.actor.ppo_mini_batch_size": "64",
     },
     tiny=(*_TINY, f"{A}.rollout.pipeline.num_frames=5"),
 )

@@ -233,6 +233,9 @@ class ScheduleConfig(ScheduleSettings):
         n: samples per prompt (group size).
         checkpoint_every: a checkpoint barrier after every global step s with (s + 1) % k == 0 (the driver drains:
             nothing of step s + 1 starts before the checkpoint ends); 0 = no barrier.
+        validate_every: a barrier after every global step s with (s + 1) % k == 0 and after the last step, at which the
+            runner validates (verl-omni's ``trainer.test_freq``: validation after its global step s + 1, and at
+            the last step); the CHECKPOINT task of such a barrier saves only at `is_save_step` steps. 0 = none.
         micro_batch_size: the colocated plan's micro-batch: samples per rank (verl-omni's
             ``ppo_micro_batch_size_per_gpu``); None = a rank's whole share of the step, one micro-batch. See
             `plan.ColocatedPlanner`. The disaggregated plans ignore it (a GAP micro-batch is one prompt group).
@@ -250,6 +253,7 @@ class ScheduleConfig(ScheduleSettings):
     n: int = 8
     checkpoint_every: int = 0
     micro_batch_size: Optional[int] = None
+    validate_every: int = 0
     mini_batches_per_step: int = 1
 
     def __post_init__(self) -> None:
@@ -257,10 +261,13 @@ class ScheduleConfig(ScheduleSettings):
         for name, section in self._sections_for_mode().items():
             object.__setattr__(self, name, section)
         for name, low in (("num_steps", 1), ("prompts_per_step", 1), ("n", 1), ("start_step", 0),
-                          ("checkpoint_every", 0)):
+                          ("checkpoint_every", 0), ("validate_every", 0)):
             _int_at_least(name, getattr(self, name), low)
         if self.micro_batch_size is not None:
             _int_at_least("micro_batch_size", self.micro_batch_size, 1)
+        if self.validate_every > 0 and self.tcss.staleness > 0:
+            raise ConfigError("validate_every", self.validate_every, "validation barriers need tcss.staleness=0: the "
+                              "driver keeps stale generation behind checkpoint_every barriers only")
         _int_at_least("mini_batches_per_step", self.mini_batches_per_step, 1)
         if self.prompts_per_step % self.mini_batches_per_step:
             raise ConfigError("mini_batches_per_step", self.mini_batches_per_step,
@@ -310,8 +317,22 @@ class ScheduleConfig(ScheduleSettings):
         return self.start_step + self.num_steps
 
     def is_checkpoint_step(self, step: int) -> bool:
-        """True if a checkpoint barrier follows global step `step`."""
+        """True if a barrier (a CHECKPOINT task: save and/or validate) follows global step `step`."""
+        return self.is_save_step(step) or self.is_validate_step(step)
+
+    def is_save_step(self, step: int) -> bool:
+        """True if the trainer state is saved at the barrier after `step` ((step + 1) % checkpoint_every == 0)."""
         return self.checkpoint_every > 0 and (step + 1) % self.checkpoint_every == 0
+
+    def is_validate_step(self, step: int) -> bool:
+        """True if the runner validates at the barrier after `step` ((step + 1) % validate_every == 0, or the
+        last step of the run when validating at all)."""
+        return self.validate_every > 0 and ((step + 1) % self.validate_every == 0 or step == self.end_step - 1)
+
+    def next_barrier_step(self, first: int) -> int:
+        """The first barrier step >= `first` (no barrier left: the last step): the last step that may be planned
+        before that barrier's CHECKPOINT ended."""
+        return next((s for s in range(first, self.end_step) if self.is_checkpoint_step(s)), self.end_step - 1)
 
     def workers(self, pool: str) -> tuple[str, ...]:
         """Worker ids of a pool, in rank order."""

@@ -15,14 +15,15 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from digenrl_verl.config.digenrl import DigenRLConfig
-from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec
+from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec, ValidationSpec
 from digenrl_verl.config.verl_omni import (RecipeKeys, build_advantage, build_checkpoint, build_data, build_digenrl,
                                            build_layout, build_logging, build_model, build_policy, build_reward,
-                                           build_shape, build_train, check_unsupported, differences, warn_no_effect)
+                                           build_shape, build_train, build_validation, check_unsupported, differences,
+                                           warn_no_effect)
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig
-from digenrl_verl.schedule.plan import planner_for
+from digenrl_verl.schedule.plan import planner_for, step_microbatches
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
 
 # the schedule's pool names per role of `trainer.digenrl.pools`
@@ -36,7 +37,7 @@ class RunSpec:
     Attributes:
         digenrl: the `trainer.digenrl` section; `schedule`: what the driver runs (settings + shape).
         policy / train / reward: the worker specs. `advantage`: group normalisation.
-        data / logging / checkpoint: the runner's prompts, trackers and checkpoints.
+        data / logging / checkpoint / validation: the runner's prompts, trackers, checkpoints and validation runs.
         prompts_per_step, n: step batch shape; num_steps: global steps to run from `start_step`.
         architecture: the model's `_class_name`.
         decisions: what the config layer decided for the user (fall-backs, coercions, derived pools), printed.
@@ -57,6 +58,7 @@ class RunSpec:
     num_steps: int
     architecture: str
     start_step: int = 0
+    validation: ValidationSpec = ValidationSpec()
     decisions: tuple[str, ...] = ()
     differences: tuple[str, ...] = ()
 
@@ -83,6 +85,9 @@ class RunSpec:
             f"{' k=' + str(s.tag.static_k) if s.tag.policy == 'static' else ''} staleness={s.tcss.staleness} "
             f"max_stale_fraction={s.tcss.max_stale_fraction} max_gen_futures={s.tcss.max_gen_futures}",
             *([self._colocated_plan()] if s.mode == "colocated" else []),
+            *([f"{s.mini_batches_per_step} optimizer steps per global step (ppo_mini_batch_size="
+               f"{s.prompts_per_step // s.mini_batches_per_step} prompts each, in order; the weights reach the "
+               "generators after the last)"] if s.mini_batches_per_step > 1 else []),
             f"engines: generation {self.policy.engine.name} ({self.policy.dtype if self.policy.engine.name == 'diffusers' else self.policy.engine.dtype}"
             f" on {self.policy.device}); trainer "
             f"{'FSDP2 (fully_shard) over ' + str(self.digenrl.pools['trainer'].size) + ' ranks' if self.train.sharding.sharded else 'whole model per rank (ddp)'}"
@@ -107,7 +112,7 @@ class RunSpec:
         """The colocated plan's micro-batches (`schedule.plan.ColocatedPlanner`), as the driver will cut them."""
         s = self.schedule
         ranks = s.pools[s.trainer_pool].size
-        mbs = planner_for(s).microbatches(s.start_step, s.prompts_per_step, s.n, ranks)
+        mbs = step_microbatches(planner_for(s), s.start_step, s.prompts_per_step, s.n, ranks, s.mini_batches_per_step)
         sizes = sorted({len(part) for mb in mbs for part in mb.split}, reverse=True)
         micro = "null (a rank's whole share)" if s.micro_batch_size is None else s.micro_batch_size
         busy = sorted({len(mb.split) for mb in mbs})
@@ -146,13 +151,17 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     reward = build_reward(keys)
     advantage = build_advantage(keys, digenrl)
     checkpoint = build_checkpoint(keys)
+    data = build_data(keys)
+    validation = build_validation(keys, data)
     num_steps = shape.total_steps - start_step
     if num_steps < 1:
         raise ValueError(f"trainer.total_training_steps={shape.total_steps} is already reached by the checkpoint "
                          f"(step {start_step}); raise it to continue training")
     schedule = schedule_of(digenrl, num_steps=num_steps, start_step=start_step, prompts_per_step=shape.prompts,
-                           n=shape.n, checkpoint_every=checkpoint.every, micro_batch_size=shape.micro_batch_size)
+                           n=shape.n, checkpoint_every=checkpoint.every, micro_batch_size=shape.micro_batch_size,
+                           mini_batches_per_step=shape.mini_batches,
+                           validate_every=validation.every)
     return RunSpec(digenrl=digenrl, schedule=schedule, policy=policy, train=train, reward=reward, advantage=advantage,
-                   data=build_data(keys), logging=build_logging(keys), checkpoint=checkpoint,
+                   data=data, logging=build_logging(keys), checkpoint=checkpoint, validation=validation,
                    prompts_per_step=shape.prompts, n=shape.n, num_steps=num_steps, architecture=model.architecture,
                    start_step=start_step, decisions=tuple(keys.decisions), differences=tuple(differences(keys)))

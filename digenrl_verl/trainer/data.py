@@ -32,8 +32,10 @@ def builtin_prompts() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", *, with_extras: bool = False):
-    """(prompts, data_source per prompt) from text files (one prompt per line) or parquet files.
+def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", *, with_extras: bool = False,
+                 key: str = "data.train_files"):
+    """(prompts, data_source per prompt) from text files (one prompt per line) or parquet files; errors name `key`
+    (the setting the files came from).
 
     With `with_extras`, also a dict per prompt holding its `reward_model` / `extra_info` columns (empty for
     text files and files without them)."""
@@ -46,7 +48,7 @@ def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", 
     for f in [files] if isinstance(files, str) else list(files):
         path = Path(f)
         if not path.exists():
-            raise ValueError(f"data.train_files: {f!r} does not exist; give a .txt (one prompt per line) or .parquet "
+            raise ValueError(f"{key}: {f!r} does not exist; give a .txt (one prompt per line) or .parquet "
                              "file")
         if path.suffix == ".parquet":
             import pandas as pd
@@ -62,7 +64,7 @@ def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", 
         prompts += col
         sources += [path.name] * len(col)
     if not prompts:
-        raise ValueError(f"data.train_files={files!r} holds no prompts")
+        raise ValueError(f"{key}={files!r} holds no prompts")
     return (prompts, sources, extras) if with_extras else (prompts, sources)
 
 

@@ -67,6 +67,13 @@ class RunReporter:
         self._bar.set_postfix({k.split("/")[-1]: f"{v:.3g}" for k, v in shown.items()})
         self._bar.update(1)
 
+    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Metrics that are not a training step's (validation runs): a metrics.jsonl row and the trackers at `step`;
+        not in `history`, the progress bar does not move."""
+        self._metrics.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}) + "\n")
+        if self._tracking is not None:
+            self._tracking.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
     def close(self, summary: Mapping[str, Any], workers: Sequence[Mapping[str, Any]] = ()) -> str:
         """Write the summary line, print the summary table, and return the table as text."""
         self._bar.close()

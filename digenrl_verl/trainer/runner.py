@@ -9,7 +9,8 @@ are replaced while the run goes on (`trainer.elastic`, docs/elastic.md).
 Colocated and disaggregated runs differ only in the worker roles built (`build_workers`) and in the
 schedule the driver follows; the loop itself is the scheduling engine's driver (`schedule.driver`), which
 the Ray executor interprets. Nothing here decides what runs when: periodic checkpoints too are tasks of the
-schedule (CHECKPOINT at `trainer.save_freq` barriers), which the executor runs through `on_checkpoint`.
+schedule (CHECKPOINT at `trainer.save_freq` barriers), which the executor runs through `on_checkpoint`; so are
+validation runs (verl-omni's `trainer.test_freq`: the same barrier, `validate`).
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ class DigenRLTrainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         prompts, sources, extras = load_prompts(run.data.train_files, run.data.prompt_key, with_extras=True)
         self._prompts, self._sources, self._extras = prompts, sources, extras
+        self._val: tuple[list, list, list] = ([], [], [])  # validation prompts, data sources, extras
+        if run.validation.enabled:
+            val = load_prompts(run.data.val_files, run.data.prompt_key, with_extras=True, key="data.val_files") \
+                if run.data.val_files is not None else (prompts, sources, extras)
+            k = len(val[0]) if run.data.val_max_samples < 0 else run.data.val_max_samples
+            self._val = (val[0][:k], val[1][:k], val[2][:k])
+        self.validations: dict[int, dict[str, float]] = {}  # policy version -> its validation metrics
         self._batches: dict[int, Any] = {}
         self.metrics: dict[int, StepMetrics] = defaultdict(StepMetrics)
         self.worker_groups: dict[str, Any] = {}
@@ -322,9 +330,16 @@ class DigenRLTrainer:
         return Driver(self.run.schedule, executor, profiler=profiler, trace=Trace())
 
     def on_checkpoint(self, task: Task) -> dict[str, Any]:
-        """The executor's CHECKPOINT: save the trainer state of `task.version` (the step the barrier closed + 1),
-        bounded by the task timeout like any other task."""
-        return {"path": str(self.save_checkpoint(task.version, timeout_s=self.run.schedule.task_timeout_s))}
+        """The executor's CHECKPOINT, at a drained barrier (nothing of the next step in flight, every worker holds
+        `task.version` = the step the barrier closed + 1): save the trainer state at `trainer.save_freq` steps (and
+        the last step, as verl), bounded by the task timeout like any other task; validate at `trainer.test_freq`
+        steps (and the last step)."""
+        cfg, out = self.run.schedule, {}
+        if cfg.is_save_step(task.step) or (cfg.checkpoint_every > 0 and task.step == cfg.end_step - 1):
+            out["path"] = str(self.save_checkpoint(task.version, timeout_s=cfg.task_timeout_s))
+        if cfg.is_validate_step(task.step):
+            out.update(self.validate(task.version))
+        return out
 
     def on_result(self, task: Task, values: list) -> None:
         m = self.metrics[task.step]
@@ -370,6 +385,8 @@ class DigenRLTrainer:
         self.t_start = self.executor.now()
         self.nonfinite_run = 0
         self.driver = self.make_driver(self.executor)
+        if self.run.validation.before_train:
+            self.validate(self.run.start_step)
         self.mark("train_start")
         for result in self.driver.iter_steps():
             self.results.append(result)
@@ -459,19 +476,40 @@ class DigenRLTrainer:
             return self.driver.live_generators
         return [w for w in self.workers if worker_pool(w) == "gen"]
 
+    def ode_rewards(self, prompts: list[str], sources: list[str], extras: list[dict]) -> torch.Tensor:
+        """Deterministic (ODE, per-sample seeded noise) samples of `prompts` with the weights the trainer holds,
+        scored on the trainer group through the DIGENRL_ASSIGNED dispatch mode (rows dealt round-robin over the
+        ranks); the rewards in prompt order. No worker's global RNG is drawn from: training is not perturbed."""
+        wg = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
+        k = len(prompts)
+        batch = make_step_batch(prompts, sources, list(range(k)), n=1, step=-1, extras=extras)
+        assignment = [list(range(r, k, wg.world_size)) for r in range(wg.world_size)]
+        return wg.evaluate(batch, assignment).batch["eval_reward"]
+
     def evaluate(self, num_prompts: int) -> dict[str, float]:
-        """Deterministic (ODE) samples of the first prompts with the final weights, scored on the trainer
-        group through the DIGENRL_ASSIGNED dispatch mode (rows dealt round-robin over the ranks)."""
+        """Deterministic (ODE) samples of the first training prompts with the final weights, scored."""
         if num_prompts <= 0:
             return {}
-        wg = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         k = min(num_prompts, len(self._prompts))
-        batch = make_step_batch(self._prompts[:k], self._sources[:k], list(range(k)), n=1, step=-1,
-                                extras=self._extras[:k])
-        assignment = [list(range(r, k, wg.world_size)) for r in range(wg.world_size)]
-        out = wg.evaluate(batch, assignment)
-        rewards = out.batch["eval_reward"]
+        rewards = self.ode_rewards(self._prompts[:k], self._sources[:k], self._extras[:k])
         return {"eval/reward_ode": float(rewards[torch.isfinite(rewards)].mean()) if len(rewards) else float("nan")}
+
+    def validate(self, step: int) -> dict[str, float]:
+        """verl-omni's `_validate` at its global step `step` (= the policy version the workers hold: 0 before
+        training, s + 1 after step s): one deterministic sample per validation prompt (verl-omni's default
+        val_kwargs: n=1, noise_level=0), scored; `val-core/<data_source>/reward/mean@1` per data source (verl's
+        process_validation_metrics with n=1) and `val-aux/reward/nonfinite_samples`, logged at `step`."""
+        prompts, sources, extras = self._val
+        rewards = self.ode_rewards(prompts, sources, extras).to(torch.float64)
+        ok = torch.isfinite(rewards)
+        out: dict[str, float] = {}
+        for src in sorted(set(sources)):
+            mask = ok & torch.tensor([s == src for s in sources])
+            out[f"val-core/{src}/reward/mean@1"] = float(rewards[mask].mean()) if mask.any() else float("nan")
+        out["val-aux/reward/nonfinite_samples"] = float((~ok).sum())
+        self.validations[step] = out
+        self.reporter.log_metrics(step, out)
+        return out
 
     def finish(self) -> dict[str, Any]:
         """Trace, timeline, summary table; returns the summary."""
@@ -496,6 +534,7 @@ class DigenRLTrainer:
             "reward_last": rewards[-1] if rewards else float("nan"),
             **LossStats.run_clip_metrics(self.reporter.history),
             **final_eval,
+            **(self.validations[max(self.validations)] if self.validations else {}),
             **{f"startup/{k}": v for k, v in self.startup.items() if isinstance(v, float)},
             "output_dir": str(self.output_dir),
         }

@@ -100,8 +100,6 @@ def test_no_effect_keys_warn_instead_of_being_ignored_silently(tiny_dirs, reward
 
 A = "actor_rollout_ref"
 UNSUPPORTED_CASES = [
-    ("trainer.val_before_train=true", "trainer.val_before_train"),
-    ("trainer.test_freq=10", "trainer.test_freq"),
     (f"{A}.rollout.tensor_model_parallel_size=2", f"{A}.rollout.tensor_model_parallel_size"),
     (f"{A}.rollout.data_parallel_size=2", f"{A}.rollout.data_parallel_size"),
     (f"{A}.rollout.checkpoint_engine.backend=mooncake", f"{A}.rollout.checkpoint_engine.backend"),

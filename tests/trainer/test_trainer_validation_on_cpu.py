@@ -1,0 +1,46 @@
+"""Validation runs on Ray (verl-omni's trainer.test_freq / val_before_train): metrics at verl-omni's steps, logged
+and summarised, and training unperturbed (the same weights as the run without validation)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+import torch
+
+pytestmark = pytest.mark.slow  # trains on Ray workers
+
+TINY = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=4",
+        "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=0", "trainer.digenrl.tag.policy=off",
+        "actor_rollout_ref.actor.optim.lr=3e-3", "trainer.digenrl.final_eval_prompts=0"]
+
+
+def _weights(trainer) -> dict[str, torch.Tensor]:
+    return ray.get(trainer.workers["trn:0"].trainable_state.remote())
+
+
+def test_validation_at_steps_0_2_4_does_not_perturb_training(train_run, tmp_path):
+    val = tmp_path / "val.txt"
+    val.write_text("a red cube on a table\na blue ball in the sky\na green cone\n")
+    t = train_run(*TINY, "trainer.test_freq=2", "trainer.val_before_train=true", f"data.val_files={val}",
+                  name="val")
+    key = "val-core/val.txt/reward/mean@1"
+    # verl-omni's steps: before training (0), after its global steps 2 and 4 (our steps 1 and 3, the last)
+    assert sorted(t.validations) == [0, 2, 4]
+    assert all(set(m) == {key, "val-aux/reward/nonfinite_samples"} for m in t.validations.values())
+    assert all(m["val-aux/reward/nonfinite_samples"] == 0 for m in t.validations.values())
+    rows = [json.loads(x) for x in (t.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if key in r] == [0, 2, 4]
+    assert t.summary[key] == t.validations[4][key] and key in t.summary_text
+    # deterministic: validating the same weights twice gives the same score
+    prompts = val.read_text().splitlines()
+    again = t.ode_rewards(prompts, ["val.txt"] * 3, [{}] * 3).to(torch.float64).mean()
+    assert float(again) == t.validations[4][key]
+    plain = train_run(*TINY, name="plain")
+    assert plain.validations == {}
+    a, b = _weights(t), _weights(plain)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # training unperturbed, bit for bit
+    assert [h["reward/mean"] for h in t.reporter.history] == [h["reward/mean"] for h in plain.reporter.history]
+    # and validation did see training: the step-0 score (initial weights) differs from the last one
+    assert t.validations[0][key] != t.validations[4][key]

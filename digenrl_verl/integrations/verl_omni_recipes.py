@@ -133,7 +133,6 @@ QWEN_IMAGE_OCR_LORA = VerlOmniRecipe(
     blockers={
         f"{A}.rollout.name": "diffusers",
         "reward.reward_model.enable": "False",
-        "trainer.test_freq": "-1",
     },
     tiny=_TINY,
 )
@@ -191,7 +190,6 @@ SD35_OCR_LORA_SEPARATE_ASYNC = VerlOmniRecipe(
         f"{A}.rollout.name": "diffusers",
         "reward.reward_model.enable": "False",
         "reward.reward_model.enable_resource_pool": "False",
-        "trainer.test_freq": "-1",
         "trainer.use_v1": "false",
     },
     tiny=_TINY,
@@ -234,8 +232,6 @@ WAN22_DANCEGRPO = VerlOmniRecipe(
     reward_files={"hpsv3_reward.py": "compute_score_hpsv3"},
     blockers={
         f"{A}.rollout.name": "diffusers",
-        "trainer.val_before_train": "False",
-        "trainer.test_freq": "-1",
     },
     tiny=(*_TINY, f"{A}.rollout.pipeline.num_frames=5"),
 )

@@ -115,3 +115,18 @@ def test_two_optimizer_steps_match_the_per_timestep_colocated_loop(train_run):
     trn = ray.get(disagg.workers["trn:0"].trainable_state.remote())
     gen = ray.get(disagg.workers["gen:0"].trainable_state.remote())
     assert _max_rel_diff(trn, col) <= GRAD_TOL and _max_rel_diff(gen, trn) == 0.0  # weights synced once, at the end
+
+
+@pytest.mark.slow
+def test_two_optimizer_steps_with_tcss_keep_the_schedule_invariants(train_run):
+    t = train_run("data.train_batch_size=2", f"{A}.rollout.n=4", "trainer.total_training_steps=3",
+                  f"{A}.actor.ppo_mini_batch_size=1", *DISAGG[:-1], "trainer.digenrl.tcss.staleness=1",
+                  "trainer.digenrl.tcss.guard=false", "trainer.digenrl.tcss.max_stale_fraction=0.5", name="tcss")
+    completions = t.driver.trace.completions
+    assert check_run(t.run.schedule, completions) == []
+    opts = sorted((c.task.step, c.task.version) for c in completions if c.ok and c.task.kind == TaskKind.OPT_STEP)
+    assert opts == [(0, 0), (0, 1), (1, 1), (1, 2), (2, 2), (2, 3)]
+    stale = [c for c in completions if c.ok and "stale" in c.task.flags]
+    print(f"TCSS with 2 optimizer steps per global step: {len(stale)} stale generation task(s)")
+    versions = {s["version"] for s in t.worker_stats().values()}
+    assert versions == {3}  # after the last SYNC every worker holds the last version

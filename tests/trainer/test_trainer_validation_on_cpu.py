@@ -44,3 +44,15 @@ def test_validation_at_steps_0_2_4_does_not_perturb_training(train_run, tmp_path
     assert [h["reward/mean"] for h in t.reporter.history] == [h["reward/mean"] for h in plain.reporter.history]
     # and validation did see training: the step-0 score (initial weights) differs from the last one
     assert t.validations[0][key] != t.validations[4][key]
+
+
+def test_colocated_validation_and_checkpoints_share_the_barriers(train_run):
+    # 4 steps, test_freq=3: verl-omni validates after its steps 3 and 4 (the last); save_freq=3 saves 3, and, as
+    # verl, the last step 4, at a barrier that is a validation one only (the save must not be lost there)
+    t = train_run("data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=4",
+                  "trainer.digenrl.final_eval_prompts=0", "trainer.test_freq=3", "trainer.save_freq=3",
+                  "data.val_max_samples=2", name="colocated")
+    assert sorted(t.validations) == [3, 4]
+    assert set(t.validations[4]) == {"val-core/builtin/reward/mean@1", "val-aux/reward/nonfinite_samples"}
+    saved = sorted(p.name for p in (t.output_dir / "checkpoints").iterdir() if p.name.startswith("global_step_"))
+    assert saved == ["global_step_3", "global_step_4"]

@@ -195,7 +195,8 @@ NO_EFFECT: dict[str, str] = {
     "algorithm.old_policy_update_interval": "the old policy is the sampling policy of each trajectory (updated "
                                             "every step)",
     "algorithm.old_policy_decay_schedule": "the old policy is the sampling policy of each trajectory (copy)",
-    f"{A}.actor.shuffle": "micro-batches are prompt groups in schedule order",
+    f"{A}.actor.shuffle": "mini-batches (ppo_mini_batch_size) are contiguous blocks of prompt groups in batch order, "
+                          "as verl's default shuffle=false; micro-batches are prompt groups in schedule order",
     f"{A}.rollout.gpu_memory_utilization": "vLLM memory settings apply to the vLLM-Omni engine only through "
                                            f"{A}.rollout.engine_kwargs.vllm_omni",
     f"{A}.rollout.free_cache_engine": "generators keep their engine resident (disaggregated: nothing to free)",

@@ -53,7 +53,7 @@ class StepMetrics:
 
     rewards: dict[int, float] = field(default_factory=dict)
     loss: LossStats = field(default_factory=LossStats)
-    opt: dict[str, float] = field(default_factory=dict)
+    opts: list[dict[str, float]] = field(default_factory=list)  # one per optimizer step (mini-batch) of the step
 
 
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
@@ -350,7 +350,7 @@ class DigenRLTrainer:
             for v in values:
                 m.loss = m.loss + LossStats(**v)
         elif task.kind == TaskKind.OPT_STEP:
-            m.opt = dict(values[0])
+            m.opts.append(dict(values[0]))
 
     def step_log(self, result) -> dict[str, float]:
         m = self.metrics.pop(result.step)
@@ -362,8 +362,9 @@ class DigenRLTrainer:
             "reward/std": float(r.std()) if r.size else float("nan"),
             "reward/nonfinite_samples": int(r_all.size - r.size),
             **m.loss.metrics("actor/"),
-            "actor/grad_norm": m.opt.get("grad_norm", float("nan")),
-            "actor/skipped_step": m.opt.get("skipped", 0.0),
+            # several mini-batches: the mean of their norms (verl's mean over mini-batches), the skipped ones counted
+            "actor/grad_norm": float(np.mean([o["grad_norm"] for o in m.opts])) if m.opts else float("nan"),
+            "actor/skipped_step": float(sum(o.get("skipped", 0.0) for o in m.opts)),
             "timing/step_s": result.end - result.start,
             "schedule/microbatches": result.microbatches, "schedule/tag_microbatches": result.tag_microbatches,
             "schedule/stale_samples": result.stale_samples, "schedule/stale_fraction": result.stale_samples / samples,

@@ -111,6 +111,9 @@ def test_two_optimizer_steps_match_the_per_timestep_colocated_loop(train_run):
               for name, t in (("disaggregated", disagg), ("recompute", recompute)) for j in (0, 1)}
     print(f"per-OPT_STEP gradient errors vs the per-timestep colocated loop (k=2): {errors}")
     assert max(errors.values()) <= GRAD_TOL, errors
+    # the step's logged grad_norm is the mean over its two optimizer steps (verl's mean over mini-batches)
+    norms = [float(torch.sqrt(sum((g.double() ** 2).sum() for g in step.values()))) for step in ref]
+    assert reference.reporter.history[0]["actor/grad_norm"] == pytest.approx(sum(norms) / 2, rel=1e-4), norms
     col = ray.get(reference.workers["col:0"].trainable_state.remote())
     trn = ray.get(disagg.workers["trn:0"].trainable_state.remote())
     gen = ray.get(disagg.workers["gen:0"].trainable_state.remote())

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig
-from digenrl_verl.schedule.driver import Driver
+from digenrl_verl.schedule.driver import Driver, WorkerEvent
 from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.plan import BatchAxisPlanner, ColocatedPlanner, GapPlanner, step_microbatches
 from digenrl_verl.schedule.types import Completion, TaskKind
@@ -120,3 +120,34 @@ def test_k1_schedule_is_unchanged_by_the_feature():
     driver = _run(cfg)
     opts = [c.task for c in driver.trace.completions if c.task.kind == TaskKind.OPT_STEP]
     assert [(t.step, t.version, sorted(t.flags)) for t in opts] == [(s, s + 1, []) for s in range(cfg.num_steps)]
+
+
+class _JoinAt(SimExecutor):
+    """The simulator plus one generator that joins at virtual time `at` (an `EventSource`)."""
+
+    def __init__(self, cluster: ClusterSpec, at: float, worker: str) -> None:
+        super().__init__(cluster, profile())
+        self.at, self.worker, self.sent = at, worker, False
+
+    def poll_events(self) -> list[WorkerEvent]:
+        if self.sent or self.now() < self.at:
+            return []
+        self.sent = True
+        return [WorkerEvent("added", self.worker, "grow")]
+
+
+def test_a_generator_joining_between_two_optimizer_steps_waits_for_the_step_s_weights():
+    """Between a step's optimizer steps the trainer's version has not changed but its weights have: a join SYNC
+    then would hand the new generator weights no version names."""
+    cluster = ClusterSpec.parse("gen=2xG,trn=1xT")
+    cfg = _cfg(pools=cluster.pools, prompts_per_step=4, tag=TagConfig(policy="off"))
+    probe = _run(cfg, cluster)
+    opts = sorted((c for c in probe.trace.completions if c.task.kind == TaskKind.OPT_STEP and c.task.step == 0),
+                  key=lambda c: c.start)
+    driver = Driver(cfg, _JoinAt(cluster, opts[0].end, "gen:2"))
+    driver.run()
+    assert check_run(cfg, driver.trace.completions) == []
+    first = min((c for c in driver.trace.completions if c.task.kind == TaskKind.SYNC and "gen:2" in c.task.workers),
+                key=lambda c: c.start)
+    last_opt0 = max(c.end for c in driver.trace.completions if c.task.kind == TaskKind.OPT_STEP and c.task.step == 0)
+    assert first.start >= last_opt0 and first.task.version == 1

@@ -415,7 +415,7 @@ VERL_OMNI_DEFAULTS: dict[str, Any] = {
 }
 # keys whose defaults differ by nature (names and paths) or only in form (null = the trainer's GPUs per node, which is
 # what verl-omni's interpolation resolves to), not listed as differences
-NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.path", "data.train_files",
+NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.path", "data.train_files", "data.val_files",
                 f"{A}.rollout.n_gpus_per_node")
 
 

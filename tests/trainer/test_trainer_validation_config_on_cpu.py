@@ -9,6 +9,7 @@ import pytest
 
 from digenrl_verl.main import compose
 from digenrl_verl.trainer.config import build_run
+from digenrl_verl.trainer.runner import DigenRLTrainer
 
 DISAGG = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=0"]
 
@@ -56,3 +57,19 @@ def test_periodic_validation_with_tcss_staleness_is_rejected_by_name(tiny_flux_d
     run = _build(tiny_flux_dir, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=1",
                  "trainer.val_before_train=true")
     assert run.validation.before_train and run.schedule.validate_every == 0
+
+
+def test_a_missing_validation_file_fails_naming_the_key_before_any_worker(tiny_flux_dir, tmp_path):
+    run = _build(tiny_flux_dir, "trainer.val_before_train=true", f"data.val_files={tmp_path / 'nope.txt'}",
+                 f"trainer.digenrl.output_dir={tmp_path / 'out'}")
+    with pytest.raises(ValueError, match=r"data\.val_files: .*nope\.txt.* does not exist"):
+        DigenRLTrainer(run)  # the trainer's constructor reads the prompts; no Ray, no worker yet
+
+
+def test_validation_prompts_default_to_the_training_prompts_and_are_capped(tiny_flux_dir, tmp_path):
+    train = tmp_path / "train.txt"
+    train.write_text("one\ntwo\nthree\n")
+    run = _build(tiny_flux_dir, "trainer.test_freq=1", f"data.train_files={train}", "data.val_max_samples=2",
+                 f"trainer.digenrl.output_dir={tmp_path / 'out'}")
+    assert DigenRLTrainer(run)._val == (["one", "two"], ["train.txt", "train.txt"], [{}, {}])
+    assert any("the training prompts" in d for d in run.decisions)

@@ -144,12 +144,6 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
     f"{A}.model.lora_adapter_path": (lambda v, keys: v is not None,
                                      "loading a pre-trained LoRA adapter is not supported; set it to null (LoRA "
                                      "starts from its seeded init)"),
-    "trainer.test_freq": (
-        lambda v, keys: isinstance(v, int) and v > 0 and keys("trainer.digenrl.mode") == "disaggregated"
-        and keys("trainer.digenrl.tcss.staleness") == 1,
-        "periodic validation with trainer.digenrl.tcss.staleness=1 is not implemented yet (stale generation of the "
-        "next step would run across the validation barrier); set trainer.digenrl.tcss.staleness=0 or "
-        "trainer.test_freq=-1 (trainer.val_before_train works with either)"),
     "trainer.device": (lambda v, keys: v not in DEVICES,
                        f"valid devices: {sorted(DEVICES)} (gpu = cuda); set trainer.device=cuda or cpu"),
     f"{A}.rollout.tensor_model_parallel_size": (

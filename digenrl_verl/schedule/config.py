@@ -265,9 +265,6 @@ class ScheduleConfig(ScheduleSettings):
             _int_at_least(name, getattr(self, name), low)
         if self.micro_batch_size is not None:
             _int_at_least("micro_batch_size", self.micro_batch_size, 1)
-        if self.validate_every > 0 and self.tcss.staleness > 0:
-            raise ConfigError("validate_every", self.validate_every, "validation barriers need tcss.staleness=0: the "
-                              "driver keeps stale generation behind checkpoint_every barriers only")
         _int_at_least("mini_batches_per_step", self.mini_batches_per_step, 1)
         if self.prompts_per_step % self.mini_batches_per_step:
             raise ConfigError("mini_batches_per_step", self.mini_batches_per_step,

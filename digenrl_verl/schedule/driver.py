@@ -482,12 +482,9 @@ class Driver:
                 self.steps[step] = _Step(step, [_Mb(mb) for mb in mbs], deque(range(len(mbs))))
 
     def _barrier_step(self) -> int:
-        """The last step that may be planned: the first barrier step not yet checkpointed (no barrier: the end)."""
-        every = self.config.checkpoint_every
-        if every <= 0:
-            return self.config.end_step - 1
-        first = max(self.config.start_step, self._checkpointed + 1)
-        return first + (-(first + 1)) % every  # the smallest s >= first with (s + 1) % every == 0
+        """The last step that may be planned: the first barrier step (save or validation) not yet passed (no
+        barrier: the end)."""
+        return self.config.next_barrier_step(max(self.config.start_step, self._checkpointed + 1))
 
     def _try_checkpoint(self) -> bool:
         """The CHECKPOINT of the barrier step just finished, on the trainer ranks.

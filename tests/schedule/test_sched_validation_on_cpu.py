@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from digenrl_verl.errors import ConfigError
@@ -44,9 +46,23 @@ def test_the_driver_drains_at_each_validation_barrier(mode):
     assert [(t.step, t.version) for t in ckpts] == [(1, 2), (3, 4), (4, 5)]
 
 
-def test_validation_barriers_with_tcss_staleness_are_rejected_by_name():
-    with pytest.raises(ConfigError, match="validate_every.*staleness=0"):
-        ScheduleConfig(mode="disaggregated", pools=ClusterSpec.parse(LAYOUTS["disaggregated"]).pools,
-                       tcss=TcssConfig(staleness=1), validate_every=2)
+@pytest.mark.parametrize("save_every,validate_every", [(0, 2), (3, 2), (2, 0), (0, 3)])
+def test_tcss_generation_stops_at_validation_barriers_too(save_every, validate_every):
+    """With staleness 1 the driver plans ahead only up to the next barrier, save or validation (invariant 9: nothing
+    of step s + 1 runs before the barrier after step s ended), and still generates stale where it may."""
+    cfg = replace(_config("disaggregated", validate_every=validate_every, checkpoint_every=save_every),
+                  tcss=TcssConfig(staleness=1, max_stale_fraction=1.0, guard=False))
+    driver = Driver(cfg, SimExecutor(ClusterSpec.parse(LAYOUTS["disaggregated"]), PROFILE))
+    assert [r.step for r in driver.run()] == list(range(5))
+    assert check_run(cfg, driver.trace.completions) == []
+    barriers = [s for s in range(5) if cfg.is_checkpoint_step(s)]
+    ckpts = [c.task.step for c in driver.trace.sorted_completions() if c.task.kind == TaskKind.CHECKPOINT]
+    assert ckpts == barriers
+    stale = [c.task for c in driver.trace.sorted_completions()
+             if c.task.kind in (TaskKind.GEN, TaskKind.TAG_GEN) and c.task.version < c.task.step]
+    assert stale and all(t.step - 1 not in barriers for t in stale)  # never stale across a barrier
+
+
+def test_bad_validate_every_is_rejected_by_name():
     with pytest.raises(ConfigError, match="validate_every"):
         _config("colocated", validate_every=-1)

@@ -50,13 +50,10 @@ def test_bad_validation_values_name_the_key(tiny_flux_dir, override, key):
         _build(tiny_flux_dir, override)
 
 
-def test_periodic_validation_with_tcss_staleness_is_rejected_by_name(tiny_flux_dir):
-    with pytest.raises(ValueError, match=r"trainer\.test_freq=2 is not supported.*staleness=0"):
-        _build(tiny_flux_dir, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=1",
-               "trainer.test_freq=2")
+def test_periodic_validation_with_tcss_staleness_is_accepted(tiny_flux_dir):
     run = _build(tiny_flux_dir, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=1",
-                 "trainer.val_before_train=true")
-    assert run.validation.before_train and run.schedule.validate_every == 0
+                 "trainer.test_freq=2", "trainer.val_before_train=true")
+    assert run.validation.before_train and run.schedule.validate_every == 2 and run.schedule.tcss.staleness == 1
 
 
 def test_a_missing_validation_file_fails_naming_the_key_before_any_worker(tiny_flux_dir, tmp_path):

@@ -50,5 +50,7 @@ setup(
             "digenrl-train=digenrl_verl.main:main",
             "digenrl-sim=digenrl_verl.sim.cli:main",
         ],
+        # verl-omni's external-trainer hook (patches/verl-omni-a1139baf): trainer.trainer_class=digenrl
+        "verl_omni.trainers": ["digenrl = digenrl_verl.integrations.verl_omni:DigenRLDiffusionTrainer"],
     },
 )

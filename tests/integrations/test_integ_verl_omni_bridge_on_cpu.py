@@ -144,3 +144,13 @@ def test_the_handover_fails_by_name_with_the_entry_points_status(tiny_dirs, caps
         trainer.fit()
     assert exit_info.value.code == 2
     assert "tensor_model_parallel_size=4" in capsys.readouterr().err
+
+
+def test_the_package_registers_its_trainer_in_verl_omnis_entry_point_group():
+    """setup.py's `verl_omni.trainers` entry point: what `trainer.trainer_class=digenrl` resolves to in verl-omni's
+    external-trainer hook (patches/verl-omni-a1139baf)."""
+    from importlib.metadata import entry_points
+
+    eps = {e.name: e for e in entry_points(group="verl_omni.trainers")}
+    assert "digenrl" in eps, "reinstall the package (pip install -e .): setup.py declares the entry point"
+    assert eps["digenrl"].load() is vo.DigenRLDiffusionTrainer

@@ -15,7 +15,8 @@ commit the project targets; 29 scripts):
    entry point does), to tell a script that is broken upstream from one we break;
 3. the list, with the model path pointing at a local stand-in (a tiny model of the same architecture when the
    project has one; a directory whose model_index.json names the architecture otherwise; an empty directory for a
-   model that is not a diffusers pipeline), the data files at a local prompt file, and
+   model that is not a diffusers pipeline), a VLM judge (`reward.reward_model.model_path`, Qwen2.5-VL / Qwen3-VL) at
+   a tiny random judge of its family, the data files at a local prompt file, and
    `trainer.digenrl.mode=disaggregated trainer.digenrl.dry_run=true` appended, goes to `python -m digenrl_verl.main`.
 
 Result per script: `accepted` (the dry run validates), `rejected: <key>` (our message names the key or model),
@@ -133,12 +134,35 @@ def stand_in_model(arch: str | None, tiny: bool, models: Path) -> Path:
     return d
 
 
+# reward.reward_model.model_path substring -> the tiny random judge family of the same architecture
+JUDGES = (("Qwen3-VL", "qwen3_vl"), ("Qwen2.5-VL", "qwen2_5_vl"))
+JUDGE_KEY = "reward.reward_model.model_path"
+
+
+def stand_in_judge(path: str, models: Path) -> Path | None:
+    """A tiny random judge of the recipe's judge family (digenrl_verl.rewards.tiny_judge), or None (unknown family:
+    the path stays as the script has it, and our entry point names it)."""
+    family = next((fam for needle, fam in JUDGES if needle in path), None)
+    if family is None:
+        return None
+    d = models / f"judge_{family}"
+    if not d.exists():
+        subprocess.run([sys.executable, "-m", "digenrl_verl.rewards.tiny_judge", str(d), "--family", family],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return d
+
+
 def localise(overrides: list[str], model_path: str, model_dir: Path, prompts: Path) -> list[str]:
+    """The override list with the model (and a VLM judge) at local stand-ins of the same architecture, the data files
+    at `prompts`, and the flag appended."""
     out = []
     for o in overrides:
         key, eq, value = o.partition("=")
+        judge = stand_in_judge(value, model_dir.parent) if eq and key.lstrip("+") == JUDGE_KEY else None
         if eq and value == model_path:
             o = f"{key}={model_dir}"
+        elif judge is not None:
+            o = f"{key}={judge}"
         elif key.lstrip("+") in ("data.train_files", "data.val_files"):
             o = f"{key}={prompts}"
         out.append(o)

@@ -120,13 +120,19 @@ def _versions(cfg: ScheduleConfig, ok: list[Completion]) -> list[str]:
     return out
 
 
+def _by_step(completions: list[Completion], kind: TaskKind) -> dict[int, list[Completion]]:
+    """The completions of tasks of `kind`, by global step."""
+    out: dict[int, list[Completion]] = defaultdict(list)
+    for c in completions:
+        if c.task.kind == kind:
+            out[c.task.step].append(c)
+    return out
+
+
 def _minibatches(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
     out = []
     k = cfg.mini_batches_per_step
-    opts: dict[int, list[Completion]] = defaultdict(list)
-    for c in ok:
-        if c.task.kind == TaskKind.OPT_STEP:
-            opts[c.task.step].append(c)
+    opts = _by_step(ok, TaskKind.OPT_STEP)
     for step in range(cfg.start_step, cfg.end_step):
         got = sorted(opts[step], key=lambda c: c.start)
         if len(got) != k:
@@ -213,10 +219,7 @@ def _limits(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -
 def _barriers(cfg: ScheduleConfig, ok: list[Completion], all_: list[Completion]) -> list[str]:
     out = []
     every = cfg.checkpoint_every
-    ckpts: dict[int, list[Completion]] = defaultdict(list)
-    for c in ok:
-        if c.task.kind == TaskKind.CHECKPOINT:
-            ckpts[c.task.step].append(c)
+    ckpts = _by_step(ok, TaskKind.CHECKPOINT)
     barriers = [s for s in range(cfg.start_step, cfg.end_step) if cfg.is_checkpoint_step(s)]
     out += [f"step {s}: CHECKPOINT without a checkpoint barrier (checkpoint_every={every})"
             for s in sorted(set(ckpts) - set(barriers))]

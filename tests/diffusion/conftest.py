@@ -15,6 +15,8 @@ import pytest
 import torch
 from torch import nn
 
+from digenrl_verl.diffusion.noise import SampleKey
+from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
 from digenrl_verl.models.base import Conditioning, DiffusionAdapter
 
 torch.set_num_threads(1)
@@ -90,3 +92,22 @@ def tiny_adapter() -> TinyAdapter:
 @pytest.fixture
 def make_tiny_adapter():
     return TinyAdapter
+
+
+@pytest.fixture
+def off_policy_rollout(tiny_adapter):
+    """off_policy_rollout(scale) -> (cond, traj): 3 prompt groups x 2 samples sampled by `tiny_adapter` (SDE, 5
+    steps), whose trainable weights then move by seeded noise of std `scale`, one "optimizer step" away from the
+    sampling policy (the rows' ratios leave 1: what stale TCSS rows look like)."""
+
+    def make(scale: float):
+        cfg = RolloutConfig(num_inference_steps=5, sde_type="sde", noise_level=0.7)
+        cond = tiny_adapter.encode_prompts(["a red cube", "a blue sphere", "a green cone"] * 2)
+        traj = rollout(tiny_adapter, cond, [SampleKey(1, f"u{i % 3}", i // 3) for i in range(6)], cfg)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in tiny_adapter.trainable_parameters():
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+        return cond, traj
+
+    return make

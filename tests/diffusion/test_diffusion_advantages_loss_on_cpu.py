@@ -142,20 +142,11 @@ def test_stale_and_on_policy_clip_fractions_are_counted_apart():
     assert run["actor/stale_zero_grad_frac"] == pytest.approx(1 / 6)
 
 
-def test_tsp_passes_the_stale_samples_to_their_rows(tiny_adapter):
+def test_tsp_passes_the_stale_samples_to_their_rows(tiny_adapter, off_policy_rollout):
     # samples 0 and 3 of 6 are stale: their K rows each, whatever the chunking (chunks of 4 rows cross samples)
-    from digenrl_verl.diffusion.noise import SampleKey
-    from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
     from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
 
-    cfg = RolloutConfig(num_inference_steps=5, sde_type="sde", noise_level=0.7)
-    prompts = ["a red cube", "a blue sphere", "a green cone"] * 2
-    cond = tiny_adapter.encode_prompts(prompts)
-    traj = rollout(tiny_adapter, cond, [SampleKey(1, f"u{i % 3}", i // 3) for i in range(6)], cfg)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # one "optimizer step" away from the sampling policy
-        for p in tiny_adapter.trainable_parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 2e-3)
+    cond, traj = off_policy_rollout(2e-3)
     ratio = torch.exp(compute_log_probs(tiny_adapter, cond, traj) - traj.log_probs)
     clip = float((ratio - 1).abs().flatten().median())  # about half the rows clipped
     stale = torch.tensor([True, False, False, True, False, False])

@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from digenrl_verl.diffusion.loss import LossConfig, LossStats, policy_loss
-from digenrl_verl.diffusion.noise import SampleKey
-from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
 from digenrl_verl.schedule.config import TcssConfig
 
@@ -69,17 +67,11 @@ def test_on_policy_rows_are_unchanged_bit_for_bit():
     assert st_d.metrics()["actor/onpolicy_clip_frac"] == st_c.metrics()["actor/onpolicy_clip_frac"] == 2 / 3
 
 
-def test_stale_rows_gradient_through_a_model_is_the_unclipped_importance_weighted_one(tiny_adapter):
+def test_stale_rows_gradient_through_a_model_is_the_unclipped_importance_weighted_one(tiny_adapter,
+                                                                                      off_policy_rollout):
     # a real forward: stale samples one "optimizer step" from their behaviour policy; the decoupled objective's
     # gradient equals that of the unclipped ratio objective −A·π_θ/π_b (whose gradient at θ is −A·w·∇logp_θ)
-    cfg = RolloutConfig(num_inference_steps=5, sde_type="sde", noise_level=0.7)
-    prompts = ["a red cube", "a blue sphere", "a green cone"] * 2
-    cond = tiny_adapter.encode_prompts(prompts)
-    traj = rollout(tiny_adapter, cond, [SampleKey(1, f"u{i % 3}", i // 3) for i in range(6)], cfg)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in tiny_adapter.trainable_parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 3e-2)
+    cond, traj = off_policy_rollout(3e-2)
     w = torch.exp(compute_log_probs(tiny_adapter, cond, traj) - traj.log_probs)
     assert float((w - 1).abs().min()) > CLIP  # every row outside the recipes' clip
     stale = torch.ones(6, dtype=torch.bool)

@@ -61,6 +61,11 @@ POOLS_FILE = "pools.json"
 """The control file of a running job, in its output directory: ``{"generator": <count>}``, read at step ends."""
 
 
+def _is_generator_count(value: Any) -> bool:
+    """A generator count a running job can be resized to: an integer >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def free_loopback_port() -> int:
     """A TCP port free on 127.0.0.1 now (the OS picks it)."""
     import socket
@@ -276,7 +281,7 @@ class DigenRLTrainer:
 
     def resize_generators(self, count: int) -> None:
         """Ask for `count` generators (>= 1); applied at the next step end (`at_step_end`)."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        if not _is_generator_count(count):
             raise ValueError(f"resize_generators({count!r}): use an integer >= 1 (generators of the running job)")
         if self.supervisor is None and self.executor is not None:
             raise ValueError("resize_generators: only a disaggregated run has a generator pool to resize")
@@ -291,7 +296,7 @@ class DigenRLTrainer:
         self._pools_file_seen = path.stat().st_mtime
         try:
             count = json.loads(path.read_text())["generator"]
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            if not _is_generator_count(count):
                 raise ValueError(f"generator={count!r} is not an integer >= 1")
         except (ValueError, KeyError, TypeError) as e:
             print(f"digenrl: ignoring {path}: {type(e).__name__}: {e}; write {{\"generator\": <count >= 1>}}",

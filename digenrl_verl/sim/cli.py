@@ -34,12 +34,14 @@ from typing import Any, Sequence
 from digenrl_verl.schedule.config import TCSS_LOSS_FIELDS, ScheduleConfig, ScheduleSettings, TcssConfig
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.profiles import PROFILES, get_profile
-from digenrl_verl.sim.scenarios import (COSTS, DISAGGREGATED_LADDER, FULL_DIGENRL_SETTINGS, HETERO_TARGET,
-                                        IDEAL_PARITY_TARGET, PAPER_FIGURES, PAPER_SUITE, PAPER_VS_VERL_OMNI,
-                                        SCENARIOS, RunOutcome, Scenario, calibrate, costs_named, get_scenario,
-                                        paper_check, predictions, ratios, run_config, run_ladder)
+from digenrl_verl.sim.scenarios import (ALTERNATIVE_CALIBRATION, COSTS, DISAGGREGATED_LADDER, FULL_DIGENRL_SETTINGS,
+                                        HETERO_TARGET, IDEAL_PARITY_TARGET, PAPER_FIGURES, PAPER_SUITE,
+                                        PAPER_VS_VERL_OMNI, SCENARIOS, RunOutcome, Scenario, calibrate, costs_named,
+                                        get_scenario, paper_check, predictions, ratios, run_config, run_ladder)
 
 EFFICIENCY_TARGET = 0.95
+ALTERNATIVE_ROWS = ("colocated-verl-omni", "colocated-best", "+TAG BTS", "digenrl")
+"""Rows the alternative calibration runs: what the paper figures compare."""
 SCALE = Scenario("scale-1024", "synthetic-scale", "gen=512xH800,trn=512xH800", prompts_per_step=1024, n=16,
                  num_steps=2)
 
@@ -229,6 +231,35 @@ def _fmt_range(r: Sequence[float] | None) -> str:
     return f"{r[0]:.2f}-{r[1]:.2f}" if r else "-"
 
 
+def _fmt_hetero(hetero: dict[str, dict[str, float]]) -> str:
+    return "; ".join(name + " " + ", ".join(f"{k} {v:.2f}x" for k, v in by.items()) for name, by in hetero.items())
+
+
+def _print_predictions(title: str, calibration: dict[str, Any], preds: Sequence[dict[str, Any]]) -> None:
+    fixed = "".join(f", {k} = {v:g}" for k, v in calibration["fixed"].items())
+    print(f"calibration: {calibration['parameter']} = {calibration['value']:.3g}{fixed} fits "
+          f"{calibration['figure']} to {calibration['reached']:.3f}x (target {calibration['target']:.3f}x, paper "
+          f"{_fmt_range(calibration['paper_range'])}{', at the bound' if calibration['at_bound'] else ''})")
+    print(_table(title, ["figure", "metric", "held out", "paper", "simulated", "error vs mid", "where"],
+                 [[p["figure"].split(": ", 1)[-1][:48], p["metric"], str(p["held_out"]), _fmt_range(p["paper"]),
+                   _fmt_range(p["simulated_range"]), f"{p['error_vs_midpoint']:+.1%}", p["where"]] for p in preds]))
+
+
+def _alternative_calibration(args: argparse.Namespace) -> dict[str, Any]:
+    """The paper figures under `ALTERNATIVE_CALIBRATION` (the colocated generator's slowdown fitted on the same
+    figure, the switch at an assumed bandwidth): the rows the predictions need, every scenario."""
+    costs, calibration = calibrate(unknown=ALTERNATIVE_CALIBRATION)
+    reports = [ladder_report(SCENARIOS[name], run_ladder(SCENARIOS[name], costs=costs, jitter=args.jitter,
+                                                         seed=args.seed, labels=ALTERNATIVE_ROWS), "calibrated")
+               for name in PAPER_SUITE]
+    return {"calibration": calibration, "costs": dataclasses.asdict(costs), "rows": list(ALTERNATIVE_ROWS),
+            "predictions": predictions(reports, calibration),
+            "digenrl_vs_colocated_best": {r["scenario"]: r["digenrl_vs_colocated_best"] for r in reports},
+            "digenrl_without_tcss_vs_colocated_best": {r["scenario"]: r["digenrl_without_tcss_vs_colocated_best"]
+                                                       for r in reports},
+            "digenrl_vs_colocated_verl_omni": {r["scenario"]: r["digenrl_vs_colocated_verl_omni"] for r in reports}}
+
+
 def _run_suite_paper(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
@@ -250,20 +281,21 @@ def _run_suite_paper(args: argparse.Namespace) -> dict[str, Any]:
                      _fmt_range(r.get("paper", {}).get("vs_colocated")), check["where"] if check else "-"])
     print(_table("speedups of full DigenRL (simulated; 'x' = baseline makespan / DigenRL makespan)", header, rows))
     preds = predictions(reports, calibration)
-    print(f"calibration: {calibration['parameter']} = {calibration['value']:.3g} GB/s fits "
-          f"{calibration['figure']} to {calibration['target']:.3f}x (paper {_fmt_range(calibration['paper_range'])})")
-    print(_table("paper figures: calibration and held-out predictions", ["figure", "metric", "held out", "paper",
-                                                                        "simulated", "error vs mid", "where"],
-                 [[p["figure"].split(": ", 1)[-1][:48], p["metric"], str(p["held_out"]), _fmt_range(p["paper"]),
-                   _fmt_range(p["simulated_range"]), f"{p['error_vs_midpoint']:+.1%}", p["where"]] for p in preds]))
+    _print_predictions("paper figures: calibration and held-out predictions", calibration, preds)
+    alternative = _alternative_calibration(args)
+    _print_predictions("alternative model (colocated generator slowdown fitted): held-out predictions",
+                       alternative["calibration"], alternative["predictions"])
     ideal_homog = [r for r in reports if r["costs"] == "ideal" and len(ClusterSpec.parse(r["cluster"]).speeds) == 1]
     parity = min(r["digenrl_vs_colocated_best"] for r in ideal_homog)
-    hetero = {r["costs"]: r["digenrl_vs_colocated_best"] for r in reports
-              if len(ClusterSpec.parse(r["cluster"]).speeds) > 1}
+    hetero: dict[str, dict[str, float]] = {}
+    for r in reports:
+        if len(ClusterSpec.parse(r["cluster"]).speeds) > 1:
+            hetero.setdefault(r["scenario"], {})[r["costs"]] = r["digenrl_vs_colocated_best"]
     effs = [r["full_efficiency"] for r in reports]
     out = {
         "suite": "paper", "costs": list(COSTS), "scenarios": reports, "calibration": calibration,
-        "calibrated_costs": {"switch_gb_s": calibrated.switch_gb_s}, "predictions": preds,
+        "calibrated_costs": dataclasses.asdict(calibrated), "predictions": preds,
+        "alternative_calibration": alternative,
         "ideal_parity_target": IDEAL_PARITY_TARGET, "ideal_min_digenrl_vs_colocated_best": parity,
         "ideal_below_parity_target": {r["scenario"]: r["digenrl_vs_colocated_best"] for r in ideal_homog
                                       if r["digenrl_vs_colocated_best"] < IDEAL_PARITY_TARGET},
@@ -275,7 +307,7 @@ def _run_suite_paper(args: argparse.Namespace) -> dict[str, Any]:
         "violations": {f"{r['scenario']} ({r['costs']})": r["violations"] for r in reports if r["violations"]},
     }
     print(f"ideal homogeneous: min digenrl/colocated-best {parity:.3f} (target {IDEAL_PARITY_TARGET}); "
-          f"heterogeneous: {', '.join(f'{k} {v:.2f}x' for k, v in hetero.items())} (target {HETERO_TARGET})")
+          f"heterogeneous: {_fmt_hetero(hetero)} (target {HETERO_TARGET})")
     for key, vs in out["violations"].items():
         for v in vs:
             print(f"ladder not monotone in {key}: {v}")

@@ -1,15 +1,17 @@
 """The paper's Sec. 5.4 shape in the simulator: 8 + 8 GPUs of two kinds, DigenRL vs colocated.
 
-`python -m digenrl_verl.sim.hetero [--json]` (or `bash recipes/sim_hetero_8p8.sh`) runs the `hetero-8+8` scenario of
-`digenrl_verl.sim.scenarios` (HunyuanVideo DanceGRPO costs, 20 steps, 60% trained; generators on a class
-at 0.6x the speed of the trainers' class), the same 16 GPUs with the two classes swapped, and the
-homogeneous 8+8 reference. For each: the colocated makespan (all 16 ranks in lock-step, so the slower class
-sets the pace), full DigenRL (GAP + TSP + TAG/BTS + TCSS) and the gain over `colocated-best` (TSP, rollout log-probs,
-the cheaper memory mode), under the calibrated colocation costs (`sim.scenarios.calibrate`) unless ``--costs ideal``.
+`python -m digenrl_verl.sim.hetero [--json]` (or `bash recipes/sim_hetero_8p8.sh`) runs the `hetero-paper-a+c`
+scenario of `digenrl_verl.sim.scenarios` (HunyuanVideo DanceGRPO costs, 20 steps, 60% trained; generators on the
+paper's testbed-A GPU, 48 GB at 0.307x the speed of the trainers' testbed-C GPU, 96 GB: `HETERO_PAPER_CLUSTER`), the
+same 16 GPUs with the two classes swapped, the same speeds with equal (80 GB) memory (the speed half of
+heterogeneity alone), and a homogeneous 8+8 reference of the faster class. For each: the colocated makespan (all 16
+ranks in lock-step, so the slower class sets the pace and the smaller memory caps what a rank holds), full DigenRL
+(GAP + TSP + TAG/BTS + TCSS) and the gain over `colocated-best` (TSP, rollout log-probs, the cheaper memory mode),
+under the calibrated colocation costs (`sim.scenarios.calibrate`) unless ``--costs ideal``.
 
-**Simulated, not measured**: durations come from the modelled cost profiles (`sim.profiles`, assumptions
-of the right order for H800-class GPUs), and the 0.6 speed factor of the second class is assumed too.
-With --json the last line printed is one JSON object.
+**Simulated, not measured**: durations come from the modelled cost profiles (`sim.profiles`, assumptions of the
+right order for H800-class GPUs); the classes' speed ratio and memory come from a secondary summary of the paper
+(`sim.scenarios.HETERO_PAPER_SPEED`). With --json the last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import sys
 from dataclasses import replace
 from typing import Any, Sequence
 
-from digenrl_verl.sim.scenarios import COSTS, costs_named, get_scenario, run_ladder
+from digenrl_verl.sim.scenarios import COSTS, HETERO_PAPER_SPEED, costs_named, get_scenario, run_ladder
 
-SCENARIO = "hetero-8+8"
+SCENARIO = "hetero-paper-a+c"
+_SLOW = f"TestbedA@{HETERO_PAPER_SPEED:.3f}"
 CLUSTERS = {
     "slow generators (scenario)": None,  # the scenario's own cluster
-    "slow trainers (swapped)": "gen=8xH800,trn=8xA800@0.6",
-    "homogeneous reference": "gen=8xH800,trn=8xH800",
+    "slow trainers (swapped)": f"gen=8xTestbedC/96,trn=8x{_SLOW}/48",
+    "speed only (80 GB each)": f"gen=8x{_SLOW}/80,trn=8xTestbedC/80",
+    "homogeneous reference": "gen=8xTestbedC/96,trn=8xTestbedC/96",
 }
 
 

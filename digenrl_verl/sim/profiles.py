@@ -310,7 +310,11 @@ class ColocationCosts:
        weights`` (reward model sleep and wake). Resident mode (nothing offloaded): ``rollout weights`` only.
        Sources: reference §5 steps 2 and 9 (`sleep_replicas()` after generation, `update_weights` every step), §4
        (offload flags), §3 (`checkpoint_engine.backend=naive`, `free_cache_engine=True`). Value: `switch_bytes_gb`
-       / `switch_gb_s`.
+       / `switch_gb_s`. No source gives the seconds of this switch for a diffusion model; published orders of
+       magnitude for LLMs: vLLM's level-1 sleep mode wakes in 0.1-6 s for 0.6B-235B models
+       (https://blog.vllm.ai/2025/10/26/sleep-mode.html), and verl's FSDP -> SGLang resharding took 46 s per step
+       before and 37.5 s after bucket flattening (verl-project/verl#2605, model not stated there). So the bandwidth
+       is the calibrated unknown.
     2. **Reward model residency** (colocated): in offload mode the RM sleeps and wakes every step (in term 1); in
        resident mode its weights (`rm_weights_gb`) stay on every rank and take memory from training. Disaggregated:
        the RM lives on the generators, next to the rollout weights. Sources: reference §3
@@ -322,30 +326,60 @@ class ColocationCosts:
        pass costs more per row) and verl-omni's micro-batch (reported; the loop's cost is per row). Source:
        assumption (`Footprint.act_gb_per_row`, `USABLE_MEMORY_FRACTION`), GPU memory from the cluster spec.
     4. **Heterogeneous speed and memory**: colocated ranks run in lock-step at the slowest class's speed and hold
-       what the smallest memory allows (`ClusterSpec.colocated`); disaggregated pools run at their own. Source:
-       assumption (the classes' speeds in the scenario's cluster spec).
+       what the smallest memory allows (`ClusterSpec.colocated`; generation too: verl 8a69493 routes each request
+       to the replica with the fewest in-flight requests, `GlobalRequestLoadBalancer.acquire_server` in
+       `verl/workers/rollout/llm_server.py`, and its agent loop issues a step's requests at once, `asyncio.gather` in
+       `verl/experimental/agent_loop/agent_loop.py`, so every replica gets an equal share and the slow class
+       finishes last; read, not run): the trainer state, the TSP chunk and, in resident
+       mode, the rollout and RM weights must fit the smaller GPU (term 3); disaggregated pools run at their own
+       speed with their own memory (the trainer pool's caps its TSP chunk, the generator pool must hold the rollout
+       and RM weights). The paper's pair (`sim.scenarios.HETERO_PAPER_CLUSTER`): 48 GB at 38.7 FP32 TFLOPS with
+       96 GB at 126 (speed ratio 0.307), from a secondary, machine-generated summary of the paper (see
+       `sim.scenarios.HETERO_PAPER_SPEED`); which class generates and the 8 + 8 counts are assumptions. The older
+       `hetero-8+8` scenario keeps its assumed 0.6 speed and 80 GB on both sides.
     5. **TAG context switch** (disaggregated): a TAG micro-batch costs ``gen x tag_overhead`` on the trainer (FSDP
        weights gathered per forward, the trainer switched from training to sampling and back); ideal: 1.0. Source:
        assumption (the profile's ``tag_overhead``, 1.15): the paper describes the switch (issue 13), the reference
        does not quantify it.
     6. **Old-log-prob recompute** (`colocated-verl-omni` only, both costs: it is verl-omni's algorithmic choice, not a
        colocation cost): `recompute_unit` per sample.
-    7. **vLLM-Omni request queueing at large batch** (issue 13 names it among verl-omni's costs): not modelled, 0;
-       no figure in the reference quantifies it.
+    7. **vLLM-Omni request queueing at large batch** (issue 13 names it among verl-omni's costs): not modelled, 0.
+       What the sources quantify is batching throughput, not a queueing penalty of colocation: verl-omni's batching
+       doc (reference vllm-omni.md §5: Qwen-Image LoRA, 32 x 16 images, serial 226 s of generation, request-level
+       batching with `max_num_seqs=32` 108 s), verl-project/verl-omni#239 (4 x A100, batch 16: serial 430-450 s,
+       step-wise 320-330 s, request-level 320-325 s full weights, ~500 s LoRA), verl-project/verl-omni#489 (a silent
+       clamp to batch 1: 100 s -> 205 s), vllm-project/vllm-omni#1593 (QwenImage async batching at B = 8: 1.36x).
+       They bound how much slower a badly batched engine can be (up to ~2x per sample), but none says that the
+       colocated engine batches worse than a dedicated one at the paper's settings, and a per-sample batching curve
+       would charge DigenRL's GAP micro-batches (one prompt group over the generator ranks) as much as colocation.
+    8. **Slower colocated generator** (`colocated_gen_factor`, colocated rows only): every colocated GEN costs the
+       profile's generation x this factor; the disaggregated generator runs at the profile's rate. Mechanism
+       (assumption): verl-omni's colocated engine shares the GPU with the trainer (`rollout.gpu_memory_utilization`
+       = 0.5, reference §3), which caps its batch; the batching figures of term 7 bound the factor to about 1-2.
+       No source gives its value at the paper's settings: it is 1.0 (off) in the primary calibration and the fitted
+       unknown of the alternative one (`sim.scenarios.ALTERNATIVE_CALIBRATION`).
 
     Args:
         name: ``"ideal"`` or ``"calibrated"``.
         switch_gb_s: effective bandwidth of the engine switch, GB/s per rank (calibrated; None with ideal).
+        colocated_gen_factor: generation slowdown of the colocated rollout engine (term 8; >= 1, 1.0 with ideal).
     """
 
     name: str
     switch_gb_s: float | None = None
+    colocated_gen_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.name not in ("ideal", "calibrated"):
             raise ValueError(f"ColocationCosts.name={self.name!r}: use 'ideal' or 'calibrated'")
         if self.name == "calibrated" and (self.switch_gb_s is None or self.switch_gb_s <= 0):
             raise ValueError("calibrated colocation costs need switch_gb_s > 0")
+        if self.colocated_gen_factor < 1.0:
+            raise ValueError(f"ColocationCosts.colocated_gen_factor={self.colocated_gen_factor}: use a value >= 1 "
+                             "(1.0: the colocated engine generates as fast as a dedicated one)")
+        if self.name == "ideal" and (self.switch_gb_s is not None or self.colocated_gen_factor != 1.0):
+            raise ValueError("ideal colocation costs take no switch_gb_s and colocated_gen_factor 1.0: ideal has no "
+                             "colocation cost terms; use name='calibrated'")
 
     @property
     def on(self) -> bool:
@@ -375,8 +409,10 @@ class RowCosts:
 
 
 def colocated_row(profile: CostProfile, fp: Footprint, costs: ColocationCosts, *, ranks: int, memory_gb: float,
-                  tsp: bool, recompute: bool, mode: str) -> RowCosts:
-    """Cost profile of a colocated row (``mode``: ``"offload"`` or ``"resident"``, see `ColocationCosts`)."""
+                  tsp: bool, recompute: bool, mode: str, speed: float = 1.0) -> RowCosts:
+    """Cost profile of a colocated row (``mode``: ``"offload"`` or ``"resident"``, see `ColocationCosts`) on ranks of
+    compute ``speed``. The engine switch is bandwidth-bound, not compute-bound: it costs the same seconds at any speed
+    (the executor divides the OPT_STEP it rides on by the speed, so its seconds enter pre-multiplied)."""
     params = float(profile.source.get("params_billion", 0.0))
     k = int(profile.source.get("trained_timesteps", 1))
     update_loop = profile.update_loop + (recompute_unit(profile) if recompute else 0.0)
@@ -390,7 +426,7 @@ def colocated_row(profile: CostProfile, fp: Footprint, costs: ColocationCosts, *
     switch_gb = switch_bytes_gb(mode, params, ranks, fp)
     switch_s = switch_gb / costs.switch_gb_s
     info.update(resident_gb=resident, rows_per_pass=rows, switch_gb=switch_gb, switch_s=switch_s,
-                feasible=rows >= 1)
+                feasible=rows >= 1, gen_factor=costs.colocated_gen_factor)
     if rows < 1:
         return RowCosts(profile, info)
     if tsp:
@@ -399,8 +435,8 @@ def colocated_row(profile: CostProfile, fp: Footprint, costs: ColocationCosts, *
     else:
         update_tsp = profile.update_tsp
         info["micro_batch"] = min(fp.vo_micro_batch, rows)
-    return RowCosts(replace(profile, update_loop=update_loop, update_tsp=update_tsp,
-                            opt_step=profile.opt_step + switch_s), info)
+    return RowCosts(replace(profile, gen=profile.gen * costs.colocated_gen_factor, update_loop=update_loop,
+                            update_tsp=update_tsp, opt_step=profile.opt_step + switch_s * speed), info)
 
 
 def disaggregated_row(profile: CostProfile, fp: Footprint, costs: ColocationCosts, *, trainer_ranks: int,

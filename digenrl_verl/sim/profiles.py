@@ -25,8 +25,9 @@ not what a real cluster measures.
 The second half of the module models what **colocation** costs on GPUs beyond that compute (`ColocationCosts`:
 engine switch, reward-model residency, memory ceilings on the TSP chunk and micro-batch, heterogeneous speed and
 memory, the TAG context switch, verl-omni's old-log-prob recompute), each with its formula, source and value;
-`colocated_row` / `disaggregated_row` turn a profile into the profile one row of a scenario runs with. The one
-unknown, the engine switch's effective bandwidth, is calibrated on one paper figure (`sim.scenarios.calibrate`).
+`colocated_row` / `disaggregated_row` turn a profile into the profile one row of a scenario runs with. One unknown
+is calibrated on one paper figure (`sim.scenarios.calibrate`): the engine switch's effective bandwidth in the
+headline model, the colocated generator's slowdown in the alternative one.
 """
 
 from __future__ import annotations
@@ -311,10 +312,11 @@ class ColocationCosts:
        Sources: reference §5 steps 2 and 9 (`sleep_replicas()` after generation, `update_weights` every step), §4
        (offload flags), §3 (`checkpoint_engine.backend=naive`, `free_cache_engine=True`). Value: `switch_bytes_gb`
        / `switch_gb_s`. No source gives the seconds of this switch for a diffusion model; published orders of
-       magnitude for LLMs: vLLM's level-1 sleep mode wakes in 0.1-6 s for 0.6B-235B models
-       (https://blog.vllm.ai/2025/10/26/sleep-mode.html), and verl's FSDP -> SGLang resharding took 46 s per step
-       before and 37.5 s after bucket flattening (verl-project/verl#2605, model not stated there). So the bandwidth
-       is the calibrated unknown.
+       magnitude for LLMs: vLLM's sleep mode, benchmarked on 0.6B-235B models and A4000-A100 GPUs
+       (https://blog.vllm.ai/2025/10/26/sleep-mode.html), wakes from level 1 in 0.1-6 s (that range as summarised
+       at https://hmhm.wtf/2025/vllm-sleep-mode-pozvoljaet-perekljuchat-ii-modeli-za-sekundy-vmesto-minut), and
+       verl's FSDP -> SGLang resharding took 46 s per step before and 37.5 s after bucket flattening
+       (verl-project/verl#2605, model not stated in the PR text). So the bandwidth is a calibrated unknown.
     2. **Reward model residency** (colocated): in offload mode the RM sleeps and wakes every step (in term 1); in
        resident mode its weights (`rm_weights_gb`) stay on every rank and take memory from training. Disaggregated:
        the RM lives on the generators, next to the rollout weights. Sources: reference §3

@@ -45,8 +45,8 @@ from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, get_reward, reward_n
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
 from digenrl_verl.rewards.vlm_judge import (
-    JUDGE_FUNCTION, JUDGE_REWARD, KEY_ENABLE, KEY_MODEL_PATH, JudgeConfig, is_judge_function, judge_family,
-    resolve_judge_path,
+    JUDGE_BACKENDS, JUDGE_FUNCTION, JUDGE_REWARD, KEY_BACKEND, KEY_ENABLE, KEY_MODEL_PATH, KEY_POOL, VLLM_INSTALL_HINT,
+    JudgeConfig, JudgePool, is_judge_function, judge_backend_unavailable, judge_family, resolve_judge_path,
 )
 from digenrl_verl.workers.sharding import STRATEGIES, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
@@ -126,8 +126,6 @@ def _algorithm_mismatch(value: Any, keys: RecipeKeys) -> bool:
 
 
 UNSUPPORTED: dict[str, tuple[Rule, str]] = {
-    "reward.reward_model.enable_resource_pool": (True, "a separate reward pool is not supported: the reward (and "
-                                                 "its VLM judge) runs in each generator worker; set it to false"),
     f"{A}.actor.ppo_epochs": ("!1", "only ppo_epochs=1 is supported (one pass over each step's samples)"),
     f"{A}.actor.fsdp_config.ulysses_sequence_parallel_size": (
         "!1", "Ulysses sequence parallelism is not supported; set it to 1"),
@@ -237,11 +235,19 @@ NO_EFFECT: dict[str, str] = {
     "data.custom_cls": "prompts come from .txt or verl-style .parquet files",
     "reward.num_workers": "the reward runs on the generators (one scorer per generator rank)",
     "reward.reward_manager": "rewards are composed by reward.reward_functions / reward.custom_reward_function",
-    "reward.reward_model.n_gpus_per_node": "the VLM judge runs in each generator worker (no reward pool to size)",
-    "reward.reward_model.nnodes": "the VLM judge runs in each generator worker (no reward pool to size)",
-    "reward.reward_model.rollout": "the VLM judge runs in-process with transformers' generate in each generator "
-                                   "worker (bfloat16 on GPU, float32 on CPU; sampling as verl-omni's genrm_ocr); "
-                                   "vLLM serving, its parallelism and memory settings are not implemented",
+    **{f"reward.reward_model.rollout.{k}": "an engine setting of verl's reward-model rollout that the VLM judge does "
+       "not pass to vLLM (it sets model, dtype, tensor_parallel_size, gpu_memory_utilization, enforce_eager, "
+       "max_model_len, max_num_seqs, max_num_batched_tokens)" for k in (
+        "profiler", "cudagraph_capture_sizes", "data_parallel_size", "expert_parallel_size",
+        "pipeline_model_parallel_size", "load_format", "layered_summon", "scheduling_policy", "multi_stage_wake_up",
+        "engine_kwargs", "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init",
+        "quantization", "quantization_config_file", "mtp", "disaggregation")},
+    **{f"reward.reward_model.rollout.{k}": "the judge's sampling is verl-omni's genrm_ocr request (temperature 0.7, "
+       "top_p 0.8, 4096 tokens; GENRM_OCR_* environment overrides), which overrides the server's" for k in (
+        "temperature", "top_k", "top_p", "do_sample", "n", "ignore_eos")},
+    "reward.reward_model.rollout.limit_images": "each request of the judge holds one image (genrm_ocr's chat)",
+    "reward.reward_model.rollout.free_cache_engine": "the judge stays resident (its own pool, or the scoring "
+                                                     "worker's process): nothing is freed between steps",
     "trainer.log_val_generations": "validation samples are scored, not logged as images",
     "trainer.total_epochs": "the run length is trainer.total_training_steps",
     "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
@@ -909,22 +915,110 @@ _RF = KEY_REWARD_FUNCTIONS
 _ENTRY_KEYS = ("path", "name", "weight", "required")
 
 
+_RM = "reward.reward_model"
+#: `reward.reward_model.rollout.*` keys that set the vLLM judge's engine (`rewards.judge_vllm.engine_kwargs`)
+JUDGE_ENGINE_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager", "dtype", "max_model_len",
+                     "max_num_seqs", "max_num_batched_tokens", "prompt_length", "response_length")
+JUDGE_SERVING_KEYS = (KEY_BACKEND, KEY_POOL, f"{_RM}.n_gpus_per_node", f"{_RM}.nnodes",
+                      *(f"{_RM}.rollout.{k}" for k in JUDGE_ENGINE_KEYS))
+
+
 def build_judge(keys: RecipeKeys) -> JudgeConfig | None:
     """`reward.reward_model.*` → the VLM judge (None when disabled): the model path resolved now (a local directory
-    or a cached Hugging Face id) and its family checked, so a bad path fails before any worker starts."""
+    or a cached Hugging Face id) and its family checked, so a bad path fails before any worker starts; the backend
+    (`rollout.name`: vllm, or null = transformers) and its engine settings; with `enable_resource_pool=True` its own
+    pool of `n_gpus_per_node` x `nnodes` devices (`JudgePool`)."""
     enable = bool(keys(KEY_ENABLE, False))
     path = keys(KEY_MODEL_PATH)
+    serving = {key: keys(key) for key in JUDGE_SERVING_KEYS}
     if not enable:
-        if path is not None:
-            warnings.warn(f"{KEY_MODEL_PATH}={path!r} has no effect: {KEY_ENABLE}=false", UserWarning, stacklevel=3)
+        for key in ([KEY_MODEL_PATH] if path is not None else []) + _changed(keys, JUDGE_SERVING_KEYS):
+            warnings.warn(f"{key}={keys.peek(key)!r} has no effect: {KEY_ENABLE}=false", UserWarning, stacklevel=3)
         return None
     resolved = resolve_judge_path(path)
     family = judge_family(resolved)
-    judge = JudgeConfig(model_path=resolved).with_env_overrides()  # verl-omni's GENRM_OCR_* sampling overrides
-    keys.decide(f"{KEY_MODEL_PATH}={path!r}: a {family} judge run in-process in each generator worker with transformers "
-                f"generate ({resolved}; temperature {judge.temperature}, top_p {judge.top_p}, at most "
-                f"{judge.max_new_tokens} new tokens, {judge.micro_batch_size} images per call), not served by vLLM")
+    use_gpu = DEVICES.get(keys("trainer.device", "cpu")) == "cuda"
+    backend = _judge_backend(keys, serving[KEY_BACKEND], use_gpu)
+    engine = _judge_engine(keys, serving) if backend == "vllm" else {}
+    if serving[KEY_BACKEND] in (None, "transformers"):
+        for key in _changed(keys, tuple(f"{_RM}.rollout.{k}" for k in JUDGE_ENGINE_KEYS)):
+            warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_BACKEND}={serving[KEY_BACKEND]}: the "
+                          "transformers judge holds one whole model per replica (vLLM engine settings apply to "
+                          f"{KEY_BACKEND}=vllm)", UserWarning, stacklevel=3)
+    pool = None
+    if serving[KEY_POOL]:
+        pool = JudgePool(nnodes=serving[f"{_RM}.nnodes"], per_node=serving[f"{_RM}.n_gpus_per_node"], use_gpu=use_gpu,
+                         devices_per_replica=engine.get("tensor_parallel_size", 1) if use_gpu else 1)
+        _check_judge_processes(pool)
+    judge = JudgeConfig(model_path=resolved, backend=backend, pool=pool, **engine).with_env_overrides()
+    if pool is not None:
+        keys.decide(f"reward pool ({KEY_POOL}=True): {pool.describe()}, from {_RM}.n_gpus_per_node={pool.per_node} x "
+                    f"{_RM}.nnodes={pool.nnodes} on trainer.device={keys.peek('trainer.device')}; the scoring workers "
+                    "send the decoded images to the judge replicas actor-to-actor (SCORE stays on the generators)")
+    where = "in its own Ray pool (the reward pool)" if pool is not None else \
+        "in-process in each scoring worker (the generators)"
+    how = (f"vLLM (tensor_parallel_size {judge.tensor_parallel_size}, gpu_memory_utilization "
+           f"{judge.gpu_memory_utilization}, dtype {judge.dtype}, max_model_len {judge.max_model_len})"
+           if backend == "vllm" else f"transformers generate ({judge.micro_batch_size} images per call)")
+    keys.decide(f"{KEY_MODEL_PATH}={path!r}: a {family} judge ({resolved}) {where}, served by {how}; temperature "
+                f"{judge.temperature}, top_p {judge.top_p}, at most {judge.max_new_tokens} new tokens")
     return judge
+
+
+def _judge_backend(keys: RecipeKeys, name: Any, use_gpu: bool) -> str:
+    """`reward.reward_model.rollout.name` → the judge backend. vllm where it cannot run: on trainer.device=cpu the
+    transformers backend instead (warned, in the plan); on cuda a ValueError naming the key and the fix (a dry run
+    plans for the cluster: a decision)."""
+    backend = "transformers" if name is None else str(name)
+    if backend not in JUDGE_BACKENDS:
+        raise ValueError(f"unknown {KEY_BACKEND}={backend!r}; valid: {list(JUDGE_BACKENDS)} (null: transformers; "
+                         "verl-omni's recipes serve the judge with vllm)")
+    why = judge_backend_unavailable(backend)
+    if why is None:
+        return backend
+    if not use_gpu:
+        note = (f"{KEY_BACKEND}=vllm -> transformers: {why}, and trainer.device=cpu; the judge runs with transformers' "
+                f"generate instead (same checkpoint, chat, sampling and score; one whole model per replica, so "
+                f"{_RM}.rollout.tensor_model_parallel_size and vLLM's memory settings are not used). Fix: "
+                f"{VLLM_INSTALL_HINT} with trainer.device=cuda, or set {KEY_BACKEND}=transformers to choose it")
+        warnings.warn(note, UserWarning, stacklevel=4)
+        keys.decide(note)
+        return "transformers"
+    if not keys.peek("trainer.digenrl.dry_run"):
+        raise ValueError(f"{KEY_BACKEND}=vllm cannot be used here: {why}. Fix: {VLLM_INSTALL_HINT}, or set "
+                         f"{KEY_BACKEND}=transformers (transformers' generate, CPU or GPU)")
+    keys.decide(f"{KEY_BACKEND}=vllm: this machine cannot run it ({why}); the dry run plans for the cluster, a real "
+                "run here stops before any worker starts")
+    return backend
+
+
+def _judge_engine(keys: RecipeKeys, serving: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM judge's engine settings (`JudgeConfig` fields) from `reward.reward_model.rollout.*`; max_model_len
+    null is prompt_length + response_length, as verl's vLLM server sizes it."""
+    def rollout(name: str) -> Any:
+        return serving[f"{_RM}.rollout.{name}"]
+
+    max_len = rollout("max_model_len")
+    if max_len is None and rollout("prompt_length") and rollout("response_length"):
+        max_len = int(rollout("prompt_length")) + int(rollout("response_length"))
+    dtype = str(rollout("dtype") or "bfloat16")
+    if dtype not in DTYPES:
+        raise ValueError(f"{_RM}.rollout.dtype={dtype!r}; valid: {sorted(DTYPES)}")
+    return {"tensor_parallel_size": _count(f"{_RM}.rollout.tensor_model_parallel_size",
+                                           rollout("tensor_model_parallel_size"), low=1),
+            "gpu_memory_utilization": float(rollout("gpu_memory_utilization")),
+            "enforce_eager": bool(rollout("enforce_eager")), "dtype": DTYPES[dtype], "max_model_len": max_len,
+            "max_num_seqs": rollout("max_num_seqs"), "max_num_batched_tokens": rollout("max_num_batched_tokens")}
+
+
+def _check_judge_processes(pool: JudgePool) -> None:
+    if pool.use_gpu:
+        return
+    limit = max(4 * (os.cpu_count() or 1), 8)
+    if pool.replicas > limit:
+        raise ValueError(f"{KEY_POOL}=True on trainer.device=cpu: {_RM}.n_gpus_per_node={pool.per_node} x {_RM}."
+                         f"nnodes={pool.nnodes} = {pool.replicas} judge processes on a machine with {os.cpu_count()} "
+                         f"cores (limit {limit}); lower {_RM}.n_gpus_per_node, or set trainer.device=cuda")
 
 
 def _function_entries(functions: dict) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
@@ -953,7 +1047,7 @@ def _function_entries(functions: dict) -> tuple[dict[str, Any], dict[str, tuple[
 
 
 def _judge_note(where: str, function: str) -> str:
-    return (f"{where}:{function} (verl-omni's judge-backed OCR reward) is scored by digenrl_verl's in-process VLM judge "
+    return (f"{where}:{function} (verl-omni's judge-backed OCR reward) is scored by digenrl_verl's VLM judge "
             "(same instruction, sampling and Levenshtein score; the file is not loaded)")
 
 
@@ -974,7 +1068,7 @@ def build_reward(keys: RecipeKeys) -> RewardConfig:
         if not is_judge_function(custom["path"], function):
             raise ValueError(
                 f"{KEY_ENABLE}=True with reward.custom_reward_function {custom['path']}:{function}: verl-omni hands "
-                "such a function the address of its served reward model; digenrl_verl runs the judge in-process and "
+                "such a function the address of its served reward model; digenrl_verl runs the judge itself and "
                 f"scores it as verl-omni's {':'.join(JUDGE_FUNCTION)} does: point reward.custom_reward_function at "
                 f"that function (or set {_RF}={{{JUDGE_REWARD}: 1.0}}), or set {KEY_ENABLE}=false")
         warnings.warn(_judge_note(f"reward.custom_reward_function {custom['path']}", function) +

@@ -13,7 +13,7 @@ digenrl_verl does not implement, so that tests can show both halves of the contr
 * with the `blockers` switched to the value given here, the recipe validates (dry run), and with `tiny`
   appended as well it runs one real step on CPU with a tiny model directory.
 
-`blockers` are of two kinds: features we do not implement (a reward model served as vLLM replicas, verl-omni's
+`blockers` are of two kinds: what cannot run here (the reward model's Hugging Face id, not in the local cache; verl-omni's
 v1 trainer selection, validation runs, the vLLM-Omni backend on a machine without CUDA), and batch layouts our
 schedule cannot express (a micro-batch smaller than one prompt group's share per trainer rank). Their
 ``ppo_mini_batch_size`` at half the batch (two optimizer steps per global step) is run as they set it.
@@ -189,7 +189,6 @@ SD35_OCR_LORA_SEPARATE_ASYNC = VerlOmniRecipe(
     blockers={
         f"{A}.rollout.name": "diffusers",
         "reward.reward_model.enable": "False",
-        "reward.reward_model.enable_resource_pool": "False",
         "trainer.use_v1": "false",
     },
     tiny=_TINY,

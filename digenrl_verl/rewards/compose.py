@@ -11,7 +11,7 @@ import torch
 from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, Reward, get_reward
 from digenrl_verl.rewards.custom import KEY_CUSTOM_PATH, CustomReward
 from digenrl_verl.rewards.vlm_judge import (
-    JUDGE_REWARD, KEY_ENABLE, KEY_MODEL_PATH, JudgeConfig, VLMJudgeReward, is_judge_function,
+    JUDGE_REWARD, KEY_ENABLE, KEY_MODEL_PATH, JudgeBackend, JudgeConfig, VLMJudgeReward, is_judge_function,
 )
 
 KEY_AGGREGATION = "reward.aggregation"
@@ -88,27 +88,28 @@ class WeightedReward(Reward):
         return self.combine(self.score_components(images, prompts, extra)).to(torch.float32)
 
 
-def build_reward(cfg: RewardConfig) -> WeightedReward:
-    """Instantiate every reward the config names (the custom file is loaded here, and only it)."""
+def build_reward(cfg: RewardConfig, judge: JudgeBackend | None = None) -> WeightedReward:
+    """Instantiate every reward the config names (the custom file is loaded here, and only it). `judge`: the judge
+    backend the judge rewards ask (the judge pool's `workers.judge.RemoteJudge`); None builds it in-process."""
     components: dict[str, tuple[Reward, float]] = {}
     for name, w in cfg.weights().items():
         if name in cfg.function_files:
-            reward = _file_reward(name, *cfg.function_files[name], cfg.reward_model)
+            reward = _file_reward(name, *cfg.function_files[name], cfg.reward_model, judge)
         elif name == CUSTOM:
             reward: Reward = CustomReward.from_file(cfg.custom_reward_function_path or "",
                                                     cfg.custom_reward_function_name)
         elif name == JUDGE_REWARD and cfg.reward_model is not None:
-            reward = VLMJudgeReward(cfg.reward_model)
+            reward = VLMJudgeReward(cfg.reward_model, judge)
         else:
             reward = get_reward(name)
         components[name] = (reward, w)
     return WeightedReward(components)
 
 
-def _file_reward(name: str, path: str, function: str, judge: JudgeConfig | None) -> Reward:
+def _file_reward(name: str, path: str, function: str, cfg: JudgeConfig | None, judge: JudgeBackend | None) -> Reward:
     """A `reward_functions` entry loaded from its file, or the judge for verl-omni's judge function."""
-    if is_judge_function(path, function) and judge is not None:
-        reward: Reward = VLMJudgeReward(judge)
+    if is_judge_function(path, function) and cfg is not None:
+        reward: Reward = VLMJudgeReward(cfg, judge)
     else:
         reward = CustomReward.from_file(path, function)
     reward.name = name

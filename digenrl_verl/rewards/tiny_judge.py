@@ -4,7 +4,8 @@
 `Qwen2_5_VLForConditionalGeneration` or `Qwen3VLForConditionalGeneration`), a byte-level Qwen2 tokenizer built in
 memory (the Qwen chat and vision special tokens, no merges), a chat template with the Qwen-VL turn layout, and the
 Qwen2-VL image processor config (at most 2×2 merged patches per image). Nothing is downloaded. The judge reads
-such a directory exactly as it reads a real checkpoint (`rewards.vlm_judge.VLMJudge`); its answers are random text.
+such a directory exactly as it reads a real checkpoint (`rewards.vlm_judge.TransformersJudge`; on a GPU also
+`rewards.judge_vllm.VllmJudge`); its answers are random text.
 
 CLI: `python -m digenrl_verl.rewards.tiny_judge <dir> [--family qwen2_5_vl|qwen3_vl] [--seed N]`.
 """

@@ -1,11 +1,17 @@
-"""A generative VLM judge as a reward: verl-omni's `reward.reward_model.enable=True` OCR reward, in-process.
+"""A generative VLM judge as a reward: verl-omni's `reward.reward_model.enable=True` OCR reward.
 
 verl-omni (a1139baf) serves its reward model (`reward.reward_model.model_path`, a Qwen-VL chat model) as vLLM
-replicas behind an OpenAI-compatible router; its reward function `genrm_ocr.compute_score_ocr` sends each image
-with a fixed instruction ("output only the text content from the image"), reads the transcription, and scores it
-against the ground truth with a normalised Levenshtein distance. Here the same judge runs inside each generator
-worker (the reward sits with the generators) with transformers' `generate`, on CPU or on the worker's GPU; a
-served (vLLM) backend is not implemented.
+replicas behind an OpenAI-compatible router (`reward.reward_model.rollout.name=vllm`), on the training GPUs or, with
+`reward.reward_model.enable_resource_pool=True`, on a reward pool of its own (`n_gpus_per_node` x `nnodes` GPUs,
+`world_size // tensor_model_parallel_size` replicas); its reward function `genrm_ocr.compute_score_ocr` sends each
+image with a fixed instruction ("output only the text content from the image"), reads the transcription, and scores
+it against the ground truth with a normalised Levenshtein distance.
+
+Here the judge is a backend behind one interface (`JudgeBackend.transcribe`: PIL images in, answers out), chosen
+by `reward.reward_model.rollout.name` (`JudgeConfig.backend`): `transformers` (`TransformersJudge`, transformers'
+`generate`, CPU or GPU) or `vllm` (`rewards.judge_vllm.VllmJudge`, `vllm.LLM`, CUDA only). Where it runs is
+`JudgeConfig.pool`: None = in-process in each worker that scores (the generators); a `JudgePool` = its own Ray pool
+(`workers.judge`), which the scoring workers reach through `workers.judge.RemoteJudge`, a backend too.
 
 What is kept from verl-omni's recipe: the chat (system "You are a helpful assistant.", user = image + instruction),
 the sampling (temperature 0.7, top-p 0.8, no top-k, at most 4096 new tokens, no seed; the same
@@ -16,17 +22,18 @@ else the quoted text of the prompt (`rewards.ocr.ocr_target`).
 
 Inputs are prepared with the model's own tokenizer, chat template and image processor; the processor step that
 expands each image placeholder into one token per merged patch is done here (`JudgeProcessor`), because
-transformers' Qwen-VL processor classes need torchvision (their video processor) even for images. Supported
-families (config.json `model_type`): `JUDGE_FAMILIES`.
+transformers' Qwen-VL processor classes need torchvision (their video processor) even for images (vLLM expands the
+placeholder itself). Supported families (config.json `model_type`): `JUDGE_FAMILIES`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 from PIL import Image
@@ -36,6 +43,14 @@ from digenrl_verl.rewards.ocr import levenshtein, ocr_target
 
 KEY_ENABLE = "reward.reward_model.enable"
 KEY_MODEL_PATH = "reward.reward_model.model_path"
+KEY_BACKEND = "reward.reward_model.rollout.name"
+KEY_POOL = "reward.reward_model.enable_resource_pool"
+KEY_TP = "reward.reward_model.rollout.tensor_model_parallel_size"
+#: the judge's backends (`reward.reward_model.rollout.name`; null means transformers, this plugin's default)
+JUDGE_BACKENDS = ("transformers", "vllm")
+#: vLLM for the `vllm` judge backend: the `[vllm]` extra (its pin: engines.base.VLLM_PIN), held to the real package
+#: by tests/contract/test_contract_vllm_judge_on_cpu.py
+VLLM_INSTALL_HINT = "pip install 'digenrl-verl[vllm]' on a CUDA machine"
 #: the reward name of the judge's OCR score (verl-omni's `genrm_ocr.compute_score_ocr`)
 JUDGE_REWARD = "genrm_ocr"
 #: verl-omni's judge-backed OCR reward function (file name, function name): with reward.reward_model.enable=True it
@@ -91,6 +106,54 @@ def judge_family(path: str) -> str:
 
 
 @dataclass(frozen=True)
+class JudgePool:
+    """The judge's own Ray pool (`reward.reward_model.enable_resource_pool=True`), verl-omni's `reward_pool`.
+
+    `nnodes` x `per_node` devices (GPUs, or CPU worker processes with `use_gpu=False`); each replica of the judge
+    takes `devices_per_replica` devices of one node (vLLM's tensor_parallel_size; 1 for transformers), so there are
+    `per_node // devices_per_replica` replicas per node, as verl's RewardModelManager counts them (world size //
+    replica size; the remainder stays unused)."""
+
+    nnodes: int
+    per_node: int
+    use_gpu: bool = False
+    devices_per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        for key, value in (("reward.reward_model.nnodes", self.nnodes),
+                           ("reward.reward_model.n_gpus_per_node", self.per_node)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key}={value!r} must be an integer >= 1 with {KEY_POOL}=True (the reward pool is "
+                                 "n_gpus_per_node x nnodes devices)")
+        if not 1 <= self.devices_per_replica <= self.per_node:
+            raise ValueError(f"{KEY_TP}={self.devices_per_replica}: a judge replica needs that many devices of one "
+                             f"node, reward.reward_model.n_gpus_per_node={self.per_node} has fewer; raise "
+                             f"n_gpus_per_node or lower {KEY_TP}")
+
+    @property
+    def replicas_per_node(self) -> int:
+        return self.per_node // self.devices_per_replica
+
+    @property
+    def replicas(self) -> int:
+        return self.nnodes * self.replicas_per_node
+
+    @property
+    def unused_per_node(self) -> int:
+        return self.per_node - self.replicas_per_node * self.devices_per_replica
+
+    def bundle(self) -> dict[str, float]:
+        """The Ray placement bundle of one replica: one CPU, and its GPUs on a GPU pool."""
+        return {"CPU": 1.0, "GPU": float(self.devices_per_replica)} if self.use_gpu else {"CPU": 1.0}
+
+    def describe(self) -> str:
+        unit = "GPU(s)" if self.use_gpu else "CPU worker process(es)"
+        unused = f", {self.unused_per_node} {unit} per node unused" if self.unused_per_node else ""
+        return (f"{self.replicas} judge replica(s) of {self.devices_per_replica} {unit} on {self.nnodes} node(s) x "
+                f"{self.per_node}{unused}")
+
+
+@dataclass(frozen=True)
 class JudgeConfig:
     """Args:
         model_path: a local directory (resolve ids with `resolve_judge_path` first).
@@ -99,6 +162,11 @@ class JudgeConfig:
         micro_batch_size: images per `generate` call.
         device: "auto" (the worker's GPU when it has one, else CPU), "cpu" or "cuda".
         dtype: "auto" (bfloat16 on GPU, float32 on CPU), or one of `DTYPES`.
+        backend: one of `JUDGE_BACKENDS` (`reward.reward_model.rollout.name`).
+        tensor_parallel_size, gpu_memory_utilization, enforce_eager, max_model_len, max_num_seqs,
+            max_num_batched_tokens: the vLLM engine's settings (`reward.reward_model.rollout.*`; backend `vllm`
+            only, `tensor_parallel_size` 1 otherwise).
+        pool: the judge's own Ray pool, or None (in-process in every worker that scores).
     """
 
     model_path: str
@@ -111,8 +179,33 @@ class JudgeConfig:
     micro_batch_size: int = 8
     device: str = "auto"
     dtype: str = "auto"
+    backend: str = "transformers"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = False
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    pool: JudgePool | None = None
 
     def __post_init__(self) -> None:
+        if self.backend not in JUDGE_BACKENDS:
+            raise ValueError(f"unknown {KEY_BACKEND}={self.backend!r}; valid: {list(JUDGE_BACKENDS)} (null: "
+                             "transformers)")
+        if self.tensor_parallel_size < 1 or (self.backend != "vllm" and self.tensor_parallel_size != 1):
+            raise ValueError(f"{KEY_TP}={self.tensor_parallel_size}: the {self.backend} judge holds one whole model "
+                             "per replica (1); tensor parallelism is the vllm backend's")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"reward.reward_model.rollout.gpu_memory_utilization={self.gpu_memory_utilization} must "
+                             "be in (0, 1]")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"reward.reward_model.rollout.{name}={value} must be >= 1 or null")
+        if self.pool is not None and self.pool.devices_per_replica != (
+                self.tensor_parallel_size if self.pool.use_gpu else 1):
+            raise ValueError(f"JudgeConfig: a replica of the pool takes {self.pool.devices_per_replica} device(s), "
+                             f"{KEY_TP}={self.tensor_parallel_size}")
         if not self.model_path:
             raise ValueError(f"JudgeConfig: model_path is empty; set {KEY_MODEL_PATH}")
         if self.max_new_tokens < 1 or self.micro_batch_size < 1:
@@ -190,25 +283,72 @@ class JudgeProcessor:
         return [{"role": "system", "content": system_prompt},
                 {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]}]
 
-    def __call__(self, images: Sequence[Any], instruction: str, system_prompt: str) -> dict[str, torch.Tensor]:
-        vision = self.image_processor(images=list(images), return_tensors="pt")
-        grid = vision["image_grid_thw"]
-        per_image = (grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
+    def prompt(self, instruction: str, system_prompt: str) -> str:
+        """The chat for one image as text, with the template's single image placeholder not expanded (what vLLM
+        takes with the image as `multi_modal_data`; it expands the placeholder itself)."""
         chat = self.tokenizer.apply_chat_template(self.messages(instruction, system_prompt),
                                                   chat_template=self.chat_template, add_generation_prompt=True,
                                                   tokenize=False)
         if chat.count(self.image_token) != 1:
             raise ValueError(f"the judge's chat template wrote {chat.count(self.image_token)} image placeholders "
                              f"({self.image_token!r}) for one image")
-        head, tail = chat.split(self.image_token)
+        return chat
+
+    def __call__(self, images: Sequence[Any], instruction: str, system_prompt: str) -> dict[str, torch.Tensor]:
+        vision = self.image_processor(images=list(images), return_tensors="pt")
+        grid = vision["image_grid_thw"]
+        per_image = (grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
+        head, tail = self.prompt(instruction, system_prompt).split(self.image_token)
         texts = [head + self.image_token * n + tail for n in per_image]
         text = self.tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")  # template has them
         return {"input_ids": text["input_ids"], "attention_mask": text["attention_mask"],
                 "pixel_values": vision["pixel_values"], "image_grid_thw": grid}
 
 
-class VLMJudge:
-    """The judge model: transcribes images with `generate`."""
+class JudgeBackend(Protocol):
+    """What the judge reward needs from a judge: one answer per image (PIL RGB), in order."""
+
+    def transcribe(self, images: Sequence[Any]) -> list[str]:
+        ...
+
+
+_BACKENDS: dict[str, Callable[[JudgeConfig], JudgeBackend]] = {}
+
+
+def register_judge_backend(name: str) -> Callable[[type], type]:
+    """Class decorator binding a name of `JUDGE_BACKENDS` to the class built from a `JudgeConfig` (once)."""
+
+    def bind(cls: type) -> type:
+        if name not in JUDGE_BACKENDS or name in _BACKENDS:
+            raise ValueError(f"judge backend {name!r}: not one of {list(JUDGE_BACKENDS)} or bound twice")
+        _BACKENDS[name] = cls
+        return cls
+
+    return bind
+
+
+def judge_backend_unavailable(name: str) -> str | None:
+    """Why the judge backend `name` cannot run in this process (packages found, never imported), or None."""
+    if name != "vllm":
+        return None
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device (vLLM's LLM engine has no CPU execution path here)"
+    return None
+
+
+def make_judge_backend(cfg: JudgeConfig) -> JudgeBackend:
+    """The in-process judge `cfg.backend` names (`rewards.judge_vllm` binds `vllm` when imported: `rewards`
+    imports it)."""
+    if cfg.backend not in _BACKENDS:
+        raise ValueError(f"{KEY_BACKEND}={cfg.backend!r} has no judge class bound; bound: {sorted(_BACKENDS)}")
+    return _BACKENDS[cfg.backend](cfg)
+
+
+@register_judge_backend("transformers")
+class TransformersJudge:
+    """The judge model in this process: transcribes images with transformers' `generate`."""
 
     def __init__(self, cfg: JudgeConfig) -> None:
         from transformers import AutoConfig, AutoModelForImageTextToText
@@ -250,14 +390,19 @@ class VLMJudge:
 
 
 class VLMJudgeReward(Reward):
-    """verl-omni's genrm_ocr reward with an in-process judge: the mean `judge_ocr_score` of the judged frames.
+    """verl-omni's genrm_ocr reward: the mean `judge_ocr_score` of the judged frames.
 
+    `judge`: the backend that answers (None: the in-process one `cfg.backend` names; a judge in its own pool,
+    `cfg.pool`, is reached through the backend the worker gives, `workers.judge.RemoteJudge`).
     Images are judged whole; a video every `extra_info["frame_interval"]` frames (default 4, as verl-omni)."""
 
     name = JUDGE_REWARD
 
-    def __init__(self, cfg: JudgeConfig) -> None:
-        self.judge = VLMJudge(cfg)
+    def __init__(self, cfg: JudgeConfig, judge: JudgeBackend | None = None) -> None:
+        if judge is None and cfg.pool is not None:
+            raise RuntimeError(f"{KEY_POOL}=True: the judge runs in its own pool, and this worker was given no handle "
+                               "to it (workers.judge.RemoteJudge)")
+        self.judge = judge if judge is not None else make_judge_backend(cfg)
         self.last_answers: list[str] = []
 
     def score(self, images: torch.Tensor, prompts: Sequence[str],

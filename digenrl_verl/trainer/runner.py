@@ -42,6 +42,7 @@ from digenrl_verl.trainer.reporting import RunReporter
 from digenrl_verl.viz.gantt import save_gantt
 from digenrl_verl.weights.sync import CollectiveSpec
 from digenrl_verl.workers import roles
+from digenrl_verl.workers.judge import JudgePool
 from digenrl_verl.workers.pools import PoolManager, PoolSpec, check_placeable, make_ray_pool, make_worker_group
 
 POOL_ROLE = {pool: role for role, pool in SCHEDULE_POOL_NAMES.items()}  # schedule pool name -> role
@@ -130,6 +131,7 @@ class DigenRLTrainer:
         self.own_pools: dict[int, Any] = {}  # generator rank beyond the pool's -> its own placement (grown)
         self.generator_target: int | None = None  # asked generator count not applied yet (`resize_generators`)
         self._pools_file_seen: float | None = None  # mtime of the control file last read
+        self.judge_pool: JudgePool | None = None  # reward.reward_model.enable_resource_pool: the judge's own pool
 
     def mark(self, name: str) -> None:
         """Record a wall-clock start-up mark (kept: the first one of a name)."""
@@ -154,6 +156,8 @@ class DigenRLTrainer:
 
         if not ray.is_initialized():
             total = sum(self.run.digenrl.pools[r].size for r in self.run.digenrl.roles)
+            judge = self.run.reward.reward_model
+            total += judge.pool.replicas if judge is not None and judge.pool is not None else 0
             init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads)
 
     def rendezvous(self) -> tuple[str, str] | None:
@@ -174,10 +178,11 @@ class DigenRLTrainer:
 
     def worker_args(self, role: str) -> dict[str, Any]:
         threads = self.run.digenrl.torch_threads
+        judges = self.judge_pool.actors if self.judge_pool is not None else None  # the judge's own pool, if any
         if role == "generator":
-            return {"policy": self.run.policy, "reward": self.run.reward, "torch_threads": threads}
+            return {"policy": self.run.policy, "reward": self.run.reward, "torch_threads": threads, "judges": judges}
         return {"policy": self.run.policy, "train": self.run.train, "reward": self.run.reward,
-                "torch_threads": threads}
+                "torch_threads": threads, "judges": judges}
 
     def build_workers(self) -> None:
         """One verl RayWorkerGroup per role on its own resource pool; then the shared process group."""
@@ -191,6 +196,7 @@ class DigenRLTrainer:
                                        custom_resource=d.pools[r].custom_resource,
                                        gpu_fraction=d.pools[r].gpu_fraction) for r in d.roles}
         self.pool_manager = manager = PoolManager(specs, {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles})
+        self.start_judge_pool()
         for role in d.roles:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
             wg = make_worker_group(manager.pool_for("trainer" if role == "colocated" else role, role), cls,
@@ -216,8 +222,18 @@ class DigenRLTrainer:
         # the start-up marks come back with the join (actor calls run in order: after the join), one round trip
         timing_refs = {w: a.startup_timings.remote() for w, a in self.workers.items()}
         ray.get(refs)
+        if self.judge_pool is not None:
+            self.judge_pool.wait_ready()
         self.mark("joined")
         self.worker_startup = dict(zip(timing_refs, ray.get(list(timing_refs.values()))))
+
+    def start_judge_pool(self) -> None:
+        """`reward.reward_model.enable_resource_pool=True`: place the judge's own pool and start its replicas before
+        the scoring workers, which get their handles (`worker_args`)."""
+        judge = self.run.reward.reward_model
+        if judge is not None and judge.pool is not None:
+            self.judge_pool = JudgePool(judge, f"reward_pool_{self.run_id}_", self.run.digenrl.torch_threads)
+            self.judge_pool.start()
 
     # ---------------------------------------------------------------------------------- schedule
     def make_executor(self):
@@ -667,6 +683,8 @@ class DigenRLTrainer:
         for start in self.supervisor.starting.values() if self.supervisor is not None else ():
             ray.kill(start.actor)  # still starting (e.g. waiting for room on a lost node)
         self.release_own_pools()
+        if self.judge_pool is not None:
+            self.judge_pool.release()
         self.worker_groups.clear()
         self.workers.clear()
         manager = self.pool_manager

@@ -60,6 +60,7 @@ from digenrl_verl.weights.state import load_trainer_state, save_trainer_state
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
 from digenrl_verl.workers.batch import TRAJECTORY_KEYS, concat_rows, generation_batches, reward_extras
 from digenrl_verl.workers.dispatch import ROWS_KEY, assigned_dispatch_mode
+from digenrl_verl.workers.judge import RemoteJudge
 from digenrl_verl.workers.sharding import (FullyShardedDataParallel, GradientSync, ReplicatedDataParallel,
                                            full_state)
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
@@ -207,10 +208,14 @@ class SamplingMixin(GenerationMixin):
 
 
 class ScoringMixin:
-    """Holds the reward functions and scores decoded samples."""
+    """Holds the reward functions and scores decoded samples. `judges`: the judge pool's actors
+    (`workers.judge`), asked through a `RemoteJudge` when the reward has a judge in its own pool; else None."""
+
+    judges: list | None
 
     def _build_scorer(self, spec: RewardConfig) -> None:
-        self.scorer = build_reward(spec)
+        judge = RemoteJudge(self.judges, first=self.rank) if self.judges else None
+        self.scorer = build_reward(spec, judge)
 
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -426,7 +431,8 @@ class GeneratorWorker(_Base, GenerationMixin, ScoringMixin):
 
     role = "generator"
 
-    def __init__(self, policy: PolicySpec, reward: RewardConfig, torch_threads: int = 1) -> None:
+    def __init__(self, policy: PolicySpec, reward: RewardConfig, torch_threads: int = 1,
+                 judges: list | None = None) -> None:
         super().__init__()
         self._startup_begin()
         torch.set_num_threads(torch_threads)
@@ -436,6 +442,7 @@ class GeneratorWorker(_Base, GenerationMixin, ScoringMixin):
         self._startup_mark("model_loaded")
         self.busy_s = 0.0
         self.reward_spec = reward
+        self.judges = judges
         self._build_scorer(reward)
         self._startup_mark("init_end")
 
@@ -480,13 +487,15 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
 
     role = "trainer"
 
-    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1) -> None:
+    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1,
+                 judges: list | None = None) -> None:
         super().__init__()
         self._startup_begin()
         self._build_policy(policy, torch_threads, keep_reference=train.loss.kl_coef > 0)
         self._startup_mark("model_loaded")
         self._build_training(train)
         self.reward_spec = reward
+        self.judges = judges
         self.scorer = None
         self.collectives: Collectives | None = None
         self.failed_sends: list[tuple[int, int, str]] = []
@@ -534,7 +543,8 @@ class ColocatedWorker(TrainerWorker):
 
     role = "colocated"
 
-    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1) -> None:
-        super().__init__(policy, train, reward, torch_threads)
+    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1,
+                 judges: list | None = None) -> None:
+        super().__init__(policy, train, reward, torch_threads, judges)
         self._build_scorer(reward)
         self._startup_mark("init_end")

@@ -160,17 +160,17 @@ def test_verl_omni_ocr_recipe_keys_build_the_judge(judge_dir, monkeypatch):
         "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.tensor_model_parallel_size=4",
         f"reward.custom_reward_function.path={GENRM}", "reward.custom_reward_function.name=compute_score_ocr"]))
     check_unsupported(keys)  # enable=True is no longer a blocker
-    with pytest.warns(UserWarning, match=r"genrm_ocr\.py:compute_score_ocr .*in-process VLM judge.*not loaded"):
+    with pytest.warns(UserWarning, match=r"genrm_ocr\.py:compute_score_ocr .*digenrl_verl's VLM judge.*not loaded"):
         reward = build_reward(keys)
     assert reward.weights() == {JUDGE_REWARD: 1.0} and reward.custom_reward_function_path is None
     assert reward.reward_model == JudgeConfig(judge_dir, max_new_tokens=12)
     assert {"reward.reward_model.enable", "reward.reward_model.model_path"} <= keys.read
     family = json.loads((Path(judge_dir) / "config.json").read_text())["model_type"]
     assert [d for d in keys.decisions if d.startswith("reward.reward_model.model_path")] == [
-        f"reward.reward_model.model_path={judge_dir!r}: a {family} judge run in-process in each generator worker with "
-        f"transformers generate ({judge_dir}; temperature 0.7, top_p 0.8, at most 12 new tokens, 8 images per call), "
-        "not served by vLLM"]  # printed by the dry run's plan
-    assert "reward.reward_model.rollout" in NO_EFFECT and "reward.reward_model.enable" not in UNSUPPORTED
+        f"reward.reward_model.model_path={judge_dir!r}: a {family} judge ({judge_dir}) in-process in each scoring "
+        "worker (the generators), served by transformers generate (8 images per call); temperature 0.7, top_p 0.8, "
+        "at most 12 new tokens"]  # printed by the dry run's plan
+    assert "reward.reward_model.rollout.name" not in NO_EFFECT and "reward.reward_model.enable" not in UNSUPPORTED
 
 
 def test_verl_omni_reward_model_keys_that_cannot_be_honoured_fail_by_name(judge_dir):
@@ -182,9 +182,10 @@ def test_verl_omni_reward_model_keys_that_cannot_be_honoured_fail_by_name(judge_
                                          r"genrm_ocr\.py:compute_score_ocr"):
         _reward("reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
                 "reward.custom_reward_function.path=/x/my.py", "reward.custom_reward_function.name=score")
-    with pytest.raises(ValueError, match=r"reward\.reward_model\.enable_resource_pool=True is not supported.*"
-                                         "generator worker"):
-        check_unsupported(RecipeKeys(compose(["reward.reward_model.enable_resource_pool=True"])))
+    with pytest.raises(ValueError, match=r"reward\.reward_model\.nnodes=0 must be an integer >= 1 with "
+                                         r"reward\.reward_model\.enable_resource_pool=True"):
+        _reward("reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
+                "reward.reward_model.enable_resource_pool=True", "reward.reward_functions={genrm_ocr: 1.0}")
 
 
 def test_verl_omni_reward_model_keys_without_effect_warn_by_name(judge_dir):
@@ -248,7 +249,7 @@ def test_verl_omni_multi_reward_script_keys_build_the_judge_and_the_file(judge_d
         reward = _reward(*script)
     text = "\n".join(str(w.message) for w in record)
     assert "_multi_reward_placeholder is verl-omni's multi-reward placeholder" in text
-    assert "reward.reward_functions.ocr " in text and "in-process VLM judge" in text
+    assert "reward.reward_functions.ocr " in text and "digenrl_verl's VLM judge" in text
     assert "verl-omni's default required=false would score it 0" in text
     assert reward.weights() == {"ocr": 0.5, "jpeg": 0.5} and reward.custom_reward_function_path is None
     assert reward.function_files == {"ocr": (GENRM, "compute_score_ocr"), "jpeg": (str(jpeg), "compute_score")}

@@ -24,10 +24,10 @@ Result per script: `accepted` (the dry run validates), `rejected: <key>` (our me
 
 `--drop-unsupported` shows what stands behind those blockers: every override that sets a feature digenrl_verl rejects
 as unsupported (`config.verl_omni.unsupported_on`, read in-process from the composed list) is dropped, the recipe's
-device is taken as verl-omni's default GPU (`trainer.device=cuda`, so its GPU layout sizes the pools as on its cluster)
-and, where vLLM-Omni cannot run (no CUDA here), generation is `rollout.name=diffusers`; the script is then accepted or
-rejected for its model (architecture, not a diffusers pipeline) or what else is left. The table lists what was
-dropped or switched.
+device is taken as verl-omni's default GPU (`trainer.device=cuda`, so its GPU layout sizes the pools as on its
+cluster); the script is then accepted or rejected for its model (architecture, not a diffusers pipeline) or what else
+is left. The table lists what was dropped. (`rollout.name=vllm_omni` stays: a dry run plans for the cluster and
+prints that this machine cannot run vLLM-Omni.)
 """
 
 from __future__ import annotations
@@ -180,7 +180,6 @@ def drop_unsupported(overrides: list[str]) -> tuple[list[str], list[str]]:
     import warnings
 
     from digenrl_verl.config.verl_omni import RecipeKeys, unsupported_on
-    from digenrl_verl.engines.base import ENGINES
     from digenrl_verl.main import compose
 
     with warnings.catch_warnings():
@@ -197,15 +196,7 @@ def drop_unsupported(overrides: list[str]) -> tuple[list[str], list[str]]:
 
     kept = [o for o in overrides if not blocked(o) and not o.lstrip("+").startswith("trainer.device=")]
     notes = [f"{key}={value!r}" for key, value, _ in found]
-    switched = list(HERE)
-    engine = next((o.partition("=")[2] for o in reversed(kept) if o.lstrip("+").startswith(f"{A}.rollout.name=")),
-                  "diffusers")
-    why = ENGINES.entry(engine).unavailable_reason() if engine in ENGINES.names() else None
-    if why is not None:
-        switched.append(f"{A}.rollout.name=diffusers")
-        notes.append(f"{A}.rollout.name={engine} -> diffusers")
-        print(f"  {A}.rollout.name={engine} -> diffusers: {why}", file=sys.stderr)
-    return [*kept, *switched], notes
+    return [*kept, *HERE], notes
 
 
 def upstream_compose(overrides: list[str], config_dir: Path) -> str:

@@ -38,6 +38,7 @@ from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.diffusion.selection import auto_selection
+from digenrl_verl.engines.base import ENGINES
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.registry import get_adapter_class, read_model_index
@@ -758,9 +759,16 @@ def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
         keys.decide(f"TAG (trainer.digenrl.tag.policy={digenrl.tag.policy}) with {A}.rollout.name={name}: trainer "
                     "ranks generate their TAG micro-batches with their own diffusers engine over the weights they "
                     f"train (the generators keep {name}); trainer.digenrl.tag.policy=off turns TAG off")
-    return RolloutEngineSpec(  # validates rollout.name, and that the backend can run here
+    entry = ENGINES.entry(name)  # ValueError naming the key and the valid names
+    why = entry.unavailable_reason() if digenrl.dry_run else None
+    if why is not None:  # a dry run plans for the cluster; a real run is refused below, before any worker starts
+        note = (f"{A}.rollout.name={name}: this machine cannot run {entry.title or name} ({why}); the dry run plans "
+                "for the cluster, a real run here stops before any worker starts")
+        keys.decide(note)
+        warnings.warn(note, UserWarning, stacklevel=3)
+    return RolloutEngineSpec(  # validates rollout.name, and (but for a dry run) that the backend can run here
         name=name, dtype=str(keys(f"{A}.rollout.dtype", "bfloat16")),
-        engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni", {}) or {}))
+        engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni", {}) or {}), runs_here=why is None)
 
 
 # component field -> the user's key, for the components' ConfigErrors (`ConfigError.keyed`)

@@ -28,18 +28,22 @@ class RolloutEngineSpec:
         engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`, passed to `AsyncOmni`.
         client: vllm_omni only, one of `OMNI_CLIENTS`; not read from the config. `inprocess` needs neither vLLM
             nor a GPU and samples in the policy's dtype, so it is checked against the diffusers engine bit for bit.
+        runs_here: check that the engine can run in this process (its packages, a CUDA device). False only for a
+            dry run's plan (`trainer.digenrl.dry_run`), which is made for the cluster, not for this machine; the
+            engine still checks when it is built.
     """
 
     name: str = "diffusers"
     dtype: str = "bfloat16"
     engine_kwargs: dict = field(default_factory=dict)
     client: str = "async_omni"
+    runs_here: bool = True
 
     def __post_init__(self) -> None:
         entry = ENGINES.entry(self.name)
         if self.client not in OMNI_CLIENTS:
             raise ValueError(f"unknown vLLM-Omni client {self.client!r}; valid: {list(OMNI_CLIENTS)}")
-        if self.client == "async_omni":
+        if self.client == "async_omni" and self.runs_here:
             entry.require()
 
 

@@ -188,8 +188,9 @@ NO_EFFECT: dict[str, str] = {
     "algorithm.old_policy_update_interval": "the old policy is the sampling policy of each trajectory (updated "
                                             "every step)",
     "algorithm.old_policy_decay_schedule": "the old policy is the sampling policy of each trajectory (copy)",
-    f"{A}.actor.shuffle": "mini-batches (ppo_mini_batch_size) are contiguous blocks of prompt groups in batch order, "
-                          "as verl's default shuffle=false; micro-batches are prompt groups in schedule order",
+    f"{A}.actor.shuffle": "mini-batches (ppo_mini_batch_size) are cut as verl's default shuffle=false cuts them "
+                          "(each trainer rank's share of the batch in contiguous blocks of prompt groups); "
+                          "micro-batches are prompt groups in schedule order",
     f"{A}.rollout.gpu_memory_utilization": "vLLM memory settings apply to the vLLM-Omni engine only through "
                                            f"{A}.rollout.engine_kwargs.vllm_omni",
     f"{A}.rollout.free_cache_engine": "generators keep their engine resident (disaggregated: nothing to free)",
@@ -742,8 +743,17 @@ def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
     if not isinstance(total, int) or total < 1:
         raise ValueError(f"trainer.total_training_steps={total!r} must be a positive number of global steps")
     _check_pool_sizes(digenrl, prompts * n)
+    mini_batches = _mini_batches(keys, prompts)
+    if mini_batches > 1 and ranks > 1 and prompts % (mini_batches * ranks):
+        note = (f"{A}.actor.ppo_mini_batch_size={prompts // mini_batches}: verl cuts each of the {ranks} {role} ranks' "
+                f"shares of the batch into {mini_batches} mini-batches, whose blocks would split prompt groups "
+                f"({prompts // mini_batches} prompts is not a multiple of {ranks} ranks); here mini-batch j is the "
+                "j-th contiguous block of whole prompt groups (verl's cut with one data-parallel rank). A multiple of "
+                f"{ranks} prompts gets verl's cut")
+        keys.decide(note)
+        warnings.warn(note, UserWarning, stacklevel=3)
     # colocated: verl-omni's micro-batches, `micro` samples of every rank's share (schedule.plan.ColocatedPlanner)
-    return Shape(prompts, n, total, micro if digenrl.mode == "colocated" else None, _mini_batches(keys, prompts))
+    return Shape(prompts, n, total, micro if digenrl.mode == "colocated" else None, mini_batches)
 
 
 def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:

@@ -29,6 +29,27 @@ def _int_at_least(path: str, value: Any, low: int) -> None:
         raise ConfigError(path, value, f"use an integer >= {low}")
 
 
+def minibatch_groups(prompts: int, minibatches: int, dp_ranks: int = 1) -> list[tuple[int, ...]]:
+    """verl's mini-batches of one step's prompt groups (``ppo_epochs=1``, ``shuffle=false``), as prompt indices.
+
+    verl splits the batch over its ``dp_ranks`` data-parallel ranks first (the dispatch's ``chunk``: contiguous,
+    equal shares), then each rank cuts its share into ``minibatches`` contiguous blocks (``make_iterator`` /
+    ``data.split``), one per optimizer step: mini-batch ``j`` is every rank's ``j``-th block. With one rank that is
+    the ``j``-th contiguous block of the batch. Every block must hold whole prompt groups:
+    ``prompts % (minibatches * dp_ranks) == 0``.
+
+        >>> minibatch_groups(8, 2), minibatch_groups(8, 2, dp_ranks=2)
+        ([(0, 1, 2, 3), (4, 5, 6, 7)], [(0, 1, 4, 5), (2, 3, 6, 7)])
+    """
+    if minibatches < 1 or dp_ranks < 1 or prompts % (minibatches * dp_ranks):
+        raise ValueError(f"{minibatches} mini-batches over {dp_ranks} data-parallel rank(s) do not cut {prompts} "
+                         "prompt groups into whole groups")
+    share = prompts // dp_ranks
+    block = share // minibatches
+    return [tuple(r * share + j * block + i for r in range(dp_ranks) for i in range(block))
+            for j in range(minibatches)]
+
+
 def _boolean(path: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigError(path, value, "use true or false")
@@ -240,10 +261,11 @@ class ScheduleConfig(ScheduleSettings):
             ``ppo_micro_batch_size_per_gpu``); None = a rank's whole share of the step, one micro-batch. See
             `plan.ColocatedPlanner`. The disaggregated plans ignore it (a GAP micro-batch is one prompt group).
         mini_batches_per_step: optimizer steps per global step (verl's ``train_batch_size / ppo_mini_batch_size``
-            with ``ppo_epochs=1``): the step's prompt groups are cut into this many contiguous mini-batches
-            (`plan.step_microbatches`); the UPDATEs of mini-batch j accumulate until its OPT_STEP, mini-batch j+1's
-            UPDATEs wait for it, and the weights reach the generators (SYNC, one version bump) after the last one.
-            Must divide ``prompts_per_step``.
+            with ``ppo_epochs=1``): the step's prompt groups are cut into this many mini-batches as verl cuts them
+            over the trainer pool's ranks (`minibatch_groups`, `minibatch_dp_ranks`; `plan.step_microbatches`);
+            the UPDATEs of mini-batch j accumulate until its OPT_STEP, mini-batch j+1's UPDATEs wait for it, and
+            the weights reach the generators (SYNC, one version bump) after the last one. Must divide
+            ``prompts_per_step``.
     """
 
     pools: Optional[Mapping[str, PoolSpec]] = None
@@ -303,10 +325,20 @@ class ScheduleConfig(ScheduleSettings):
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.n
 
+    @property
+    def minibatch_dp_ranks(self) -> int:
+        """The data-parallel ranks the mini-batches are cut over (`minibatch_groups`): the trainer pool's ranks, as
+        verl cuts them over its actor ranks, when each rank's block holds whole prompt groups (``prompts_per_step``
+        a multiple of ``mini_batches_per_step * ranks``); else 1 (contiguous blocks of whole groups: verl's blocks
+        would split groups, which a micro-batch of this schedule cannot; the config layer says so)."""
+        ranks, k = self.pools[self.trainer_pool].size, self.mini_batches_per_step
+        return ranks if k > 1 and self.prompts_per_step % (k * ranks) == 0 else 1
+
     def minibatch_of(self, sample: int) -> int:
         """The mini-batch (optimizer step within the global step, ``0 .. mini_batches_per_step - 1``) of a sample:
-        contiguous blocks of ``prompts_per_step / mini_batches_per_step`` prompt groups."""
-        return (sample // self.n) // (self.prompts_per_step // self.mini_batches_per_step)
+        the ``j`` whose `minibatch_groups` block holds its prompt group."""
+        share = self.prompts_per_step // self.minibatch_dp_ranks
+        return (sample // self.n) % share // (share // self.mini_batches_per_step)
 
     @property
     def end_step(self) -> int:

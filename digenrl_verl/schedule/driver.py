@@ -32,7 +32,9 @@ Invariants (tested in ``tests/schedule``):
   delivered version s, and no task of step s+1 starts before that SYNC;
 * UPDATEs of step s+1 start only after OPT_STEP of step s;
 * with ``config.mini_batches_per_step = k`` (verl's ``ppo_mini_batch_size``) the step's prompt groups form k
-  contiguous mini-batches (`plan.step_microbatches`): the UPDATEs of mini-batch j start (as they are scored) only
+  mini-batches cut as verl cuts them over the trainer ranks (`plan.step_microbatches`,
+  `config.minibatch_groups`: each rank's share of the batch in k contiguous blocks; mini-batch j is every rank's
+  j-th block): the UPDATEs of mini-batch j start (as they are scored) only
   after OPT_STEP j-1, OPT_STEP j follows all of them; the first k-1 OPT_STEPs keep the version (flag
   ``minibatch``), the last bumps it and is followed by the SYNC, so generators get weights once per global step.
   Between them the trainer's weights have no version: no TAG and no join SYNC runs then (with no live generator
@@ -478,7 +480,7 @@ class Driver:
             if step not in self.steps and step > self.last_update:
                 ranks = len(self._live_gen()) or len(self.trn_workers)  # batch-axis: one group per rank
                 mbs = step_microbatches(self.planner, step, self.config.prompts_per_step, self.config.n, ranks,
-                                        self.config.mini_batches_per_step)
+                                        self.config.mini_batches_per_step, self.config.minibatch_dp_ranks)
                 self.steps[step] = _Step(step, [_Mb(mb) for mb in mbs], deque(range(len(mbs))))
 
     def _barrier_step(self) -> int:

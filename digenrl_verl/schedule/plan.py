@@ -50,7 +50,7 @@ import abc
 from dataclasses import dataclass
 from typing import Sequence
 
-from digenrl_verl.schedule.config import ScheduleConfig
+from digenrl_verl.schedule.config import ScheduleConfig, minibatch_groups
 from digenrl_verl.schedule.types import Assignment
 
 
@@ -225,24 +225,26 @@ class ColocatedPlanner(Planner):
 
 
 def step_microbatches(planner: Planner, step: int, prompts: int, n: int, ranks: int,
-                      minibatches: int = 1) -> list[MicroBatch]:
-    """The micro-batches of one step cut into ``minibatches`` mini-batches (optimizer steps): mini-batch ``j`` holds
-    the prompt groups ``j * prompts / minibatches .. (j + 1) * prompts / minibatches - 1`` (verl's ``data.split``
-    of the batch in order, no shuffle), planned by ``planner`` as a batch of its own; indices run on across
+                      minibatches: int = 1, dp_ranks: int = 1) -> list[MicroBatch]:
+    """The micro-batches of one step cut into ``minibatches`` mini-batches (optimizer steps) as verl cuts them over
+    ``dp_ranks`` data-parallel ranks (`config.minibatch_groups`: mini-batch ``j`` is every rank's ``j``-th
+    contiguous block of its share; one rank: the ``j``-th block of the batch, no shuffle); each mini-batch is
+    planned by ``planner`` as a batch of its own (its groups in ascending order), and indices run on across
     mini-batches, so micro-batch order is mini-batch order.
 
         >>> [(m.index, m.minibatch, m.prompts) for m in step_microbatches(GapPlanner(), 0, 4, 2, 2, minibatches=2)]
         [(0, 0, (0,)), (1, 0, (1,)), (2, 1, (2,)), (3, 1, (3,))]
+        >>> [(m.minibatch, m.prompts) for m in step_microbatches(GapPlanner(), 0, 4, 2, 2, 2, dp_ranks=2)]
+        [(0, (0,)), (0, (2,)), (1, (1,)), (1, (3,))]
     """
-    if minibatches < 1 or prompts % minibatches:
-        raise ValueError(f"{minibatches} mini-batches do not divide {prompts} prompt groups")
-    per = prompts // minibatches
     out: list[MicroBatch] = []
-    for j in range(minibatches):
-        p0, s0 = j * per, j * per * n
-        for mb in planner.microbatches(step, per, n, ranks):
-            out.append(MicroBatch(step, len(out), tuple(p + p0 for p in mb.prompts), tuple(s + s0 for s in mb.samples),
-                                  tuple(tuple(s + s0 for s in part) for part in mb.split), j))
+    for j, groups in enumerate(minibatch_groups(prompts, minibatches, dp_ranks)):
+        # the mini-batch's own sample s (its planned batch) is the step's sample groups[s // n] * n + s % n
+        at = [g * n + i for g in groups for i in range(n)]
+        for mb in planner.microbatches(step, len(groups), n, ranks):
+            out.append(MicroBatch(step, len(out), tuple(groups[p] for p in mb.prompts),
+                                  tuple(at[s] for s in mb.samples),
+                                  tuple(tuple(at[s] for s in part) for part in mb.split), j))
     return out
 
 

@@ -85,9 +85,7 @@ class RunSpec:
             f"{' k=' + str(s.tag.static_k) if s.tag.policy == 'static' else ''} staleness={s.tcss.staleness} "
             f"max_stale_fraction={s.tcss.max_stale_fraction} max_gen_futures={s.tcss.max_gen_futures}",
             *([self._colocated_plan()] if s.mode == "colocated" else []),
-            *([f"{s.mini_batches_per_step} optimizer steps per global step (ppo_mini_batch_size="
-               f"{s.prompts_per_step // s.mini_batches_per_step} prompts each, in order; the weights reach the "
-               "generators after the last)"] if s.mini_batches_per_step > 1 else []),
+            *([self._minibatch_plan()] if s.mini_batches_per_step > 1 else []),
             f"engines: generation {self.policy.engine.name} ({self.policy.dtype if self.policy.engine.name == 'diffusers' else self.policy.engine.dtype}"
             f" on {self.policy.device}); trainer "
             f"{'FSDP2 (fully_shard) over ' + str(self.digenrl.pools['trainer'].size) + ' ranks' if self.train.sharding.sharded else 'whole model per rank (ddp)'}"
@@ -104,6 +102,15 @@ class RunSpec:
         ]
         return "\n".join(lines)
 
+    def _minibatch_plan(self) -> str:
+        s = self.schedule
+        ranks = s.minibatch_dp_ranks
+        cut = ("in order" if ranks == 1 else f"cut as verl cuts them over {ranks} data-parallel ranks: mini-batch j "
+               "is every trainer rank's j-th block of its share of the batch")
+        return (f"{s.mini_batches_per_step} optimizer steps per global step (ppo_mini_batch_size="
+                f"{s.prompts_per_step // s.mini_batches_per_step} prompts each, {cut}; the weights reach the "
+                "generators after the last)")
+
     def _stale_objective(self) -> str:
         cap = self.train.loss.stale_is_cap
         return "clipped against the behaviour policy" if cap is None else f"decoupled, is_cap={cap}"
@@ -112,7 +119,8 @@ class RunSpec:
         """The colocated plan's micro-batches (`schedule.plan.ColocatedPlanner`), as the driver will cut them."""
         s = self.schedule
         ranks = s.pools[s.trainer_pool].size
-        mbs = step_microbatches(planner_for(s), s.start_step, s.prompts_per_step, s.n, ranks, s.mini_batches_per_step)
+        mbs = step_microbatches(planner_for(s), s.start_step, s.prompts_per_step, s.n, ranks, s.mini_batches_per_step,
+                                s.minibatch_dp_ranks)
         sizes = sorted({len(part) for mb in mbs for part in mb.split}, reverse=True)
         micro = "null (a rank's whole share)" if s.micro_batch_size is None else s.micro_batch_size
         busy = sorted({len(mb.split) for mb in mbs})

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from digenrl_verl.errors import ConfigError
-from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig
+from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, minibatch_groups
 from digenrl_verl.schedule.driver import Driver, WorkerEvent
 from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.plan import BatchAxisPlanner, ColocatedPlanner, GapPlanner, step_microbatches
@@ -79,9 +79,13 @@ def test_each_minibatch_is_updated_then_stepped_and_sync_follows_the_last(mode):
         assert [c.task.version for c in opts] == [step, step, step, step + 1]
         cuts = [seq.index(c) for c in opts]
         blocks = [seq[lo + 1 if i else 0:hi] for i, (lo, hi) in enumerate(zip([0] + cuts, cuts))]
+        # verl's cut over the trainer ranks where it keeps groups whole (2 trainers: 8 prompts % (4 x 2) == 0), else
+        # contiguous blocks (4 colocated ranks: a rank's block would be half a group)
+        assert cfg.minibatch_dp_ranks == (2 if mode == "disaggregated" else 1)
+        groups = minibatch_groups(8, 4, cfg.minibatch_dp_ranks)
         for j, block in enumerate(blocks):  # before OPT_STEP j: exactly the UPDATEs of mini-batch j
             samples = sorted(s for c in block for s in c.task.samples)
-            assert samples == list(range(8 * j, 8 * (j + 1))), (j, [c.task.label for c in block])
+            assert samples == [g * 4 + i for g in groups[j] for i in range(4)], (j, [c.task.label for c in block])
         syncs = [c for c in seq if c.task.kind == TaskKind.SYNC]
         assert len(syncs) == (mode == "disaggregated")
         assert all(s.start >= opts[-1].end for s in syncs)
@@ -106,7 +110,8 @@ def test_invariants_catch_an_update_of_the_next_minibatch_before_the_optimizer_s
     driver = _run(cfg)
     trace = list(driver.trace.completions)
     opt0 = next(c for c in trace if c.task.kind == TaskKind.OPT_STEP and c.task.step == 0)
-    late = next(c for c in trace if c.task.kind == TaskKind.UPDATE and c.task.step == 0 and c.task.samples[0] >= 16)
+    late = next(c for c in trace if c.task.kind == TaskKind.UPDATE and c.task.step == 0
+                and cfg.minibatch_of(c.task.samples[0]) == 1)
     moved = dataclasses.replace(late, start=opt0.start - 0.25, end=opt0.start - 0.01)
     bad = [moved if c is late else c for c in trace]
     assert any("mini-batch 1) starts before OPT_STEP 0" in v for v in check_run(cfg, bad))

@@ -43,6 +43,21 @@ def test_a_mini_batch_that_does_not_divide_the_batch_is_rejected_by_name(tiny_fl
     assert "data.train_batch_size=4" in msg and "divisor of 4" in msg, msg
 
 
+def test_two_trainer_ranks_get_verls_cut_or_a_printed_fall_back(tiny_flux_dir):
+    two = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.pools.trainer.workers_per_node=2",
+           f"{A}.actor.strategy=ddp", f"{A}.rollout.n=2"]
+    run = _build(tiny_flux_dir, *two, "data.train_batch_size=4", f"{A}.actor.ppo_mini_batch_size=2")
+    assert run.schedule.minibatch_dp_ranks == 2  # 2 prompts per mini-batch: one whole group per rank and block
+    assert ("2 optimizer steps per global step (ppo_mini_batch_size=2 prompts each, cut as verl cuts them over 2 "
+            "data-parallel ranks: mini-batch j is every trainer rank's j-th block") in run.describe()
+    assert not [d for d in run.decisions if "ppo_mini_batch_size" in d]
+    with pytest.warns(UserWarning, match=r"ppo_mini_batch_size=1: verl cuts each of the 2 trainer ranks' shares"):
+        odd = _build(tiny_flux_dir, *two, "data.train_batch_size=2", f"{A}.actor.ppo_mini_batch_size=1")
+    assert odd.schedule.minibatch_dp_ranks == 1 and "prompts each, in order" in odd.describe()
+    [line] = [d for d in odd.decisions if d.startswith(f"{A}.actor.ppo_mini_batch_size=1")]
+    assert "would split prompt groups" in line and "j-th contiguous block of whole prompt groups" in line
+
+
 def test_the_loss_is_normalised_over_the_mini_batch_rows():
     rows = list(range(16))  # a step of 16 samples, K=3 trained steps each
     task = Task(1, TaskKind.UPDATE, 0, 0, ("trn:0",), 0, (("trn:0", (0, 1)),))

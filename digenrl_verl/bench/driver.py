@@ -14,6 +14,11 @@ the measured steps went:
 - ``probe_s``: collecting the other ready refs; ``get_s``: `ray.get` of the results (object transfer back);
 - ``complete_s``: absorbing results (scores); ``other_s``: the rest (the loop, timestamps).
 
+``ray_ceiling_calls_per_s``: the machine's limit, measured on the same actors just before the driver runs: bare
+Ray round trips per second with no driver at all (one no-op call in flight per actor, the executor's two-`ray.wait`
+turn, `ray.get`, resubmit), i.e. the task rate a dispatch of one actor call per task could reach at best.
+``calls_per_task`` = actor calls / tasks: the driver's task rate is at most the ceiling divided by it.
+
 ``driver_cpu_s`` is the CPU time the driver process used meanwhile (all its threads, Ray's included):
 ``cpu_share`` = CPU / wall shows how much of a core it got on a shared machine, and ``tasks_per_cpu_s`` the
 completions per second of driver CPU, the rate a driver with a core of its own would approach while the actors
@@ -49,6 +54,7 @@ from digenrl_verl.trainer.ray_runtime import init_local_ray
 ACTORS = (8, 32, 64)
 TARGET_TASKS_PER_S = 500.0
 MB_PER_LANE = 4  # micro-batches (prompt groups) per lane and step
+CEILING_S = 3.0  # seconds of bare round trips per row (after one warm-up round)
 TIME_KEYS = ("decision_s", "submit_s", "wait_s", "probe_s", "get_s", "complete_s", "other_s")
 
 
@@ -71,7 +77,28 @@ def shape_of(actors: int, n: int) -> dict[str, int]:
             "prompts_per_step": MB_PER_LANE * lanes}
 
 
-def run_case(actors: int, steps: int, n: int, profile: bool = False) -> dict[str, Any]:
+def ray_round_trips(actors: list, seconds: float) -> dict[str, float]:
+    """Bare Ray round trips per second over `actors` (no driver): each actor keeps one no-op call (`ready`) in
+    flight; a turn blocks in `ray.wait` for the first ready ref, collects every other ready one, `ray.get`s them and
+    resubmits one call per ready actor, as the executor's `wait_any` does."""
+    ray.get([a.ready.remote() for a in actors])  # warm-up round
+    pending = {a.ready.remote(): a for a in actors}
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        refs = list(pending)
+        ray.wait(refs, num_returns=1, fetch_local=False)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        ray.get(ready)
+        for ref in ready:
+            actor = pending.pop(ref)
+            pending[actor.ready.remote()] = actor
+        calls += len(ready)
+    wall = time.perf_counter() - start
+    ray.get(list(pending))
+    return {"calls": calls, "wall_s": wall, "calls_per_s": calls / wall}
+
+
+def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: float = CEILING_S) -> dict[str, Any]:
     """One row: start the actors, run a warm-up step, then measure `steps - 1` steps."""
     shape = shape_of(actors, n)
     t0 = time.perf_counter()
@@ -81,6 +108,7 @@ def run_case(actors: int, steps: int, n: int, profile: bool = False) -> dict[str
     ray.get([w.ready.remote() for w in workers.values()])
     startup_s = time.perf_counter() - t0
     try:
+        ceiling = ray_round_trips(list(workers.values()), ceiling_s)
         config = ScheduleConfig(mode="disaggregated", tag=TagConfig(policy="off"), num_steps=steps, n=n,
                                 prompts_per_step=shape["prompts_per_step"],
                                 pools={"gen": PoolSpec(shape["generators"]), "trn": PoolSpec(shape["trainers"])})
@@ -110,6 +138,7 @@ def run_case(actors: int, steps: int, n: int, profile: bool = False) -> dict[str
         **shape, "n": n, "steps_measured": steps - 1, "startup_s": startup_s, "wall_s": wall,
         "tasks": d["tasks"], "actor_calls": d["calls"], "decisions": d["decisions"], "waits": d["waits"],
         "tasks_per_s": d["tasks"] / wall, "calls_per_s": d["calls"] / wall, "decisions_per_s": d["decisions"] / wall,
+        "calls_per_task": d["calls"] / max(d["tasks"], 1), "ray_ceiling_calls_per_s": ceiling["calls_per_s"],
         "us_per_decision": 1e6 * times["decision_s"] / max(d["decisions"], 1),
         "driver_cpu_s": cpu, "cpu_share": cpu / wall, "tasks_per_cpu_s": d["tasks"] / cpu if cpu > 0 else None,
         **times, "shares": {k: v / wall for k, v in times.items()},
@@ -142,19 +171,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=6, help="global steps per row, the first a warm-up (>= 2)")
     parser.add_argument("--n", type=int, default=8, help="group size: generator ranks per GAP lane")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured steps (top 15 by own time)")
+    parser.add_argument("--ceiling-s", type=float, default=CEILING_S,
+                        help="seconds of bare Ray round trips per row (the ray_ceiling figure)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps {args.steps}: needs >= 2 (the first step is a warm-up)")
+    if args.ceiling_s <= 0:
+        parser.error(f"--ceiling-s {args.ceiling_s}: needs > 0 seconds")
     for a in args.actors:
         shape_of(a, args.n)
     if not ray.is_initialized():  # (tests run it on their shared Ray instance)
         init_local_ray(num_cpus=2)
-    rows = [run_case(a, args.steps, args.n, args.profile) for a in args.actors]
+    rows = [run_case(a, args.steps, args.n, args.profile, args.ceiling_s) for a in args.actors]
     print(f"{'actors':>6} {'gen':>4} {'trn':>4} {'lanes':>5} {'tasks':>6} {'tasks/s':>8} {'calls/s':>8} "
+          f"{'call/tk':>7} {'ceiling':>8} "
           f"{'dec/s':>8} {'us/dec':>7} {'cpu%':>5} {'t/cpu-s':>7} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
     for r in rows:
         print(f"{r['actors']:>6} {r['generators']:>4} {r['trainers']:>4} {r['lanes']:>5} {r['tasks']:>6} "
-              f"{r['tasks_per_s']:>8.0f} {r['calls_per_s']:>8.0f} {r['decisions_per_s']:>8.0f} "
+              f"{r['tasks_per_s']:>8.0f} {r['calls_per_s']:>8.0f} {r['calls_per_task']:>7.2f} "
+              f"{r['ray_ceiling_calls_per_s']:>8.0f} {r['decisions_per_s']:>8.0f} "
               f"{r['us_per_decision']:>7.0f} {r['cpu_share']:>5.0%} {r['tasks_per_cpu_s'] or 0:>7.0f} "
               + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))
         if "profile_top" in r:
@@ -163,7 +198,9 @@ def main(argv: list[str]) -> int:
     out = {"bench": "driver", "steps": args.steps, "n": args.n, "load_avg": list(os.getloadavg()),
            "cpus": os.cpu_count(), "rows": [{k: v for k, v in r.items() if k != "profile_top"} for r in rows],
            "headline": {"actors": head["actors"], "tasks_per_s": head["tasks_per_s"],
-                        "decision_share": head["shares"]["decision_s"], "target_tasks_per_s": TARGET_TASKS_PER_S,
+                        "decision_share": head["shares"]["decision_s"], "calls_per_task": head["calls_per_task"],
+                        "ray_ceiling_calls_per_s": head["ray_ceiling_calls_per_s"],
+                        "target_tasks_per_s": TARGET_TASKS_PER_S,
                         "meets_target": head["tasks_per_s"] >= TARGET_TASKS_PER_S}}
     if args.json:
         print(json.dumps(out))

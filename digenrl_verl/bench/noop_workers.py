@@ -1,6 +1,7 @@
 """No-op stand-ins for the generator and trainer workers, for `bench driver`.
 
-They expose the methods the Ray executor calls on the real workers (`workers/roles.py`), with the same arguments,
+They expose the methods the Ray executor calls on the real workers (`workers/roles.py`), with the same parameters
+(names and kinds; a test holds them to the real signatures),
 and return minimal values of the right shape at once: `generate` two returns (trajectory, images), `score` the
 sample ids and one reward each, `update` loss statistics, `opt_step` the optimizer facts, `send_weights` /
 `receive_weights` the version. This module imports numpy only: 64 actor processes that each imported torch and
@@ -43,21 +44,21 @@ class NoopWorker:
     def ready(self) -> bool:
         return True
 
-    def generate(self, shard: StepBatch, samples: Sequence[int], version: int) -> tuple[dict, np.ndarray]:
-        ids = np.asarray(samples, dtype=np.int64)
+    def generate(self, shard: StepBatch, sample_ids: Sequence[int], version: int) -> tuple[dict, np.ndarray]:
+        ids = np.asarray(sample_ids, dtype=np.int64)
         trajectory = {"sample_id": ids, "policy_version": np.full(len(ids), version, dtype=np.int64)}
         return trajectory, np.zeros((len(ids), 3, 2, 2), dtype=np.uint8)
 
-    def score(self, sample_ids: Sequence[int], *images: np.ndarray) -> dict[str, list]:
+    def score(self, sample_ids: Sequence[int], *image_parts: np.ndarray) -> dict[str, list]:
         return {"sample_ids": list(sample_ids), "scores": self.rng.random(len(sample_ids)).tolist()}
 
-    def update(self, sample_ids: Sequence[int], advantages: Any, denominator: float, tsp: bool, version: int,
-               max_share: int, *trajectories: dict) -> dict[str, float]:
+    def update(self, sample_ids: Sequence[int], advantages: Any, loss_denominator: float, tsp: bool, version: int,
+               max_share: int, *traj_parts: dict) -> dict[str, float]:
         return {"loss": 0.0, "rows": float(len(sample_ids))}
 
     def opt_step(self, version: int) -> dict[str, float]:
         self.version = version
-        return {"grad_norm": 0.0, "skipped": 0.0}
+        return {"grad_norm": 0.0, "skipped": 0.0, "version": float(version)}
 
     def send_weights(self, version: int, generators: Sequence[int]) -> int:
         return version

@@ -3,13 +3,31 @@ time accounting adds up); figures live in the bench's output, never in a test.""
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
 
 from digenrl_verl.bench import BENCHMARKS
 from digenrl_verl.bench import driver as bench_driver
-from digenrl_verl.bench.noop_workers import StepBatch
+from digenrl_verl.bench.noop_workers import NoopWorker, StepBatch
+from digenrl_verl.workers.roles import GeneratorWorker, TrainerWorker
+
+# the methods RayExecutor calls on each role's actors (trainer: TAG generates, scores when no generator is left)
+EXECUTOR_CALLS = {GeneratorWorker: ("generate", "score", "receive_weights"),
+                  TrainerWorker: ("generate", "score", "update", "opt_step", "send_weights")}
+
+
+def _params(fn) -> list[tuple[str, object]]:
+    return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("role", list(EXECUTOR_CALLS), ids=lambda c: c.__name__)
+def test_noop_worker_mirrors_the_real_workers_methods(role):
+    """The bench's no-op actors take exactly the parameters the real workers' methods take, so the executor's calls
+    in the bench are the calls a real run makes."""
+    for name in EXECUTOR_CALLS[role]:
+        assert _params(getattr(NoopWorker, name)) == _params(getattr(role, name)), f"{role.__name__}.{name}"
 
 
 def test_driver_bench_is_registered_and_sizes_its_pools():
@@ -26,10 +44,11 @@ def test_driver_bench_is_registered_and_sizes_its_pools():
 
 @pytest.mark.slow  # starts no-op actors on the session's Ray instance
 def test_driver_bench_json_shape_and_time_accounting(ray_session, capsys):
-    assert bench_driver.main(["--actors", "2,4", "--steps", "2", "--n", "2", "--json"]) == 0
+    assert bench_driver.main(["--actors", "2,4", "--steps", "2", "--n", "2", "--ceiling-s", "0.2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["bench"] == "driver" and [r["actors"] for r in out["rows"]] == [2, 4]
     assert len(out["load_avg"]) == 3 and out["headline"]["actors"] == 4
+    assert out["headline"]["ray_ceiling_calls_per_s"] == out["rows"][-1]["ray_ceiling_calls_per_s"]
     assert out["headline"]["target_tasks_per_s"] == 500.0 and isinstance(out["headline"]["meets_target"], bool)
     for r in out["rows"]:
         assert r["generators"] + r["trainers"] == r["actors"] and r["steps_measured"] == 1
@@ -37,6 +56,8 @@ def test_driver_bench_json_shape_and_time_accounting(ray_session, capsys):
         assert r["tasks"] == 3 * r["prompts_per_step"] + 2
         assert r["actor_calls"] >= r["tasks"] and r["decisions"] >= r["tasks"]
         assert r["tasks_per_s"] == pytest.approx(r["tasks"] / r["wall_s"])
+        assert r["calls_per_task"] == pytest.approx(r["actor_calls"] / r["tasks"])
+        assert r["ray_ceiling_calls_per_s"] > 0  # bare round trips on the same actors
         # the time accounting covers the wall time: its parts are non-negative and add up to it
         parts = [r[k] for k in bench_driver.TIME_KEYS]
         assert min(parts) >= 0 and sum(parts) == pytest.approx(r["wall_s"], rel=1e-6)

@@ -1,0 +1,102 @@
+"""One real disaggregated step on Ray with the VLM judge in its own pool (verl-omni's
+`reward.reward_model.enable_resource_pool=True`, `nnodes=1`, `n_gpus_per_node=2`: two judge replicas), a tiny random
+Qwen2.5-VL judge: the generators score by sending the decoded images to the judge actors, which hold the model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+
+import pytest
+import ray
+
+from digenrl_verl.main import compose
+from digenrl_verl.models.tiny import build_tiny_model_dir
+from digenrl_verl.rewards.tiny_judge import build_tiny_judge_dir
+from digenrl_verl.trainer.config import build_run
+from digenrl_verl.trainer.runner import DigenRLTrainer
+from digenrl_verl.workers.judge import RemoteJudge
+
+pytestmark = pytest.mark.slow  # starts Ray workers and a judge pool, trains a step
+
+GENRM = "/verl-omni/verl_omni/utils/reward_score/genrm_ocr.py"  # verl-omni's file, as its scripts name it
+
+
+def _scorer_judge(worker) -> tuple[str, int, bool, int]:
+    """(class of the generator's judge backend, its judge actors, whether it holds a judge model, the generator's
+    pid), read inside the generator worker."""
+    def probe(self):
+        judge = self.scorer.components["genrm_ocr"][0].judge
+        return type(judge).__name__, len(judge.actors), hasattr(judge, "model"), os.getpid()
+
+    return ray.get(worker.__ray_call__.remote(probe))
+
+
+def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, monkeypatch):
+    flux = build_tiny_model_dir("FluxPipeline", tmp_path / "flux", seed=0)
+    judge = build_tiny_judge_dir(tmp_path / "judge", "qwen2_5_vl", seed=0)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text('a shop sign that reads "OPEN"\na poster with the word "SALE"\n')
+    monkeypatch.setenv("GENRM_OCR_MAX_TOKENS", "4")  # verl-omni's override of the judge's 4096 new tokens
+    cfg = compose([
+        f"actor_rollout_ref.model.path={flux}", "trainer.digenrl.mode=disaggregated", f"data.train_files={prompts}",
+        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1",
+        f"trainer.digenrl.output_dir={tmp_path / 'run'}", "trainer.logger=[console]",
+        "trainer.digenrl.final_eval_prompts=0",  # only the step's SCOREs ask the judge
+        "reward.reward_model.enable=True", f"reward.reward_model.model_path={judge}",
+        "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1",
+        "reward.reward_model.n_gpus_per_node=2", "reward.reward_model.rollout.name=vllm",
+        f"reward.custom_reward_function.path={GENRM}", "reward.custom_reward_function.name=compute_score_ocr",
+    ])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # vllm -> transformers on CPU (printed; tested by the fast tier)
+        spec = build_run(cfg)
+    assert spec.reward.reward_model.pool.replicas == 2 and spec.reward.reward_model.backend == "transformers"
+    trainer = DigenRLTrainer(spec)
+    try:
+        summary = trainer.fit()
+        kind, actors, holds_model, gen_pid = _scorer_judge(trainer.workers["gen:0"])
+        judged = trainer.judge_pool.stats()
+        groups = ray.util.placement_group_table()
+    finally:
+        trainer.shutdown()
+    assert (kind, actors, holds_model) == ("RemoteJudge", 2, False)  # the generator holds no judge model
+    assert [j["backend"] for j in judged] == ["TransformersJudge"] * 2
+    assert sum(j["images"] for j in judged) == 4  # 2 prompts x n=2 decoded images, each judged once
+    assert all(j["calls"] >= 1 for j in judged) and gen_pid not in {j["pid"] for j in judged}
+    pools = [g for g in groups.values() if g["name"].startswith(f"reward_pool_{trainer.run_id}_")]
+    assert len(pools) == 1 and pools[0]["strategy"] == "STRICT_PACK" and len(pools[0]["bundles"]) == 2
+    assert trainer.judge_pool.actors == [] and trainer.judge_pool.placement_groups == []  # released
+    assert summary["steps"] == 1 and summary["samples"] == 4
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [row for row in map(json.loads, lines) if "summary" not in row]
+    assert len(steps) == 1 and steps[0]["reward/nonfinite_samples"] == 0
+    assert math.isfinite(steps[0]["reward/mean"]) and 0.0 <= steps[0]["reward/mean"] <= 1.0
+
+
+@ray.remote(num_cpus=0)
+class _Replica:
+    """A judge replica stand-in: answers `<tag>:<image>` and records what each call sent."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.seen: list[list] = []
+
+    def transcribe(self, images):
+        self.seen.append(list(images))
+        return [f"{self.tag}:{x}" for x in images]
+
+    def calls(self):
+        return self.seen
+
+
+def test_remote_judge_splits_each_call_over_every_replica_in_order(ray_session):
+    replicas = [_Replica.remote(tag) for tag in "abc"]
+    judge = RemoteJudge(replicas, first=1)
+    out = judge.transcribe(list(range(5)))
+    assert [o.split(":")[1] for o in out] == ["0", "1", "2", "3", "4"]  # answers in image order
+    assert [o.split(":")[0] for o in out] == ["b", "c", "c", "a", "a"]  # contiguous shares, from replica `first`
+    assert judge.transcribe([7]) == ["c:7"] and judge.transcribe([]) == []  # the next call starts one further
+    assert ray.get([r.calls.remote() for r in replicas]) == [[[3, 4]], [[0]], [[1, 2], [7]]]

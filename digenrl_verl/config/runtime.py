@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.errors import ConfigError
 
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -31,14 +32,21 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class ValidationSpec:
-    """Validation runs (verl-omni's `trainer.test_freq` / `trainer.val_before_train`): deterministic samples of the
-    validation prompts, scored, after every global step s with (s + 1) % test_freq == 0 and after the last step
-    (test_freq <= 0: never), and before the first step when `before_train`."""
+    """Validation runs (verl-omni's `trainer.test_freq` / `trainer.val_before_train`): `n` samples of each
+    validation prompt, scored, after every global step s with (s + 1) % test_freq == 0 and after the last step
+    (test_freq <= 0: never), and before the first step when `before_train`.
+
+    `rollout`: how they are sampled (verl-omni's `rollout.val_kwargs`: steps, noise level and SDE kind, seed, on top
+    of the training rollout's settings); None: deterministic (ODE) samples with the training rollout's settings."""
 
     test_freq: int = -1
     before_train: bool = False
+    n: int = 1
+    rollout: Optional[RolloutConfig] = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ConfigError("n", self.n, "use an integer >= 1: samples per validation prompt")
         if isinstance(self.test_freq, bool) or not isinstance(self.test_freq, int):
             raise ConfigError("test_freq", self.test_freq, "use an integer: the steps between validations "
                               "(-1 = no periodic validation)")

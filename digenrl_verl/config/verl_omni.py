@@ -204,9 +204,13 @@ NO_EFFECT: dict[str, str] = {
                                                   "same rows as the policy's (a micro-batch, chunked by "
                                                   "trainer.digenrl.tsp.chunk_size)",
     f"{A}.rollout.agent.num_workers": "there is no agent loop: generators are driven by the schedule",
-    f"{A}.rollout.val_kwargs": "validation samples are deterministic (ODE: noise 0, as verl-omni's default "
-                               "val_kwargs.algo.noise_level=0.0), one per prompt, with the rollout's steps, size and "
-                               f"seed ({A}.rollout.pipeline.*, {A}.rollout.seed)",
+    **{f"{A}.rollout.val_kwargs.pipeline.{k}": f"validation samples take the rollout's {k} ({A}.rollout.pipeline."
+       f"{k}); of val_kwargs.pipeline only num_inference_steps applies" for k in (
+        "height", "width", "true_cfg_scale", "max_sequence_length", "guidance_scale", "num_frames", "frame_rate",
+        "video_flow_shift", "aspect_ratio")},
+    **{f"{A}.rollout.val_kwargs.algo.{k}": f"validation samples take the rollout's SDE window ({A}.rollout.algo.*); "
+       "of val_kwargs.algo only noise_level and sde_type apply" for k in (
+        "sde_window_size", "sde_window_range", "sde_contiguous")},
     f"{A}.rollout.checkpoint_engine.update_weights_bucket_megabytes": "weights are sent tensor by tensor over the "
                                                                       "trainer → generator process group",
     f"{A}.rollout.checkpoint_engine.engine_kwargs": "weights sync through our process group",
@@ -392,6 +396,7 @@ VERL_OMNI_DEFAULTS: dict[str, Any] = {
     f"{A}.rollout.pipeline.height": 512,
     f"{A}.rollout.pipeline.width": 512,
     f"{A}.rollout.pipeline.num_inference_steps": 10,
+    f"{A}.rollout.val_kwargs.pipeline.num_inference_steps": 50,
     f"{A}.rollout.pipeline.max_sequence_length": 512,
     f"{A}.rollout.pipeline.video_flow_shift": 12.0,
     f"{A}.rollout.algo.noise_level": 1.0,
@@ -1154,19 +1159,43 @@ def build_data(keys: RecipeKeys) -> DataSpec:
         raise e.under("data") from None
 
 
-def build_validation(keys: RecipeKeys, data: DataSpec) -> ValidationSpec:
-    """`trainer.test_freq` / `trainer.val_before_train`; the plan says which prompts validation samples."""
-    try:
-        spec = ValidationSpec(test_freq=keys("trainer.test_freq", -1), before_train=keys("trainer.val_before_train",
-                                                                                         False))
-    except ConfigError as e:
-        raise e.under("trainer") from None
+VAL_KWARGS = f"{A}.rollout.val_kwargs"
+# validation fields -> the user's keys (ValidationSpec, and the validation's RolloutConfig on top of ROLLOUT_KEYS)
+VALIDATION_KEYS = {"test_freq": "trainer.test_freq", "val_before_train": "trainer.val_before_train",
+                   "n": f"{VAL_KWARGS}.n", "num_inference_steps": f"{VAL_KWARGS}.pipeline.num_inference_steps",
+                   "noise_level": f"{VAL_KWARGS}.algo.noise_level", "sde_type": f"{VAL_KWARGS}.algo.sde_type",
+                   "seed": f"{VAL_KWARGS}.seed"}
+VERL_OMNI_VAL_SEED = 42  # verl-omni's DiffusionSamplingConfig.seed (not in its YAML: `+...val_kwargs.seed=` there)
+
+
+def build_validation(keys: RecipeKeys, data: DataSpec, rollout: RolloutConfig) -> ValidationSpec:
+    """`trainer.test_freq` / `trainer.val_before_train` and verl-omni's `rollout.val_kwargs` (n, steps, noise level
+    and SDE kind, seed) applied to the training rollout's settings; the plan says which prompts and how."""
+    v = VAL_KWARGS
+    noise = keys(f"{v}.algo.noise_level", 0.0)
+    sde_type = keys(f"{v}.algo.sde_type", rollout.sde_type)
+    steps = keys(f"{v}.pipeline.num_inference_steps")
+    steps = rollout.num_inference_steps if steps is None else steps
+    seed = keys(f"{v}.seed", VERL_OMNI_VAL_SEED)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
+        raise ValueError(f"{v}.algo.noise_level={noise!r} must be a number >= 0 (0: deterministic ODE samples)")
+    with user_keys({**ROLLOUT_KEYS, **VALIDATION_KEYS}):
+        sampling = replace(rollout, num_inference_steps=steps, sde_type=sde_type if noise > 0 else "ode",
+                           noise_level=float(noise), seed=seed, init_same_noise=False)
+        spec = ValidationSpec(test_freq=keys("trainer.test_freq", -1),
+                              before_train=keys("trainer.val_before_train", False), n=keys(f"{v}.n", 1),
+                              rollout=sampling)
     if spec.enabled:
         where = "data.val_files" if data.val_files is not None else "the training prompts (data.val_files=null)"
-        keys.decide(f"validation: deterministic (ODE) samples of {where}, one per prompt, scored and logged as "
-                    "val-core/<data_source>/reward/mean@1"
-                    f"{' before the first step,' if spec.before_train else ''}"
-                    f"{f' every {spec.every} step(s) and at the last step' if spec.every else ''}")
+        how = "deterministic (ODE)" if noise == 0 else f"{sde_type} noise_level={float(noise)}"
+        note = (f"validation: {spec.n} {how} sample(s) per prompt of {where}, {steps} steps, seed {seed}, scored and "
+                f"logged as val-core/<data_source>/reward/mean@{spec.n}"
+                f"{' before the first step,' if spec.before_train else ''}"
+                f"{f' every {spec.every} step(s) and at the last step' if spec.every else ''}")
+        if spec.n > 1:
+            note += (f"; each of a prompt's {spec.n} samples has its own noise (from {v}.seed, the prompt and the "
+                     "sample's index), where verl-omni seeds every validation request with the seed alone")
+        keys.decide(note)
     return spec
 
 

@@ -160,7 +160,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     advantage = build_advantage(keys, digenrl)
     checkpoint = build_checkpoint(keys)
     data = build_data(keys)
-    validation = build_validation(keys, data)
+    validation = build_validation(keys, data, policy.rollout)
     num_steps = shape.total_steps - start_step
     if num_steps < 1:
         raise ValueError(f"trainer.total_training_steps={shape.total_steps} is already reached by the checkpoint "

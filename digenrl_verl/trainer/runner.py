@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from verl.trainer.ppo.metric_utils import process_validation_metrics
 
 from digenrl_verl.diffusion.loss import LossStats
+from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.trace import Decision, Trace
@@ -88,6 +90,25 @@ def _process_start() -> float:
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with NaN/inf rewards or gradients."""
+
+
+def validation_metrics(sources: list[str], uids: list[str], rewards: list[float]) -> dict[str, float]:
+    """verl-omni's validation metrics (`_val_metrics_update`): verl's `process_validation_metrics` of the reward per
+    data source and prompt (uid); the mean, best and majority figures at the largest sample count n go under
+    `val-core/<data_source>/reward/`, the others (std@n, worst@k, smaller k) under `val-aux/`."""
+    out: dict[str, float] = {}
+    for source, variables in process_validation_metrics(sources, uids, {"reward": rewards}).items():
+        metrics = variables["reward"]
+        n_max = max(_at(name) for name in metrics)
+        for name, value in metrics.items():
+            core = name.startswith(("mean", "maj", "best")) and _at(name) == n_max
+            out[f"{'val-core' if core else 'val-aux'}/{source}/reward/{name}"] = float(value)
+    return out
+
+
+def _at(metric: str) -> int:
+    """The sample count of a validation metric name (`best@4/mean` -> 4)."""
+    return int(metric.split("@")[-1].split("/")[0])
 
 
 class DigenRLTrainer:
@@ -498,14 +519,18 @@ class DigenRLTrainer:
             return self.driver.live_generators
         return [w for w in self.workers if worker_pool(w) == "gen"]
 
-    def ode_rewards(self, prompts: list[str], sources: list[str], extras: list[dict]) -> torch.Tensor:
-        """Deterministic (ODE, per-sample seeded noise) samples of `prompts` with the weights the trainer holds,
-        scored on the trainer group through the DIGENRL_ASSIGNED dispatch mode (rows dealt round-robin over the
-        ranks); the rewards in prompt order. No worker's global RNG is drawn from: training is not perturbed."""
+    def ode_rewards(self, prompts: list[str], sources: list[str], extras: list[dict], *, n: int = 1,
+                    sampling: RolloutConfig | None = None) -> torch.Tensor:
+        """`n` samples of each of `prompts` with the weights the trainer holds, deterministic (ODE, per-sample
+        seeded noise) unless `sampling` says otherwise (validation's `val_kwargs`), scored on the trainer group
+        through the DIGENRL_ASSIGNED dispatch mode (rows dealt round-robin over the ranks); the rewards in row order
+        (prompt i's j-th sample at i * n + j). No worker's global RNG is drawn from: training is not perturbed."""
         wg = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
-        k = len(prompts)
-        batch = make_step_batch(prompts, sources, list(range(k)), n=1, step=-1, extras=extras)
-        assignment = [list(range(r, k, wg.world_size)) for r in range(wg.world_size)]
+        rows = len(prompts) * n
+        batch = make_step_batch(prompts, sources, list(range(len(prompts))), n=n, step=-1, extras=extras)
+        if sampling is not None:
+            batch.meta_info[roles.SAMPLING_KEY] = sampling
+        assignment = [list(range(r, rows, wg.world_size)) for r in range(wg.world_size)]
         return wg.evaluate(batch, assignment).batch["eval_reward"]
 
     def evaluate(self, num_prompts: int) -> dict[str, float]:
@@ -518,17 +543,19 @@ class DigenRLTrainer:
 
     def validate(self, step: int) -> dict[str, float]:
         """verl-omni's `_validate` at its global step `step` (= the policy version the workers hold: 0 before
-        training, s + 1 after step s): one deterministic sample per validation prompt (verl-omni's default
-        val_kwargs: n=1, noise_level=0), scored; `val-core/<data_source>/reward/mean@1` per data source (verl's
-        process_validation_metrics with n=1) and `val-aux/reward/nonfinite_samples`, logged at `step`."""
+        training, s + 1 after step s): `val_kwargs.n` samples of each validation prompt drawn as `val_kwargs` says
+        (`RunSpec.validation`), scored; verl-omni's metrics (`validation_metrics`: mean@n and, for n > 1, std@n,
+        best@k / worst@k per data source) and `val-aux/reward/nonfinite_samples` (samples left out of them),
+        logged at `step`."""
         prompts, sources, extras = self._val
-        rewards = self.ode_rewards(prompts, sources, extras).to(torch.float64)
-        ok = torch.isfinite(rewards)
-        out: dict[str, float] = {}
-        for src in sorted(set(sources)):
-            mask = ok & torch.tensor([s == src for s in sources])
-            out[f"val-core/{src}/reward/mean@1"] = float(rewards[mask].mean()) if mask.any() else float("nan")
-        out["val-aux/reward/nonfinite_samples"] = float((~ok).sum())
+        n = self.run.validation.n
+        rewards = self.ode_rewards(prompts, sources, extras, n=n, sampling=self.run.validation.rollout)
+        finite = [i for i, r in enumerate(rewards.tolist()) if np.isfinite(r)]
+        out = validation_metrics([sources[i // n] for i in finite], [f"p{i // n}" for i in finite],
+                                 [float(rewards[i]) for i in finite])
+        for src in sorted(set(sources) - {sources[i // n] for i in finite}):  # no finite sample: no mean either
+            out[f"val-core/{src}/reward/mean@{n}"] = float("nan")
+        out["val-aux/reward/nonfinite_samples"] = float(len(rewards) - len(finite))
         self.validations[step] = out
         self.reporter.log_metrics(step, out)
         return out

@@ -65,6 +65,9 @@ from digenrl_verl.workers.sharding import (FullyShardedDataParallel, GradientSyn
                                            full_state)
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
 
+#: meta_info key of `evaluate`'s batch: the RolloutConfig its samples are drawn with (validation's `val_kwargs`)
+SAMPLING_KEY = "digenrl_sampling"
+
 _T_IMPORTED = time.time()  # the worker's imports are done once this module is (start-up timings)
 
 #: the engine classes a generator can hold, imported here so that each is bound to its name in `ENGINES`
@@ -180,19 +183,21 @@ class SamplingMixin(GenerationMixin):
 
     @register(dispatch_mode=assigned_dispatch_mode())
     def evaluate(self, shard: DataProto) -> DataProto:
-        """Deterministic (ODE, noise 0) samples of the shard's prompts with the current weights, scored.
+        """Samples of the shard's rows (`sample_index`: a prompt's j-th sample) with the current weights, scored:
+        drawn as `meta_info[SAMPLING_KEY]` says (a RolloutConfig: validation's steps, noise, seed), else
+        deterministic (ODE, noise 0) with the rollout's settings. Each row's noise comes from its SampleKey.
 
         Called on a whole worker group as `wg.evaluate(batch, assignment)`: the DIGENRL_ASSIGNED dispatch
         mode splits the batch by the assignment and gathers the results back in row order. Output keys:
         `eval_reward` fp32 [B], `responses` uint8 [B, 3, H, W]."""
         nt = shard.non_tensor_batch
+        cfg = shard.meta_info.get(SAMPLING_KEY) or dataclasses.replace(self.policy_spec.rollout, sde_type="ode",
+                                                                        noise_level=0.0)
         if len(shard) == 0:
             if self.lockstep:  # the other trainer ranks' forwards are collectives: take part with a dummy sample
-                pad = dataclasses.replace(self.policy_spec.rollout, sde_type="ode", noise_level=0.0)
-                rollout(self.adapter, self.adapter.encode_prompts([""]), [SampleKey(-1, "pad", 0)], pad)
+                rollout(self.adapter, self.adapter.encode_prompts([""]), [SampleKey(-1, "pad", 0)], cfg)
             return DataProto.from_dict(tensors={"eval_reward": torch.zeros(0)}, meta_info=dict(shard.meta_info))
         keys = [SampleKey(-1, str(u), int(i)) for u, i in zip(nt["uid"], nt["sample_index"])]
-        cfg = dataclasses.replace(self.policy_spec.rollout, sde_type="ode", noise_level=0.0)
         traj = rollout(self.adapter, self.adapter.encode_prompts(list(nt["raw_prompt"])), keys, cfg)
         images = self.adapter.decode(traj.final_latents)
         scorer = self._scorer()

@@ -56,3 +56,34 @@ def test_colocated_validation_and_checkpoints_share_the_barriers(train_run):
     assert set(t.validations[4]) == {"val-core/builtin/reward/mean@1", "val-aux/reward/nonfinite_samples"}
     saved = sorted(p.name for p in (t.output_dir / "checkpoints").iterdir() if p.name.startswith("global_step_"))
     assert saved == ["global_step_3", "global_step_4"]
+
+
+def test_val_kwargs_draw_n_seeded_samples_per_prompt_on_the_trainer(train_run, tmp_path):
+    """verl-omni's rollout.val_kwargs on Ray: n=3 SDE samples (noise 0.7, 4 steps, seed 5) per validation prompt,
+    reported as mean@3 / std@3 / best@k / worst@k; the same weights and seed give the same samples, another seed
+    others, and a prompt's samples differ from each other (each has its own noise)."""
+    from dataclasses import replace
+
+    val = tmp_path / "val.txt"
+    val.write_text("a red cube on a table\na blue ball in the sky\n")
+    v = "actor_rollout_ref.rollout.val_kwargs"
+    t = train_run(*[o for o in TINY if not o.startswith("trainer.total_training_steps")],
+                  "trainer.total_training_steps=1", "trainer.val_before_train=true", "trainer.test_freq=1",
+                  f"data.val_files={val}",
+                  f"{v}.n=3", f"{v}.algo.noise_level=0.7", f"{v}.pipeline.num_inference_steps=4", f"+{v}.seed=5",
+                  name="val_kwargs")
+    sampling = t.run.validation.rollout
+    assert (t.run.validation.n, sampling.num_inference_steps, sampling.noise_level, sampling.seed) == (3, 4, 0.7, 5)
+    assert sorted(t.validations) == [0, 1]
+    m = t.validations[0]
+    assert {k for k in m if k.startswith("val-core/")} == {f"val-core/val.txt/reward/{k}" for k in
+                                                          ("mean@3", "best@3/mean", "best@3/std")}
+    assert "val-aux/val.txt/reward/std@3" in m and m["val-aux/reward/nonfinite_samples"] == 0
+    prompts = val.read_text().splitlines()
+    first = t.ode_rewards(prompts, ["val.txt"] * 2, [{}] * 2, n=3, sampling=sampling).to(torch.float64)
+    again = t.ode_rewards(prompts, ["val.txt"] * 2, [{}] * 2, n=3, sampling=sampling).to(torch.float64)
+    other = t.ode_rewards(prompts, ["val.txt"] * 2, [{}] * 2, n=3, sampling=replace(sampling, seed=6))
+    assert torch.equal(first, again) and not torch.equal(first, other.to(torch.float64))
+    assert float(first.mean()) == pytest.approx(t.validations[1]["val-core/val.txt/reward/mean@3"], rel=1e-12)
+    per_prompt = first.view(2, 3)
+    assert all(len(set(row.tolist())) == 3 for row in per_prompt)  # three different samples of each prompt

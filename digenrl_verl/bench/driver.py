@@ -14,10 +14,16 @@ the measured steps went:
 - ``probe_s``: collecting the other ready refs; ``get_s``: `ray.get` of the results (object transfer back);
 - ``complete_s``: absorbing results (scores); ``other_s``: the rest (the loop, timestamps).
 
-``ray_ceiling_calls_per_s``: the machine's limit, measured on the same actors just before the driver runs: bare
-Ray round trips per second with no driver at all (one no-op call in flight per actor, the executor's two-`ray.wait`
-turn, `ray.get`, resubmit), i.e. the task rate a dispatch of one actor call per task could reach at best.
-``calls_per_task`` = actor calls / tasks: the driver's task rate is at most the ceiling divided by it.
+The machine's limits, measured on the same actors after the driver ran, with no driver at all (`ceilings`):
+
+- ``ray_ceiling_calls_per_s``: bare Ray round trips (one no-op call in flight per actor, the executor's
+  two-`ray.wait` turn, `ray.get`, resubmit): the task rate a dispatch of one actor call per task could reach;
+- ``ray_lane_ceiling_tasks_per_s``: tasks of one call per rank over the run's groups (each GAP lane, the trainer
+  ranks), one in flight per group: the rate today's dispatch (a call per rank) could reach with a free driver;
+- ``cgraph_lane_executions_per_s`` (``--cgraph``): the same groups as Ray Compiled Graphs (shared-memory channels
+  instead of a call per rank), one graph per group, executions per second.
+
+``calls_per_task`` = actor calls / tasks: the task rate is at most ``ray_ceiling_calls_per_s`` / ``calls_per_task``.
 
 ``driver_cpu_s`` is the CPU time the driver process used meanwhile (all its threads, Ray's included):
 ``cpu_share`` = CPU / wall shows how much of a core it got on a shared machine, and ``tasks_per_cpu_s`` the
@@ -42,19 +48,23 @@ from typing import Any
 
 import numpy as np
 import ray
+from ray.dag import InputNode, MultiOutputNode
 
 from digenrl_verl.bench.noop_workers import NoopWorker, StepBatch
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig, TagConfig
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.plan import GapPlanner
+from digenrl_verl.schedule.types import worker_pool
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import init_local_ray
 
 ACTORS = (8, 32, 64)
 TARGET_TASKS_PER_S = 500.0
 MB_PER_LANE = 4  # micro-batches (prompt groups) per lane and step
-CEILING_S = 3.0  # seconds of bare round trips per row (after one warm-up round)
+CEILING_S = 3.0  # seconds of each ceiling measurement per row (after a warm-up)
+CGRAPH_WARMUP_TIMEOUT_S = 120.0
+CEILING_KEYS = ("ray_ceiling_calls_per_s", "ray_lane_ceiling_tasks_per_s", "cgraph_lane_executions_per_s")
 TIME_KEYS = ("decision_s", "submit_s", "wait_s", "probe_s", "get_s", "complete_s", "other_s")
 
 
@@ -98,8 +108,70 @@ def ray_round_trips(actors: list, seconds: float) -> dict[str, float]:
     return {"calls": calls, "wall_s": wall, "calls_per_s": calls / wall}
 
 
-def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: float = CEILING_S) -> dict[str, Any]:
-    """One row: start the actors, run a warm-up step, then measure `steps - 1` steps."""
+def ray_lane_round_trips(groups: list[list], seconds: float) -> dict[str, float]:
+    """Bare Ray tasks per second when a task is one call per rank of a group (a GEN or SCORE on a GAP lane, an
+    UPDATE on the trainer ranks), no driver: each group keeps one task in flight, done when all its ranks answered,
+    then resubmitted; the same two-`ray.wait` turn as `ray_round_trips`."""
+    owner: dict = {}
+    left: dict[int, int] = {}
+
+    def issue(g: int) -> None:
+        for a in groups[g]:
+            owner[a.ready.remote()] = g
+        left[g] = len(groups[g])
+
+    for g in range(len(groups)):
+        issue(g)
+    tasks, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        refs = list(owner)
+        ray.wait(refs, num_returns=1, fetch_local=False)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        ray.get(ready)
+        for ref in ready:
+            g = owner.pop(ref)
+            left[g] -= 1
+            if left[g] == 0:
+                tasks += 1
+                issue(g)
+    wall = time.perf_counter() - start
+    ray.get(list(owner))
+    return {"tasks": tasks, "wall_s": wall, "tasks_per_s": tasks / wall}
+
+
+def cgraph_lane_executions(groups: list[list], seconds: float) -> dict[str, float]:
+    """Ray Compiled Graphs (shared-memory channels, no per-call RPC) over the same groups: one graph per group
+    (`receive_weights` on every rank, outputs gathered), executed round-robin, one execution in flight per graph.
+    Executions per second after a warm-up of 3 each (the first one takes seconds here); then torn down, since an actor
+    takes part in one compiled graph at a time."""
+    dags = []
+    try:
+        for group in groups:
+            with InputNode() as inp:
+                dags.append(MultiOutputNode([a.receive_weights.bind(inp) for a in group]).experimental_compile())
+        for _ in range(3):
+            for dag in dags:
+                ray.get(dag.execute(0), timeout=CGRAPH_WARMUP_TIMEOUT_S)
+        refs = [dag.execute(0) for dag in dags]
+        execs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for i, dag in enumerate(dags):
+                ray.get(refs[i])
+                refs[i] = dag.execute(0)
+                execs += 1
+        wall = time.perf_counter() - start
+        for r in refs:
+            ray.get(r)
+    finally:
+        for dag in dags:
+            dag.teardown()
+    return {"executions": execs, "wall_s": wall, "executions_per_s": execs / wall}
+
+
+def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: float = CEILING_S,
+             cgraph: bool = False) -> dict[str, Any]:
+    """One row: start the actors, run a warm-up step, measure `steps - 1` steps, then the ceilings on the same
+    actors."""
     shape = shape_of(actors, n)
     t0 = time.perf_counter()
     remote = ray.remote(NoopWorker).options(num_cpus=0)
@@ -108,37 +180,59 @@ def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: 
     ray.get([w.ready.remote() for w in workers.values()])
     startup_s = time.perf_counter() - t0
     try:
-        ceiling = ray_round_trips(list(workers.values()), ceiling_s)
-        config = ScheduleConfig(mode="disaggregated", tag=TagConfig(policy="off"), num_steps=steps, n=n,
-                                prompts_per_step=shape["prompts_per_step"],
-                                pools={"gen": PoolSpec(shape["generators"]), "trn": PoolSpec(shape["trainers"])})
-        batch = StepBatch.of(config.prompts_per_step, n)
-        executor = NumpyAdvantagesExecutor(workers, lambda step: batch, AdvantageConfig(global_std=False),
-                                           loss_rows_per_sample=1)
-        driver = Driver(config, executor)
-        driver.run_steps(1)  # warm-up: first calls on every actor, cost estimates
-        before = _counters(driver, executor)
-        prof = cProfile.Profile() if profile else None
-        start, cpu_start = time.perf_counter(), time.process_time()
-        if prof is not None:
-            prof.enable()
-        driver.run()
-        if prof is not None:
-            prof.disable()
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        after = _counters(driver, executor)
+        row = {**shape, "n": n, "steps_measured": steps - 1, "startup_s": startup_s,
+               **measure_driver(workers, shape, steps, n, profile)}
+        row.update(ceilings(workers, n, ceiling_s, cgraph))
     finally:
         for w in workers.values():
             ray.kill(w)
+    row["calls_per_task"] = row["actor_calls"] / max(row["tasks"], 1)
+    return row
+
+
+def ceilings(workers: dict[str, Any], n: int, seconds: float, cgraph: bool) -> dict[str, float]:
+    """The machine's limits on these actors, no driver: bare round trips (one call per task), tasks of one call per
+    rank over the run's groups (its GAP lanes and the trainer ranks), and with `cgraph` the same groups as compiled
+    graphs."""
+    gens = [w for w in workers if worker_pool(w) == "gen"]
+    groups = [[workers[w] for w in lane] for lane in GapPlanner().lanes(gens, n)]
+    groups.append([a for w, a in workers.items() if worker_pool(w) == "trn"])
+    out = {"ray_ceiling_calls_per_s": ray_round_trips(list(workers.values()), seconds)["calls_per_s"],
+           "ray_lane_ceiling_tasks_per_s": ray_lane_round_trips(groups, seconds)["tasks_per_s"]}
+    if cgraph:
+        out["cgraph_lane_executions_per_s"] = cgraph_lane_executions(groups, seconds)["executions_per_s"]
+    return out
+
+
+def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n: int,
+                   profile: bool) -> dict[str, Any]:
+    """The real driver and executor over `workers`: one warm-up step, then `steps - 1` measured."""
+    config = ScheduleConfig(mode="disaggregated", tag=TagConfig(policy="off"), num_steps=steps, n=n,
+                            prompts_per_step=shape["prompts_per_step"],
+                            pools={"gen": PoolSpec(shape["generators"]), "trn": PoolSpec(shape["trainers"])})
+    batch = StepBatch.of(config.prompts_per_step, n)
+    executor = NumpyAdvantagesExecutor(workers, lambda step: batch, AdvantageConfig(global_std=False),
+                                       loss_rows_per_sample=1)
+    driver = Driver(config, executor)
+    driver.run_steps(1)  # warm-up: first calls on every actor, cost estimates
+    before = _counters(driver, executor)
+    prof = cProfile.Profile() if profile else None
+    start, cpu_start = time.perf_counter(), time.process_time()
+    if prof is not None:
+        prof.enable()
+    driver.run()
+    if prof is not None:
+        prof.disable()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    after = _counters(driver, executor)
     d = {k: after[k] - before[k] for k in after}
     times = {"decision_s": d["driver_s"] - d["submit_s"], "submit_s": d["submit_s"], "wait_s": d["wait_s"],
              "probe_s": d["probe_s"], "get_s": d["get_s"], "complete_s": d["complete_s"]}
     times["other_s"] = max(0.0, wall - sum(times.values()))
     row: dict[str, Any] = {
-        **shape, "n": n, "steps_measured": steps - 1, "startup_s": startup_s, "wall_s": wall,
-        "tasks": d["tasks"], "actor_calls": d["calls"], "decisions": d["decisions"], "waits": d["waits"],
-        "tasks_per_s": d["tasks"] / wall, "calls_per_s": d["calls"] / wall, "decisions_per_s": d["decisions"] / wall,
-        "calls_per_task": d["calls"] / max(d["tasks"], 1), "ray_ceiling_calls_per_s": ceiling["calls_per_s"],
+        "wall_s": wall, "tasks": d["tasks"], "actor_calls": d["calls"], "decisions": d["decisions"],
+        "waits": d["waits"], "tasks_per_s": d["tasks"] / wall, "calls_per_s": d["calls"] / wall,
+        "decisions_per_s": d["decisions"] / wall,
         "us_per_decision": 1e6 * times["decision_s"] / max(d["decisions"], 1),
         "driver_cpu_s": cpu, "cpu_share": cpu / wall, "tasks_per_cpu_s": d["tasks"] / cpu if cpu > 0 else None,
         **times, "shares": {k: v / wall for k, v in times.items()},
@@ -172,7 +266,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--n", type=int, default=8, help="group size: generator ranks per GAP lane")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured steps (top 15 by own time)")
     parser.add_argument("--ceiling-s", type=float, default=CEILING_S,
-                        help="seconds of bare Ray round trips per row (the ray_ceiling figure)")
+                        help="seconds of each ceiling measurement per row (bare Ray, lanes, compiled graphs)")
+    parser.add_argument("--cgraph", action="store_true",
+                        help="also measure the lanes as Ray Compiled Graphs (cgraph_lane_executions_per_s; loads the "
+                             "machine heavily while it runs)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps {args.steps}: needs >= 2 (the first step is a warm-up)")
@@ -182,14 +279,15 @@ def main(argv: list[str]) -> int:
         shape_of(a, args.n)
     if not ray.is_initialized():  # (tests run it on their shared Ray instance)
         init_local_ray(num_cpus=2)
-    rows = [run_case(a, args.steps, args.n, args.profile, args.ceiling_s) for a in args.actors]
+    rows = [run_case(a, args.steps, args.n, args.profile, args.ceiling_s, args.cgraph) for a in args.actors]
     print(f"{'actors':>6} {'gen':>4} {'trn':>4} {'lanes':>5} {'tasks':>6} {'tasks/s':>8} {'calls/s':>8} "
-          f"{'call/tk':>7} {'ceiling':>8} "
+          f"{'call/tk':>7} {'ceiling':>8} {'lane-ce':>8} {'cgraph':>8} "
           f"{'dec/s':>8} {'us/dec':>7} {'cpu%':>5} {'t/cpu-s':>7} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
     for r in rows:
         print(f"{r['actors']:>6} {r['generators']:>4} {r['trainers']:>4} {r['lanes']:>5} {r['tasks']:>6} "
               f"{r['tasks_per_s']:>8.0f} {r['calls_per_s']:>8.0f} {r['calls_per_task']:>7.2f} "
-              f"{r['ray_ceiling_calls_per_s']:>8.0f} {r['decisions_per_s']:>8.0f} "
+              f"{r['ray_ceiling_calls_per_s']:>8.0f} {r['ray_lane_ceiling_tasks_per_s']:>8.0f} "
+              f"{r.get('cgraph_lane_executions_per_s', float('nan')):>8.0f} {r['decisions_per_s']:>8.0f} "
               f"{r['us_per_decision']:>7.0f} {r['cpu_share']:>5.0%} {r['tasks_per_cpu_s'] or 0:>7.0f} "
               + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))
         if "profile_top" in r:
@@ -199,7 +297,7 @@ def main(argv: list[str]) -> int:
            "cpus": os.cpu_count(), "rows": [{k: v for k, v in r.items() if k != "profile_top"} for r in rows],
            "headline": {"actors": head["actors"], "tasks_per_s": head["tasks_per_s"],
                         "decision_share": head["shares"]["decision_s"], "calls_per_task": head["calls_per_task"],
-                        "ray_ceiling_calls_per_s": head["ray_ceiling_calls_per_s"],
+                        **{k: head[k] for k in CEILING_KEYS if k in head},
                         "target_tasks_per_s": TARGET_TASKS_PER_S,
                         "meets_target": head["tasks_per_s"] >= TARGET_TASKS_PER_S}}
     if args.json:

@@ -36,7 +36,9 @@ figures are only comparable between rows run under the same load.
 `startup` (unless `--no-startup`): where the start-up of the tiny demo (`recipes/run_tiny_cpu.sh`'s settings, one
 global step) goes, from a fresh process (`trainer.runner.DigenRLTrainer.startup_phases`), next to a one-process
 reference: a fresh Python process that loads the same tiny model with this package's worker code and runs one
-rollout, one score and one update in-process (no Ray), timed from its process start.
+rollout, one score and one update in-process (no Ray), timed from its process start. Each of the
+`--startup-repeat` (default 3) rounds runs the reference, then the demo, back to back; the medians are reported with
+every run and its load average. `--startup-only` measures the start-up alone (no ladder).
 """
 
 from __future__ import annotations
@@ -240,14 +242,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--num-inference-steps", type=int, default=8)
     p.add_argument("--only", nargs="*", default=None, help="subset of the rows to run")
     p.add_argument("--repeat", type=int, default=3, help="runs per row; the median run is reported, all are kept")
-    p.add_argument("--startup-repeat", type=int, default=1, help="fresh-process start-up measurements of each kind")
+    p.add_argument("--startup-repeat", type=int, default=3,
+                   help="fresh-process start-up measurements of each kind (medians reported, all kept)")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up measurement")
+    p.add_argument("--startup-only", action="store_true", help="only the start-up measurement (no ladder)")
     p.add_argument("--one-process-reference", metavar="MODEL", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.one_process_reference:
         print(json.dumps(one_process_reference(args.one_process_reference, DEMO)))
         return 0
+    if args.startup_only and args.no_startup:
+        p.error("--startup-only and --no-startup exclude each other")
     if args.steps <= args.warmup or args.warmup < 1:
         p.error("--steps must exceed --warmup, and --warmup must be >= 1")
 
@@ -263,6 +269,11 @@ def main(argv: list[str]) -> int:
         s = out["startup"]
         print(f"start-up: demo {s['demo_median'].get('time_to_first_step_s', float('nan')):.1f} s to the first step, "
               f"one-process reference {s['reference_median']['time_to_first_step_s']:.1f} s", flush=True)
+    if args.startup_only:
+        out["load_average_end"] = load_average()
+        if args.json:
+            print(json.dumps(out))
+        return 0
     model = build_tiny_model_dir("FluxPipeline", tmp / "flux_bench", seed=0, size="bench")
     import ray
 

@@ -15,6 +15,12 @@ WORKER_ENV = {
 }
 
 
+#: Ray's raylet settings for a trainer-started instance. Ray prestarts `num_cpus` idle worker processes when the first
+#: driver connects and `ray.init` waits for them to register; our actors never use them (verl gives each actor its
+#: own runtime_env, so each gets a fresh process), so they only cost start-up time and CPU.
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+
 def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torch_threads: int = 1,
                    resources: dict[str, float] | None = None) -> None:
     """Start a local Ray instance that listens on 127.0.0.1 only.
@@ -48,6 +54,7 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
         runtime_env={"env_vars": env},
         log_to_driver=True,
         logging_level="WARNING",
+        _system_config=dict(LOCAL_SYSTEM_CONFIG),
     )
     for sig, handler in handlers.items():
         if handler is not None:

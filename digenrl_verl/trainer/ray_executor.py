@@ -20,6 +20,10 @@ A task completes when all of its object refs are ready. The executor keeps one t
 ready (ref -> task), so a `wait_any` turn costs two `ray.wait` calls over that table whatever the number of tasks
 in flight (block for the first ready ref, then collect every ready one), and readiness never moves data:
 `fetch_local=False` (a trajectory stays in the object store of the node that made it until a trainer reads it).
+
+A task costs one Ray round trip per rank it names (a GEN on a GAP lane of 8 ranks: 8 calls), and that, not the
+driver's decisions, bounds the task rate: `python -m digenrl_verl.bench driver` measures both, with the machine's
+limits (docs/benchmarks.md).
 A call that raises marks the task failed; an actor that died is reported in `info["dead_workers"]`, and the
 driver re-issues its work. `stats` counts where the executor's wall time goes (`bench driver` reports it).
 

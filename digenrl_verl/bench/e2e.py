@@ -170,7 +170,7 @@ def one_process_reference(model: str, overrides: list[str]) -> dict:
     batch = make_step_batch(["a photo of a cat"] * run.prompts_per_step, ["t"] * run.prompts_per_step,
                             list(range(run.prompts_per_step)), run.n, 0)
     ids = list(range(len(batch)))
-    traj, images = worker.generate(batch, ids, 0)
+    traj, images, _ = worker.generate(batch, ids, 0)
     scores = worker.score(ids, images)["scores"]
     ex = RayExecutor({}, lambda step: batch, run.advantage, run.policy.rollout.num_train_steps)
     ex._scores[0] = dict(zip(ids, scores))

@@ -2,7 +2,7 @@
 
 They expose the methods the Ray executor calls on the real workers (`workers/roles.py`), with the same parameters
 (names and kinds; a test holds them to the real signatures),
-and return minimal values of the right shape at once: `generate` two returns (trajectory, images), `score` the
+and return minimal values of the right shape at once: `generate` three returns (trajectory, images, facts), `score` the
 sample ids and one reward each, `update` loss statistics, `opt_step` the optimizer facts, `send_weights` /
 `receive_weights` the version. This module imports numpy only: 64 actor processes that each imported torch and
 verl would need ~28 GB of memory on their own (the bench hands them numpy advantages and a numpy batch for that).
@@ -44,10 +44,10 @@ class NoopWorker:
     def ready(self) -> bool:
         return True
 
-    def generate(self, shard: StepBatch, sample_ids: Sequence[int], version: int) -> tuple[dict, np.ndarray]:
+    def generate(self, shard: StepBatch, sample_ids: Sequence[int], version: int) -> tuple[dict, np.ndarray, dict]:
         ids = np.asarray(sample_ids, dtype=np.int64)
         trajectory = {"sample_id": ids, "policy_version": np.full(len(ids), version, dtype=np.int64)}
-        return trajectory, np.zeros((len(ids), 3, 2, 2), dtype=np.uint8)
+        return trajectory, np.zeros((len(ids), 3, 2, 2), dtype=np.uint8), {"samples": len(ids), "version": version}
 
     def score(self, sample_ids: Sequence[int], *image_parts: np.ndarray) -> dict[str, list]:
         return {"sample_ids": list(sample_ids), "scores": self.rng.random(len(sample_ids)).tolist()}

@@ -4,7 +4,8 @@ The driver (`schedule.driver`) decides; this class only interprets its tasks:
 
 | task      | calls (all `.remote`, never waited on here)                                      |
 |-----------|-----------------------------------------------------------------------------------|
-| GEN       | `generate(shard, version)` on each generator in the assignment (2 returns)        |
+| GEN       | `generate(shard, version)` on each generator in the assignment (3 returns; only the  |
+|           | third, a few facts, is fetched)                                                   |
 | TAG_GEN   | the same method on trainer workers (their current, not yet stepped weights)       |
 | SCORE     | `score(sample_ids, *image_refs)` on the generator(s) named by the task            |
 | UPDATE    | `update(sample_ids, advantages, denominator, tsp, version, max_share, *traj_refs)`|
@@ -266,13 +267,14 @@ class RayExecutor:
             if not samples:
                 continue
             shard = batch.select_idxs(np.asarray(samples, dtype=np.int64))
-            traj_ref, img_ref = self.workers[worker].generate.options(num_returns=2).remote(
+            traj_ref, img_ref, facts_ref = self.workers[worker].generate.options(num_returns=3).remote(
                 shard, list(samples), task.version)
             for s in samples:
                 self._trajectories[(task.step, s)] = traj_ref
                 self._images[(task.step, s)] = img_ref
-            f.add(traj_ref, worker, result=False)
-            f.add(img_ref, worker)
+            # the three returns of one call are ready together (or fail together): wait on and fetch only the small
+            # facts, so neither trajectories nor decoded samples ever travel to this process
+            f.add(facts_ref, worker)
         return f
 
     def _refs_for(self, store: dict, step: int, samples) -> list:

@@ -15,7 +15,8 @@ TrainerWorker` with its reward built up front. The runtime calls these methods o
 (`actor.method.remote`) as the schedule dictates; worker-group-wide methods (`join`, `checksum`, ...) use verl's
 `@register` dispatch.
 
-DataProto keys produced by `generate` (B samples, K trained steps, latent shape L):
+DataProto keys produced by `generate` (B samples, K trained steps, latent shape L; its third return is a small dict
+of facts, the only part the driver fetches):
 
 | key | dtype / shape | meaning |
 |---|---|---|
@@ -117,8 +118,12 @@ class GenerationMixin:
         """The policy version held (never a collective, unlike `checksum`)."""
         return self.version
 
-    def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto]:
-        """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`."""
+    def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto, dict]:
+        """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`.
+
+        Three returns: the trajectories (for UPDATE), the decoded samples (for SCORE) and a few facts (`samples`,
+        `version`), the only one the driver reads: the data stays in Ray's object store until a later task reads it.
+        """
         check_generation_version(self, version)
         t0 = time.perf_counter()
         nt = shard.non_tensor_batch
@@ -130,9 +135,10 @@ class GenerationMixin:
             raise RuntimeError(f"the {self.policy_spec.engine.name} engine of {type(self).__name__} rank {self.rank} "
                                f"sampled with versions {got}, the schedule asked for {version}")
         cfg = self.policy_spec.rollout
-        batches = generation_batches(out.tensors, out.images, shard, sample_ids, cfg.sde_type, float(cfg.noise_level))
+        trajectories, images = generation_batches(out.tensors, out.images, shard, sample_ids, cfg.sde_type,
+                                                  float(cfg.noise_level))
         self.busy_s += time.perf_counter() - t0
-        return batches
+        return trajectories, images, {"samples": len(sample_ids), "version": version}
 
 
 class SamplingMixin(GenerationMixin):

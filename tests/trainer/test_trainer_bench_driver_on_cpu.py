@@ -11,6 +11,9 @@ import pytest
 from digenrl_verl.bench import BENCHMARKS
 from digenrl_verl.bench import driver as bench_driver
 from digenrl_verl.bench.noop_workers import NoopWorker, StepBatch
+from digenrl_verl.diffusion.advantages import AdvantageConfig
+from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig, TagConfig
+from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.workers.roles import GeneratorWorker, TrainerWorker
 
 # the methods RayExecutor calls on each role's actors (trainer: TAG generates, scores when no generator is left)
@@ -65,3 +68,40 @@ def test_driver_bench_json_shape_and_time_accounting(ray_session, capsys):
         parts = [r[k] for k in bench_driver.TIME_KEYS]
         assert min(parts) >= 0 and sum(parts) == pytest.approx(r["wall_s"], rel=1e-6)
         assert set(r["shares"]) == set(bench_driver.TIME_KEYS)
+
+
+@pytest.mark.slow  # starts no-op actors on the session's Ray instance
+def test_the_executor_fetches_no_trajectory_or_decoded_sample(ray_session):
+    """Data never passes through the driver process: over a whole step (GEN, SCORE, UPDATE, OPT_STEP, SYNC) the
+    executor's `ray.get` sees only small results (a GEN's third return, rewards, losses, versions), never a ref it
+    keeps for a later task's inputs (trajectories, decoded samples)."""
+    import ray
+
+    fetched: list = []
+    kept: set = set()
+
+    class Recording(bench_driver.NumpyAdvantagesExecutor):
+        def _get(self, refs: list) -> list:
+            kept.update(self._trajectories.values())
+            kept.update(self._images.values())
+            fetched.extend(refs)
+            return super()._get(refs)
+
+    shape = bench_driver.shape_of(4, 2)
+    remote = ray.remote(NoopWorker).options(num_cpus=0)
+    workers = {f"gen:{i}": remote.remote(i) for i in range(shape["generators"])}
+    workers.update({f"trn:{i}": remote.remote(1000 + i) for i in range(shape["trainers"])})
+    try:
+        config = ScheduleConfig(mode="disaggregated", tag=TagConfig(policy="off"), num_steps=1, n=2,
+                                prompts_per_step=shape["prompts_per_step"],
+                                pools={"gen": PoolSpec(shape["generators"]), "trn": PoolSpec(shape["trainers"])})
+        batch = StepBatch.of(config.prompts_per_step, 2)
+        executor = Recording(workers, lambda step: batch, AdvantageConfig(global_std=False), loss_rows_per_sample=1)
+        Driver(config, executor).run()
+    finally:
+        for w in workers.values():
+            ray.kill(w)
+    assert fetched and kept, "the step generated nothing"
+    assert not kept & set(fetched), "trajectories or decoded samples were fetched into the driver"
+    gen_facts = [v for v in ray.get(fetched) if isinstance(v, dict) and set(v) == {"samples", "version"}]
+    assert sum(v["samples"] for v in gen_facts) == config.prompts_per_step * 2

@@ -14,9 +14,10 @@ digenrl_verl does not implement, so that tests can show both halves of the contr
   appended as well it runs one real step on CPU with a tiny model directory.
 
 `blockers` are of two kinds: what cannot run here (the reward model's Hugging Face id, not in the local cache; verl-omni's
-v1 trainer selection, validation runs, the vLLM-Omni backend on a machine without CUDA), and batch layouts our
-schedule cannot express (a micro-batch smaller than one prompt group's share per trainer rank). Their
-``ppo_mini_batch_size`` at half the batch (two optimizer steps per global step) is run as they set it.
+v1 trainer selection; the vLLM-Omni backend on a machine without CUDA, a real run's blocker only: a dry run plans it
+for the cluster and says so), and batch layouts our schedule cannot express (a micro-batch smaller than one prompt
+group's share per trainer rank). Their ``ppo_mini_batch_size`` at half the batch (two optimizer steps per global step)
+and their validation settings (``trainer.test_freq``, ``rollout.val_kwargs``) are run as they set them.
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, get_reward, reward_n
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
 from digenrl_verl.rewards.vlm_judge import (
-    JUDGE_BACKENDS, JUDGE_FUNCTION, JUDGE_REWARD, KEY_BACKEND, KEY_ENABLE, KEY_MODEL_PATH, KEY_POOL, VLLM_INSTALL_HINT,
-    JudgeConfig, JudgePool, is_judge_function, judge_backend_unavailable, judge_family, resolve_judge_path,
+    JUDGE_BACKENDS, JUDGE_FUNCTION, JUDGE_REWARD, KEY_BACKEND, KEY_ENABLE, KEY_MODEL_PATH, KEY_POOL, KEY_TP,
+    VLLM_INSTALL_HINT, JudgeConfig, JudgePoolSpec, is_judge_function, judge_backend_unavailable, judge_family,
+    resolve_judge_path,
 )
 from digenrl_verl.workers.sharding import STRATEGIES, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
@@ -644,13 +645,24 @@ def _changed(keys: RecipeKeys, names: tuple[str, ...]) -> list[str]:
 
 def _check_cpu_workers(digenrl: DigenRLConfig, source: str, fix: str) -> None:
     pools = [digenrl.pools[r] for r in digenrl.roles]
-    if any(p.use_gpu for p in pools):
-        return
+    if not any(p.use_gpu for p in pools):
+        _check_cpu_processes(sum(p.size for p in pools), source, fix)
+
+
+def _check_cpu_processes(total: int, source: str, fix: str) -> None:
+    """At most max(4 x cores, 8) CPU worker processes on this machine (more would thrash it)."""
     limit = max(4 * (os.cpu_count() or 1), 8)
-    total = sum(p.size for p in pools)
     if total > limit:
         raise ValueError(f"{source}: {total} CPU worker processes on a machine with {os.cpu_count()} cores (limit "
                          f"{limit}); {fix}")
+
+
+def _plan_for_cluster(keys: RecipeKeys, setting: str, what: str, why: str) -> None:
+    """A dry run with a backend this machine cannot run (`why`): planned for the cluster, warned, a decision line."""
+    note = (f"{setting}: this machine cannot run {what} ({why}); the dry run plans for the cluster, a real run here "
+            "stops before any worker starts")
+    keys.decide(note)
+    warnings.warn(note, UserWarning, stacklevel=4)
 
 
 @dataclass(frozen=True)
@@ -777,10 +789,7 @@ def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
     entry = ENGINES.entry(name)  # ValueError naming the key and the valid names
     why = entry.unavailable_reason() if digenrl.dry_run else None
     if why is not None:  # a dry run plans for the cluster; a real run is refused below, before any worker starts
-        note = (f"{A}.rollout.name={name}: this machine cannot run {entry.title or name} ({why}); the dry run plans "
-                "for the cluster, a real run here stops before any worker starts")
-        keys.decide(note)
-        warnings.warn(note, UserWarning, stacklevel=3)
+        _plan_for_cluster(keys, f"{A}.rollout.name={name}", entry.title or name, why)
     return RolloutEngineSpec(  # validates rollout.name, and (but for a dry run) that the backend can run here
         name=name, dtype=str(keys(f"{A}.rollout.dtype", "bfloat16")),
         engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni", {}) or {}), runs_here=why is None)
@@ -942,15 +951,16 @@ _RM = "reward.reward_model"
 #: `reward.reward_model.rollout.*` keys that set the vLLM judge's engine (`rewards.judge_vllm.engine_kwargs`)
 JUDGE_ENGINE_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager", "dtype", "max_model_len",
                      "max_num_seqs", "max_num_batched_tokens", "prompt_length", "response_length")
-JUDGE_SERVING_KEYS = (KEY_BACKEND, KEY_POOL, f"{_RM}.n_gpus_per_node", f"{_RM}.nnodes",
-                      *(f"{_RM}.rollout.{k}" for k in JUDGE_ENGINE_KEYS))
+#: the keys that size the judge's own pool (`enable_resource_pool=True` only)
+JUDGE_POOL_KEYS = (f"{_RM}.n_gpus_per_node", f"{_RM}.nnodes")
+JUDGE_SERVING_KEYS = (KEY_BACKEND, KEY_POOL, *JUDGE_POOL_KEYS, *(f"{_RM}.rollout.{k}" for k in JUDGE_ENGINE_KEYS))
 
 
-def build_judge(keys: RecipeKeys) -> JudgeConfig | None:
+def build_judge(keys: RecipeKeys, digenrl: DigenRLConfig) -> JudgeConfig | None:
     """`reward.reward_model.*` → the VLM judge (None when disabled): the model path resolved now (a local directory
     or a cached Hugging Face id) and its family checked, so a bad path fails before any worker starts; the backend
     (`rollout.name`: vllm, or null = transformers) and its engine settings; with `enable_resource_pool=True` its own
-    pool of `n_gpus_per_node` x `nnodes` devices (`JudgePool`)."""
+    pool of `n_gpus_per_node` x `nnodes` devices (`JudgePoolSpec`), its processes counted with the worker pools'."""
     enable = bool(keys(KEY_ENABLE, False))
     path = keys(KEY_MODEL_PATH)
     serving = {key: keys(key) for key in JUDGE_SERVING_KEYS}
@@ -961,61 +971,86 @@ def build_judge(keys: RecipeKeys) -> JudgeConfig | None:
     resolved = resolve_judge_path(path)
     family = judge_family(resolved)
     use_gpu = DEVICES.get(keys("trainer.device", "cpu")) == "cuda"
-    backend = _judge_backend(keys, serving[KEY_BACKEND], use_gpu)
-    engine = _judge_engine(keys, serving) if backend == "vllm" else {}
-    if serving[KEY_BACKEND] in (None, "transformers"):
-        for key in _changed(keys, tuple(f"{_RM}.rollout.{k}" for k in JUDGE_ENGINE_KEYS)):
-            warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_BACKEND}={serving[KEY_BACKEND]}: the "
-                          "transformers judge holds one whole model per replica (vLLM engine settings apply to "
-                          f"{KEY_BACKEND}=vllm)", UserWarning, stacklevel=3)
+    backend = _judge_backend(keys, serving[KEY_BACKEND], use_gpu, digenrl.dry_run)
+    engine = _judge_engine(serving) if backend == "vllm" else {}
+    _warn_unused_judge_keys(keys, serving, backend)
     pool = None
     if serving[KEY_POOL]:
-        pool = JudgePool(nnodes=serving[f"{_RM}.nnodes"], per_node=serving[f"{_RM}.n_gpus_per_node"], use_gpu=use_gpu,
-                         devices_per_replica=engine.get("tensor_parallel_size", 1) if use_gpu else 1)
-        _check_judge_processes(pool)
+        pool = JudgePoolSpec(nnodes=serving[f"{_RM}.nnodes"], per_node=serving[f"{_RM}.n_gpus_per_node"],
+                             use_gpu=use_gpu, devices_per_replica=engine.get("tensor_parallel_size", 1) if use_gpu else 1)
+        _check_judge_processes(pool, digenrl)
     judge = JudgeConfig(model_path=resolved, backend=backend, pool=pool, **engine).with_env_overrides()
     if pool is not None:
-        keys.decide(f"reward pool ({KEY_POOL}=True): {pool.describe()}, from {_RM}.n_gpus_per_node={pool.per_node} x "
-                    f"{_RM}.nnodes={pool.nnodes} on trainer.device={keys.peek('trainer.device')}; the scoring workers "
-                    "send the decoded images to the judge replicas actor-to-actor (SCORE stays on the generators)")
+        keys.decide(_pool_note(keys, pool))
     where = "in its own Ray pool (the reward pool)" if pool is not None else \
         "in-process in each scoring worker (the generators)"
     how = (f"vLLM (tensor_parallel_size {judge.tensor_parallel_size}, gpu_memory_utilization "
-           f"{judge.gpu_memory_utilization}, dtype {judge.dtype}, max_model_len {judge.max_model_len})"
+           f"{judge.gpu_memory_utilization}{'' if pool is not None else ' of the GPU that holds the diffusion model'}"
+           f", dtype {judge.dtype}, max_model_len {judge.max_model_len})"
            if backend == "vllm" else f"transformers generate ({judge.micro_batch_size} images per call)")
     keys.decide(f"{KEY_MODEL_PATH}={path!r}: a {family} judge ({resolved}) {where}, served by {how}; temperature "
                 f"{judge.temperature}, top_p {judge.top_p}, at most {judge.max_new_tokens} new tokens")
     return judge
 
 
-def _judge_backend(keys: RecipeKeys, name: Any, use_gpu: bool) -> str:
-    """`reward.reward_model.rollout.name` → the judge backend. vllm where it cannot run: on trainer.device=cpu the
-    transformers backend instead (warned, in the plan); on cuda a ValueError naming the key and the fix (a dry run
-    plans for the cluster: a decision)."""
+def _warn_unused_judge_keys(keys: RecipeKeys, serving: dict[str, Any], backend: str) -> None:
+    """Warn by name about the changed serving keys that the chosen serving does not use: the pool's size without
+    the pool, vLLM's engine settings with the transformers judge (chosen, or fallen back to)."""
+    if not serving[KEY_POOL]:
+        for key in _changed(keys, JUDGE_POOL_KEYS):
+            warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_POOL}=false: the judge runs in each "
+                          f"scoring worker (set {KEY_POOL}=true to give it a pool of this size)", UserWarning,
+                          stacklevel=4)
+    if backend != "vllm":
+        fallback = " (fallen back to transformers)" if serving[KEY_BACKEND] == "vllm" else ""
+        for key in _changed(keys, tuple(f"{_RM}.rollout.{k}" for k in JUDGE_ENGINE_KEYS)):
+            warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_BACKEND}={serving[KEY_BACKEND]}"
+                          f"{fallback}: the transformers judge holds one whole model per replica (vLLM engine "
+                          f"settings apply to {KEY_BACKEND}=vllm)", UserWarning, stacklevel=4)
+
+
+def _pool_note(keys: RecipeKeys, pool: JudgePoolSpec) -> str:
+    """The plan's reward-pool line; on CPU it says how many copies of the judge model that is."""
+    note = (f"reward pool ({KEY_POOL}=True): {pool.describe()}, from {_RM}.n_gpus_per_node={pool.per_node} x "
+            f"{_RM}.nnodes={pool.nnodes} on trainer.device={keys.peek('trainer.device')}; the scoring workers send the "
+            "decoded images to the judge replicas actor-to-actor (SCORE stays on the generators)")
+    if not pool.use_gpu:
+        default = "" if _changed(keys, (f"{_RM}.n_gpus_per_node",)) else \
+            f" ({_RM}.n_gpus_per_node={pool.per_node} is the default)"
+        note += (f"; on CPU each replica is a whole copy of the judge model in its own process: {pool.replicas} "
+                 f"copies in memory{default}; lower {_RM}.n_gpus_per_node for fewer")
+    return note
+
+
+def _judge_backend(keys: RecipeKeys, name: Any, use_gpu: bool, dry_run: bool) -> str:
+    """`reward.reward_model.rollout.name` → the judge backend. vllm on trainer.device=cpu: the transformers backend
+    instead, whatever is installed (warned, in the plan); on cuda where vLLM cannot run: a ValueError naming the key
+    and the fix (a dry run plans for the cluster: a decision)."""
     backend = "transformers" if name is None else str(name)
     if backend not in JUDGE_BACKENDS:
         raise ValueError(f"unknown {KEY_BACKEND}={backend!r}; valid: {list(JUDGE_BACKENDS)} (null: transformers; "
                          "verl-omni's recipes serve the judge with vllm)")
-    why = judge_backend_unavailable(backend)
-    if why is None:
+    if backend != "vllm":
         return backend
     if not use_gpu:
-        note = (f"{KEY_BACKEND}=vllm -> transformers: {why}, and trainer.device=cpu; the judge runs with transformers' "
+        why = judge_backend_unavailable(backend) or "vLLM judges on CUDA only"
+        note = (f"{KEY_BACKEND}=vllm -> transformers: trainer.device=cpu ({why}); the judge runs with transformers' "
                 f"generate instead (same checkpoint, chat, sampling and score; one whole model per replica, so "
-                f"{_RM}.rollout.tensor_model_parallel_size and vLLM's memory settings are not used). Fix: "
-                f"{VLLM_INSTALL_HINT} with trainer.device=cuda, or set {KEY_BACKEND}=transformers to choose it")
+                f"{KEY_TP} and vLLM's memory settings are not used). Fix: trainer.device=cuda ({VLLM_INSTALL_HINT}), "
+                f"or set {KEY_BACKEND}=transformers to choose it")
         warnings.warn(note, UserWarning, stacklevel=4)
         keys.decide(note)
         return "transformers"
-    if not keys.peek("trainer.digenrl.dry_run"):
+    why = judge_backend_unavailable(backend)
+    if why is not None and not dry_run:
         raise ValueError(f"{KEY_BACKEND}=vllm cannot be used here: {why}. Fix: {VLLM_INSTALL_HINT}, or set "
                          f"{KEY_BACKEND}=transformers (transformers' generate, CPU or GPU)")
-    keys.decide(f"{KEY_BACKEND}=vllm: this machine cannot run it ({why}); the dry run plans for the cluster, a real "
-                "run here stops before any worker starts")
+    if why is not None:
+        _plan_for_cluster(keys, f"{KEY_BACKEND}=vllm", "vLLM", why)
     return backend
 
 
-def _judge_engine(keys: RecipeKeys, serving: dict[str, Any]) -> dict[str, Any]:
+def _judge_engine(serving: dict[str, Any]) -> dict[str, Any]:
     """The vLLM judge's engine settings (`JudgeConfig` fields) from `reward.reward_model.rollout.*`; max_model_len
     null is prompt_length + response_length, as verl's vLLM server sizes it."""
     def rollout(name: str) -> Any:
@@ -1027,21 +1062,25 @@ def _judge_engine(keys: RecipeKeys, serving: dict[str, Any]) -> dict[str, Any]:
     dtype = str(rollout("dtype") or "bfloat16")
     if dtype not in DTYPES:
         raise ValueError(f"{_RM}.rollout.dtype={dtype!r}; valid: {sorted(DTYPES)}")
-    return {"tensor_parallel_size": _count(f"{_RM}.rollout.tensor_model_parallel_size",
-                                           rollout("tensor_model_parallel_size"), low=1),
-            "gpu_memory_utilization": float(rollout("gpu_memory_utilization")),
-            "enforce_eager": bool(rollout("enforce_eager")), "dtype": DTYPES[dtype], "max_model_len": max_len,
-            "max_num_seqs": rollout("max_num_seqs"), "max_num_batched_tokens": rollout("max_num_batched_tokens")}
+    memory = rollout("gpu_memory_utilization")
+    if isinstance(memory, bool) or not isinstance(memory, (int, float)):
+        raise ValueError(f"{_RM}.rollout.gpu_memory_utilization={memory!r} must be a number in (0, 1]: the share of "
+                         "each of its GPUs that the vLLM judge takes (verl's default 0.5)")
+    counts = {name: None if rollout(name) is None else _count(f"{_RM}.rollout.{name}", rollout(name), low=1)
+              for name in ("max_num_seqs", "max_num_batched_tokens")}
+    return {"tensor_parallel_size": _count(KEY_TP, serving[KEY_TP], low=1), "gpu_memory_utilization": float(memory),
+            "enforce_eager": bool(rollout("enforce_eager")), "dtype": DTYPES[dtype], "max_model_len": max_len, **counts}
 
 
-def _check_judge_processes(pool: JudgePool) -> None:
+def _check_judge_processes(pool: JudgePoolSpec, digenrl: DigenRLConfig) -> None:
+    """A CPU reward pool's processes count with the CPU worker pools' against one limit (`_check_cpu_processes`)."""
     if pool.use_gpu:
         return
-    limit = max(4 * (os.cpu_count() or 1), 8)
-    if pool.replicas > limit:
-        raise ValueError(f"{KEY_POOL}=True on trainer.device=cpu: {_RM}.n_gpus_per_node={pool.per_node} x {_RM}."
-                         f"nnodes={pool.nnodes} = {pool.replicas} judge processes on a machine with {os.cpu_count()} "
-                         f"cores (limit {limit}); lower {_RM}.n_gpus_per_node, or set trainer.device=cuda")
+    workers = sum(digenrl.pools[r].size for r in digenrl.roles if not digenrl.pools[r].use_gpu)
+    _check_cpu_processes(workers + pool.replicas,
+                         f"{KEY_POOL}=True on trainer.device=cpu: {_RM}.n_gpus_per_node={pool.per_node} x {_RM}.nnodes="
+                         f"{pool.nnodes} = {pool.replicas} judge processes + {workers} of the worker pools",
+                         f"lower {_RM}.n_gpus_per_node, or set trainer.device=cuda")
 
 
 def _function_entries(functions: dict) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
@@ -1074,10 +1113,11 @@ def _judge_note(where: str, function: str) -> str:
             "(same instruction, sampling and Levenshtein score; the file is not loaded)")
 
 
-def build_reward(keys: RecipeKeys) -> RewardConfig:
+def build_reward(keys: RecipeKeys, digenrl: DigenRLConfig) -> RewardConfig:
+    """`reward.*` → the run's reward; `digenrl`: the section with its pools (the judge's process count, dry run)."""
     custom = keys.section("reward.custom_reward_function", ("path", "name"))
     functions = keys(_RF)
-    judge = build_judge(keys)
+    judge = build_judge(keys, digenrl)
     files: dict[str, tuple[str, str]] = {}
     if functions is not None:
         functions, files = _function_entries(functions)

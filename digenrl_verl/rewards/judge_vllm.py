@@ -25,9 +25,11 @@ IMAGES_PER_PROMPT = 1
 
 
 def engine_kwargs(cfg: JudgeConfig) -> dict[str, Any]:
-    """The `vllm.LLM(...)` arguments of the judge (`reward.reward_model.rollout.*`). A replica with tensor
-    parallelism > 1 runs its ranks as local processes ("mp") on the GPUs its Ray actor holds (`workers.judge`
-    reserves them in one placement bundle), not as Ray workers of its own."""
+    """The `vllm.LLM(...)` arguments of the judge (`reward.reward_model.rollout.*`). Tensor parallelism > 1 exists
+    only in the judge's own pool (`reward.reward_model.enable_resource_pool=True`; `JudgeConfig` refuses it for an
+    in-process judge, which has its scoring worker's one device): a replica runs its ranks as local processes ("mp")
+    on the GPUs its Ray actor holds (`workers.judge.JudgePool` reserves them in one placement bundle), not as Ray
+    workers of its own."""
     kwargs: dict[str, Any] = {
         "model": cfg.model_path, "tokenizer": cfg.model_path, "dtype": cfg.dtype,
         "tensor_parallel_size": cfg.tensor_parallel_size, "gpu_memory_utilization": cfg.gpu_memory_utilization,
@@ -61,6 +63,8 @@ class VllmJudge:
     """The judge as a vLLM engine in this process (CUDA): transcribes images with `LLM.generate`."""
 
     def __init__(self, cfg: JudgeConfig) -> None:
+        # imported when a judge is built, not with the module: `rewards` imports this module in every process
+        # (driver, all workers), and vLLM (CUDA only) and transformers take seconds to import
         from transformers import AutoConfig
         from vllm import LLM, SamplingParams
 

@@ -10,8 +10,8 @@ it against the ground truth with a normalised Levenshtein distance.
 Here the judge is a backend behind one interface (`JudgeBackend.transcribe`: PIL images in, answers out), chosen
 by `reward.reward_model.rollout.name` (`JudgeConfig.backend`): `transformers` (`TransformersJudge`, transformers'
 `generate`, CPU or GPU) or `vllm` (`rewards.judge_vllm.VllmJudge`, `vllm.LLM`, CUDA only). Where it runs is
-`JudgeConfig.pool`: None = in-process in each worker that scores (the generators); a `JudgePool` = its own Ray pool
-(`workers.judge`), which the scoring workers reach through `workers.judge.RemoteJudge`, a backend too.
+`JudgeConfig.pool`: None = in-process in each worker that scores (the generators); a `JudgePoolSpec` = its own Ray
+pool (`workers.judge.JudgePool`), which the scoring workers reach through `workers.judge.RemoteJudge`, a backend too.
 
 What is kept from verl-omni's recipe: the chat (system "You are a helpful assistant.", user = image + instruction),
 the sampling (temperature 0.7, top-p 0.8, no top-k, at most 4096 new tokens, no seed; the same
@@ -106,7 +106,7 @@ def judge_family(path: str) -> str:
 
 
 @dataclass(frozen=True)
-class JudgePool:
+class JudgePoolSpec:
     """The judge's own Ray pool (`reward.reward_model.enable_resource_pool=True`), verl-omni's `reward_pool`.
 
     `nnodes` x `per_node` devices (GPUs, or CPU worker processes with `use_gpu=False`); each replica of the judge
@@ -186,7 +186,7 @@ class JudgeConfig:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    pool: JudgePool | None = None
+    pool: JudgePoolSpec | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in JUDGE_BACKENDS:
@@ -202,6 +202,10 @@ class JudgeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"reward.reward_model.rollout.{name}={value} must be >= 1 or null")
+        if self.backend == "vllm" and self.pool is None and self.tensor_parallel_size != 1:
+            raise ValueError(f"{KEY_TP}={self.tensor_parallel_size} with {KEY_POOL}=false: the vLLM judge would run "
+                             "in each scoring worker, on that worker's one device; set it to 1, or set "
+                             f"{KEY_POOL}=true (the reward pool gives each replica {self.tensor_parallel_size} GPUs)")
         if self.pool is not None and self.pool.devices_per_replica != (
                 self.tensor_parallel_size if self.pool.use_gpu else 1):
             raise ValueError(f"JudgeConfig: a replica of the pool takes {self.pool.devices_per_replica} device(s), "

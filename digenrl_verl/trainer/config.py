@@ -156,7 +156,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     policy = build_policy(keys, digenrl, path=model.path, algorithm=model.algorithm, start_version=start_step)
     shape = build_shape(keys, digenrl)
     train = build_train(keys, digenrl, policy, shape.n)
-    reward = build_reward(keys)
+    reward = build_reward(keys, digenrl)
     advantage = build_advantage(keys, digenrl)
     checkpoint = build_checkpoint(keys)
     data = build_data(keys)

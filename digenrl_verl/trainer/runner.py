@@ -217,7 +217,7 @@ class DigenRLTrainer:
                                        custom_resource=d.pools[r].custom_resource,
                                        gpu_fraction=d.pools[r].gpu_fraction) for r in d.roles}
         self.pool_manager = manager = PoolManager(specs, {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles})
-        self.start_judge_pool()
+        self.start_judge_pool(tuple(specs.values()))
         for role in d.roles:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
             wg = make_worker_group(manager.pool_for("trainer" if role == "colocated" else role, role), cls,
@@ -248,13 +248,14 @@ class DigenRLTrainer:
         self.mark("joined")
         self.worker_startup = dict(zip(timing_refs, ray.get(list(timing_refs.values()))))
 
-    def start_judge_pool(self) -> None:
+    def start_judge_pool(self, worker_pools: tuple[PoolSpec, ...] = ()) -> None:
         """`reward.reward_model.enable_resource_pool=True`: place the judge's own pool and start its replicas before
-        the scoring workers, which get their handles (`worker_args`)."""
+        the scoring workers, which get their handles (`worker_args`); `worker_pools`, placed next, are counted in
+        its fail-fast check (an error then names the reward pool's keys)."""
         judge = self.run.reward.reward_model
         if judge is not None and judge.pool is not None:
             self.judge_pool = JudgePool(judge, f"reward_pool_{self.run_id}_", self.run.digenrl.torch_threads)
-            self.judge_pool.start()
+            self.judge_pool.start(worker_pools)
 
     # ---------------------------------------------------------------------------------- schedule
     def make_executor(self):
@@ -709,11 +710,14 @@ class DigenRLTrainer:
             ray.kill(w)
         for start in self.supervisor.starting.values() if self.supervisor is not None else ():
             ray.kill(start.actor)  # still starting (e.g. waiting for room on a lost node)
-        self.release_own_pools()
-        if self.judge_pool is not None:
-            self.judge_pool.release()
-        self.worker_groups.clear()
-        self.workers.clear()
-        manager = self.pool_manager
-        if manager is not None:
-            manager.release()
+        try:  # each release runs even when one before it raised: no placement group keeps its resources
+            self.release_own_pools()
+        finally:
+            try:
+                if self.judge_pool is not None:
+                    self.judge_pool.release()
+            finally:
+                self.worker_groups.clear()
+                self.workers.clear()
+                if self.pool_manager is not None:
+                    self.pool_manager.release()

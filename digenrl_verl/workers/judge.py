@@ -2,12 +2,15 @@
 
 verl-omni declares `reward_pool = [reward_model.n_gpus_per_node] * reward_model.nnodes` next to its training pool
 and starts `world_size // tensor_model_parallel_size` vLLM replicas of the reward model there; its reward function
-reaches them over HTTP. Here `JudgePool` places one `JudgeWorker` Ray actor per replica (`rewards.vlm_judge.JudgePool`
-sizes them): a placement group per node with one bundle per replica (1 CPU, and the replica's GPUs on a GPU pool),
-STRICT_PACK like the other pools, each actor holding the backend `reward.reward_model.rollout.name` names
-(transformers or vLLM). The scoring workers (generators; trainers and colocated workers where they score) get the
-actor handles and judge through `RemoteJudge`, a judge backend that sends the decoded images actor-to-actor and
-waits for the answers; the schedule does not change (SCORE still runs on the generators).
+reaches them over HTTP. Here `JudgePool` places one `JudgeWorker` Ray actor per replica
+(`rewards.vlm_judge.JudgePoolSpec` sizes them): a placement group per node with one bundle per replica (1 CPU, and
+the replica's GPUs on a GPU pool), STRICT_PACK like the other pools, placed before any actor starts (waited for,
+bounded), each actor holding the backend `reward.reward_model.rollout.name` names (transformers or vLLM). The
+scoring workers (generators; trainers and colocated workers where they score) get the actor handles and judge
+through `RemoteJudge`, a judge backend that sends the decoded images actor-to-actor and waits for the answers; the
+schedule does not change (SCORE still runs on the generators). A judge replica that died fails the scoring task with
+a RuntimeError naming the replica and the reward pool, never a Ray actor error: the executor reads an actor error in
+a task's result as the death of the worker that ran the task.
 """
 
 from __future__ import annotations
@@ -17,10 +20,19 @@ from typing import Any, Sequence
 
 import ray
 import torch
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from digenrl_verl.rewards.vlm_judge import JudgeConfig, make_judge_backend
+from digenrl_verl.rewards.vlm_judge import KEY_POOL, JudgeConfig, make_judge_backend
+from digenrl_verl.workers.pools import PoolSpec, missing_resources, pool_needs
+
+#: seconds `JudgePool.start` waits for the reward pool's placement groups to be placed
+PLACE_TIMEOUT_S = 120.0
+#: seconds `JudgePool.wait_ready` waits, by default, for every replica to load its model
+READY_TIMEOUT_S = 600.0
+#: the keys that size the reward pool, for its errors
+SIZE_KEYS = "reward.reward_model.n_gpus_per_node / reward.reward_model.nnodes"
 
 
 class JudgeWorker:
@@ -68,7 +80,17 @@ class RemoteJudge:
         order = [self.actors[(self.next + i) % len(self.actors)] for i in range(k)]
         self.next = (self.next + 1) % len(self.actors)
         refs = [actor.transcribe.remote(images[a:b]) for actor, a, b in zip(order, bounds, bounds[1:])]
-        return [answer for part in ray.get(refs) for answer in part]
+        parts = []
+        for actor, ref in zip(order, refs):
+            try:
+                parts.append(ray.get(ref))
+            except RayActorError as err:  # the replica died, not this scoring worker (which the executor would drop)
+                cause = " ".join([type(err).__name__, *str(err).splitlines()[:1]])
+                raise RuntimeError(f"judge replica {self.actors.index(actor)} of {len(self.actors)} (reward pool, "
+                                   f"{KEY_POOL}=True) died ({cause}); the scoring worker is alive. Judge replicas are "
+                                   f"not restarted: restart the run, or set {KEY_POOL}=false (the judge then runs in "
+                                   "each scoring worker)") from None
+        return [answer for part in parts for answer in part]
 
 
 class JudgePool:
@@ -83,28 +105,46 @@ class JudgePool:
         self.placement_groups: list[Any] = []
         self.actors: list[Any] = []
 
-    def check_placeable(self) -> None:
-        """Fail fast, naming the keys, when the Ray cluster cannot hold the pool now (placement would wait)."""
+    def check_placeable(self, others: Sequence[PoolSpec] = ()) -> None:
+        """Fail fast, naming the keys, when the Ray cluster cannot hold the pool now (placement would wait): the
+        reward pool and the worker pools still to be placed (`others`) against what is available, and one node's
+        resources for each of the pool's STRICT_PACK placement groups (one per node)."""
         pool = self.cfg.pool
-        have = ray.available_resources()
-        for resource, amount in pool.bundle().items():
-            need = amount * pool.replicas
-            if have.get(resource, 0.0) < need:
-                raise ValueError(f"reward.reward_model.enable_resource_pool=True: the Ray cluster has "
-                                 f"{have.get(resource, 0.0):g} {resource} left, the reward pool needs {need:g} "
-                                 f"({pool.describe()}); lower reward.reward_model.n_gpus_per_node / nnodes, or set "
-                                 "enable_resource_pool=false (the judge then runs in each scoring worker)")
+        fix = (f"lower {SIZE_KEYS}, or set {KEY_POOL}=false (the judge then runs in each scoring worker)")
+        needs = {r: amount * pool.replicas for r, amount in pool.bundle().items()}
+        for other in others:
+            for r, amount in pool_needs(other).items():
+                needs[r] = needs.get(r, 0.0) + amount
+        workers = f" and the worker pools {sum(o.world_size for o in others)} process(es)" if others else ""
+        for resource, have, amount in missing_resources(needs):
+            raise ValueError(f"{KEY_POOL}=True: the Ray cluster has {have:g} {resource} left; the reward pool "
+                             f"({pool.describe()}){workers} need {amount:g}; {fix}")
+        group = {r: amount * pool.replicas_per_node for r, amount in pool.bundle().items()}
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        if not any(all(node.get(r, 0.0) >= amount for r, amount in group.items()) for node in nodes):
+            raise ValueError(f"{KEY_POOL}=True: a node of the reward pool needs {group} on one node (STRICT_PACK: "
+                             f"{pool.replicas_per_node} replica(s) of {pool.bundle()}), no node of the Ray cluster "
+                             f"has that much; {fix}")
 
-    def start(self) -> list[Any]:
-        """Place the pool and start one judge actor per replica (not waited for: `wait_ready`); the actors."""
+    def start(self, others: Sequence[PoolSpec] = ()) -> list[Any]:
+        """Place the pool (waited for, `PLACE_TIMEOUT_S`: ValueError naming the sizing keys) and start one judge actor
+        per replica (not waited for: `wait_ready`); the actors. `others`: the worker pools placed after this one,
+        counted in the fail-fast check so that an error names the reward pool."""
         pool = self.cfg.pool
-        self.check_placeable()
+        self.check_placeable(others)
+        for node in range(pool.nnodes):
+            self.placement_groups.append(placement_group([pool.bundle() for _ in range(pool.replicas_per_node)],
+                                                         strategy="STRICT_PACK", name=f"{self.name}{node}"))
+        try:
+            ray.get([pg.ready() for pg in self.placement_groups], timeout=PLACE_TIMEOUT_S)
+        except GetTimeoutError:
+            self.release()  # the pending groups would take the resources once they free up
+            raise ValueError(f"{KEY_POOL}=True: the reward pool ({pool.describe()}) was not placed within "
+                             f"{PLACE_TIMEOUT_S:g} s (each node's group needs its replicas' resources on one node); "
+                             f"lower {SIZE_KEYS}, or set {KEY_POOL}=false") from None
         remote = ray.remote(JudgeWorker)
         gpus = float(pool.devices_per_replica) if pool.use_gpu else 0.0
-        for node in range(pool.nnodes):
-            pg = placement_group([pool.bundle() for _ in range(pool.replicas_per_node)], strategy="STRICT_PACK",
-                                 name=f"{self.name}{node}")
-            self.placement_groups.append(pg)
+        for node, pg in enumerate(self.placement_groups):
             for bundle in range(pool.replicas_per_node):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
                 self.actors.append(remote.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=strategy,
@@ -112,8 +152,8 @@ class JudgePool:
                                                                                              self.torch_threads))
         return self.actors
 
-    def wait_ready(self, timeout_s: float | None = None) -> list[str]:
-        """Block until every replica has loaded its model; their backends' class names."""
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
+        """Block until every replica has loaded its model (at most `timeout_s`); their backends' class names."""
         return ray.get([actor.ready.remote() for actor in self.actors], timeout=timeout_s)
 
     def stats(self) -> list[dict[str, Any]]:
@@ -121,8 +161,11 @@ class JudgePool:
 
     def release(self) -> None:
         """Stop the judge actors and give the pool's resources back."""
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        for pg in self.placement_groups:
-            remove_placement_group(pg)
+        actors, groups = self.actors, self.placement_groups
         self.actors, self.placement_groups = [], []
+        try:
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+        finally:  # the groups go back even if a kill raised
+            for pg in groups:
+                remove_placement_group(pg)

@@ -115,10 +115,14 @@ def check_placeable(spec: PoolSpec, role: str) -> None:
 
     Checked against what is still available, so pools already placed (their placement groups hold their
     resources) count against this one."""
-    import ray
+    for resource, have, amount in missing_resources(pool_needs(spec)):
+        raise ValueError(f"trainer.digenrl.pools.{role}: the Ray cluster has {have:g} of resource {resource!r} left, "
+                         f"the pool needs {amount:g}; start Ray with that resource (e.g. ray start "
+                         f"--resources='{{\"{resource}\": 1}}') or change the pool")
 
-    have = ray.available_resources()
-    key = f"trainer.digenrl.pools.{role}"
+
+def pool_needs(spec: PoolSpec) -> dict[str, float]:
+    """The Ray resources a pool's placement groups take, in all."""
     needs = {"CPU": float(spec.world_size)}
     if spec.use_gpu:
         needs["GPU"] = float(spec.world_size) * spec.gpu_fraction
@@ -126,11 +130,15 @@ def check_placeable(spec: PoolSpec, role: str) -> None:
             needs[f"accelerator_type:{spec.accelerator_type}"] = 1e-3
     if spec.custom_resource:
         needs[spec.custom_resource] = 1e-3 * spec.world_size
-    for resource, amount in needs.items():
-        if have.get(resource, 0.0) < amount:
-            raise ValueError(f"{key}: the Ray cluster has {have.get(resource, 0.0):g} of resource {resource!r} left, "
-                             f"the pool needs {amount:g}; start Ray with that resource (e.g. ray start "
-                             f"--resources='{{\"{resource}\": 1}}') or change the pool")
+    return needs
+
+
+def missing_resources(needs: Mapping[str, float]) -> list[tuple[str, float, float]]:
+    """(resource, available, needed) for each resource of `needs` the Ray cluster has not that much of left now."""
+    import ray
+
+    have = ray.available_resources()
+    return [(r, have.get(r, 0.0), amount) for r, amount in needs.items() if have.get(r, 0.0) < amount]
 
 
 def make_ray_pool(spec: PoolSpec):

@@ -29,7 +29,7 @@ from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 
 from digenrl_verl.rewards import judge_vllm as jv  # noqa: E402
 from digenrl_verl.rewards.tiny_judge import TINY_FAMILIES, build_tiny_judge_dir  # noqa: E402
-from digenrl_verl.rewards.vlm_judge import JudgeConfig, JudgePool  # noqa: E402
+from digenrl_verl.rewards.vlm_judge import JudgeConfig, JudgePoolSpec  # noqa: E402
 
 # the vLLM model module of each judge family (config.json model_type)
 VLLM_MODULES = {family: f"vllm.model_executor.models.{family}" for family in ("qwen2_5_vl", "qwen3_vl")}
@@ -44,7 +44,7 @@ def _full(path: str, **kw) -> JudgeConfig:
     """A vllm judge config with every optional engine setting given (so every keyword `engine_kwargs` can write)."""
     return JudgeConfig(path, backend="vllm", tensor_parallel_size=2, gpu_memory_utilization=0.6, enforce_eager=True,
                        dtype="bfloat16", max_model_len=4096, max_num_seqs=64, max_num_batched_tokens=8192, seed=3,
-                       pool=JudgePool(1, 2, use_gpu=True, devices_per_replica=2), **kw)
+                       pool=JudgePoolSpec(1, 2, use_gpu=True, devices_per_replica=2), **kw)
 
 
 def test_llm_arguments_are_llm_parameters_or_engine_args_fields(judge_dir):

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import warnings
 
 import pytest
 import ray
+from ray.exceptions import RayActorError
 
 from digenrl_verl.main import compose
 from digenrl_verl.models.tiny import build_tiny_model_dir
 from digenrl_verl.rewards.tiny_judge import build_tiny_judge_dir
 from digenrl_verl.trainer.config import build_run
+from digenrl_verl.trainer.ray_executor import _raises
 from digenrl_verl.trainer.runner import DigenRLTrainer
 from digenrl_verl.workers.judge import RemoteJudge
 
@@ -62,6 +65,7 @@ def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, monkeypat
         groups = ray.util.placement_group_table()
     finally:
         trainer.shutdown()
+    after = ray.util.placement_group_table()
     assert (kind, actors, holds_model) == ("RemoteJudge", 2, False)  # the generator holds no judge model
     assert [j["backend"] for j in judged] == ["TransformersJudge"] * 2
     assert sum(j["images"] for j in judged) == 4  # 2 prompts x n=2 decoded images, each judged once
@@ -69,6 +73,7 @@ def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, monkeypat
     pools = [g for g in groups.values() if g["name"].startswith(f"reward_pool_{trainer.run_id}_")]
     assert len(pools) == 1 and pools[0]["strategy"] == "STRICT_PACK" and len(pools[0]["bundles"]) == 2
     assert trainer.judge_pool.actors == [] and trainer.judge_pool.placement_groups == []  # released
+    assert after[pools[0]["placement_group_id"]]["state"] == "REMOVED"  # its resources went back to Ray
     assert summary["steps"] == 1 and summary["samples"] == 4
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [row for row in map(json.loads, lines) if "summary" not in row]
@@ -78,14 +83,16 @@ def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, monkeypat
 
 @ray.remote(num_cpus=0)
 class _Replica:
-    """A judge replica stand-in: answers `<tag>:<image>` and records what each call sent."""
+    """A judge replica stand-in: answers `<tag>:<image>` (after `delay_s`) and records what each call sent."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, delay_s: float = 0.0) -> None:
         self.tag = tag
+        self.delay_s = delay_s
         self.seen: list[list] = []
 
     def transcribe(self, images):
         self.seen.append(list(images))
+        time.sleep(self.delay_s)
         return [f"{self.tag}:{x}" for x in images]
 
     def calls(self):
@@ -100,3 +107,36 @@ def test_remote_judge_splits_each_call_over_every_replica_in_order(ray_session):
     assert [o.split(":")[0] for o in out] == ["b", "c", "c", "a", "a"]  # contiguous shares, from replica `first`
     assert judge.transcribe([7]) == ["c:7"] and judge.transcribe([]) == []  # the next call starts one further
     assert ray.get([r.calls.remote() for r in replicas]) == [[[3, 4]], [[0]], [[1, 2], [7]]]
+
+
+@ray.remote(num_cpus=0)
+class _Scorer:
+    """A scoring worker stand-in: judges through `RemoteJudge`, as a generator's SCORE task does."""
+
+    def __init__(self, replicas) -> None:
+        self.judge = RemoteJudge(replicas)
+
+    def score(self, images):
+        return self.judge.transcribe(images)
+
+    def alive(self) -> bool:
+        return True
+
+
+def test_a_judge_replica_killed_mid_call_fails_the_task_without_looking_like_a_dead_scoring_worker(ray_session):
+    """The executor takes a task whose result is a Ray actor error for the death of the worker that ran it
+    (`ray_executor._raises`); a dead judge replica must fail the score task with a plain error naming the reward
+    pool, not drop the live generator."""
+    replicas = [_Replica.remote("a"), _Replica.remote("b", delay_s=60.0)]
+    scorer = _Scorer.remote(replicas)
+    ref = scorer.score.remote([0, 1, 2, 3])  # [0, 1] to a, [2, 3] to b (busy for a minute)
+    deadline = time.monotonic() + 60
+    while not ray.get(replicas[0].calls.remote()) and time.monotonic() < deadline:  # a answered: the call is out
+        time.sleep(0.1)
+    ray.kill(replicas[1], no_restart=True)  # b dies holding its share
+    assert ray.wait([ref], timeout=60)[0] == [ref]
+    assert not _raises(ref, RayActorError)  # the executor would not report the generator dead
+    with pytest.raises(RuntimeError, match=r"judge replica 1 of 2 \(reward pool, reward\.reward_model\."
+                                           r"enable_resource_pool=True\) died \(.*\); the scoring worker is alive"):
+        ray.get(ref)
+    assert ray.get(scorer.alive.remote())

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from digenrl_verl.config.verl_omni import NO_EFFECT, UNSUPPORTED, RecipeKeys, build_reward, check_unsupported
+from digenrl_verl.config.verl_omni import (
+    NO_EFFECT, UNSUPPORTED, RecipeKeys, build_digenrl, build_layout, build_reward, check_unsupported,
+)
 from digenrl_verl.main import compose
 from digenrl_verl.rewards import JUDGE_REWARD, JudgeConfig, RewardConfig, VLMJudgeReward, build_reward as make_reward
 from digenrl_verl.rewards.ocr import levenshtein
@@ -149,8 +151,13 @@ def test_judge_config_checks_and_verl_omni_environment_overrides(tmp_path):
 
 # --- the verl-omni adapter: reward.reward_model.* ---------------------------------------------------------------
 
+def _build_reward(keys):
+    """The adapter's reward, with the run's pools as `build_run` gives them."""
+    return build_reward(keys, build_layout(keys, build_digenrl(keys)))
+
+
 def _reward(*overrides):
-    return build_reward(RecipeKeys(compose(list(overrides))))
+    return _build_reward(RecipeKeys(compose(list(overrides))))
 
 
 def test_verl_omni_ocr_recipe_keys_build_the_judge(judge_dir, monkeypatch):
@@ -161,7 +168,7 @@ def test_verl_omni_ocr_recipe_keys_build_the_judge(judge_dir, monkeypatch):
         f"reward.custom_reward_function.path={GENRM}", "reward.custom_reward_function.name=compute_score_ocr"]))
     check_unsupported(keys)  # enable=True is no longer a blocker
     with pytest.warns(UserWarning, match=r"genrm_ocr\.py:compute_score_ocr .*digenrl_verl's VLM judge.*not loaded"):
-        reward = build_reward(keys)
+        reward = _build_reward(keys)
     assert reward.weights() == {JUDGE_REWARD: 1.0} and reward.custom_reward_function_path is None
     assert reward.reward_model == JudgeConfig(judge_dir, max_new_tokens=12)
     assert {"reward.reward_model.enable", "reward.reward_model.model_path"} <= keys.read

@@ -50,6 +50,7 @@ from digenrl_verl.rewards.vlm_judge import (
     VLLM_INSTALL_HINT, JudgeConfig, JudgePoolSpec, is_judge_function, judge_backend_unavailable, judge_family,
     resolve_judge_path,
 )
+from digenrl_verl.schedule.config import verl_cut_keeps_groups
 from digenrl_verl.workers.sharding import STRATEGIES, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
 
@@ -761,7 +762,7 @@ def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
         raise ValueError(f"trainer.total_training_steps={total!r} must be a positive number of global steps")
     _check_pool_sizes(digenrl, prompts * n)
     mini_batches = _mini_batches(keys, prompts)
-    if mini_batches > 1 and ranks > 1 and prompts % (mini_batches * ranks):
+    if not verl_cut_keeps_groups(prompts, mini_batches, ranks):
         note = (f"{A}.actor.ppo_mini_batch_size={prompts // mini_batches}: verl cuts each of the {ranks} {role} ranks' "
                 f"shares of the batch into {mini_batches} mini-batches, whose blocks would split prompt groups "
                 f"({prompts // mini_batches} prompts is not a multiple of {ranks} ranks); here mini-batch j is the "

@@ -50,6 +50,18 @@ def minibatch_groups(prompts: int, minibatches: int, dp_ranks: int = 1) -> list[
             for j in range(minibatches)]
 
 
+def verl_cut_keeps_groups(prompts: int, minibatches: int, dp_ranks: int) -> bool:
+    """Whether verl's cut of ``prompts`` prompt groups into ``minibatches`` mini-batches over ``dp_ranks``
+    data-parallel ranks (`minibatch_groups`) keeps every group whole: one mini-batch (the whole batch), one rank, or
+    ``prompts`` a multiple of ``minibatches * dp_ranks``. When it does not, the mini-batches are the contiguous blocks
+    of whole groups (the cut with one rank: `ScheduleConfig.minibatch_dp_ranks`; the config layer warns).
+
+        >>> verl_cut_keeps_groups(8, 2, 2), verl_cut_keeps_groups(6, 2, 2), verl_cut_keeps_groups(6, 1, 4)
+        (True, False, True)
+    """
+    return minibatches == 1 or dp_ranks == 1 or prompts % (minibatches * dp_ranks) == 0
+
+
 def _boolean(path: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigError(path, value, "use true or false")
@@ -328,11 +340,12 @@ class ScheduleConfig(ScheduleSettings):
     @property
     def minibatch_dp_ranks(self) -> int:
         """The data-parallel ranks the mini-batches are cut over (`minibatch_groups`): the trainer pool's ranks, as
-        verl cuts them over its actor ranks, when each rank's block holds whole prompt groups (``prompts_per_step``
-        a multiple of ``mini_batches_per_step * ranks``); else 1 (contiguous blocks of whole groups: verl's blocks
-        would split groups, which a micro-batch of this schedule cannot; the config layer says so)."""
+        verl cuts them over its actor ranks, when each rank's block holds whole prompt groups
+        (`verl_cut_keeps_groups`); else 1 (contiguous blocks of whole groups: verl's blocks would split groups, which
+        a micro-batch of this schedule cannot; the config layer warns on the same rule)."""
         ranks, k = self.pools[self.trainer_pool].size, self.mini_batches_per_step
-        return ranks if k > 1 and self.prompts_per_step % (k * ranks) == 0 else 1
+        # one mini-batch is the whole batch however it is cut: 1 needs no divisibility of the batch by the ranks
+        return ranks if k > 1 and verl_cut_keeps_groups(self.prompts_per_step, k, ranks) else 1
 
     def minibatch_of(self, sample: int) -> int:
         """The mini-batch (optimizer step within the global step, ``0 .. mini_batches_per_step - 1``) of a sample:

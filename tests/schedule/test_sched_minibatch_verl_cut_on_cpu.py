@@ -17,7 +17,7 @@ from tensordict import TensorDict
 from verl.single_controller.base.decorator import _split_args_kwargs_data_proto
 from verl.utils import tensordict_utils as tu
 
-from digenrl_verl.schedule.config import ScheduleConfig, minibatch_groups
+from digenrl_verl.schedule.config import ScheduleConfig, minibatch_groups, verl_cut_keeps_groups
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.types import TaskKind
@@ -104,3 +104,21 @@ def test_blocks_that_would_split_groups_fall_back_to_whole_contiguous_groups():
     assert cfg.minibatch_dp_ranks == 1
     assert verl_step_groups(2, ranks=2, minibatches=2) == [[0, 1], [0, 1]]  # each step: half of both groups
     assert driver_step_groups(cfg, spec)[0] == [[0], [1]]
+
+
+GRID = [(p, k, r) for p in (1, 2, 3, 4, 6, 8) for k in (1, 2, 3, 4) if p % k == 0 for r in (1, 2, 4)]
+
+
+@pytest.mark.parametrize("prompts,k,ranks", GRID, ids=[f"{p}prompts-k{k}-dp{r}" for p, k, r in GRID])
+def test_the_one_rule_for_whole_groups_is_verls_own_split(prompts, k, ranks):
+    """`verl_cut_keeps_groups`, which decides both the schedule's cut (`minibatch_dp_ranks`) and the config layer's
+    warning, says True exactly when verl's own dispatch split + mini-batch iterator put each prompt group in one
+    optimizer step; when it does, the schedule cuts over every rank and trains verl's groups."""
+    verl = verl_step_groups(prompts, ranks=ranks, minibatches=k)
+    whole = sum(len(g) for g in verl) == prompts  # no group in two optimizer steps
+    assert verl_cut_keeps_groups(prompts, k, ranks) == whole
+    cfg = ScheduleConfig(mode="colocated", pools={"col": {"size": ranks}}, prompts_per_step=prompts, n=N,
+                         mini_batches_per_step=k)
+    cut = minibatch_groups(prompts, k, cfg.minibatch_dp_ranks)
+    assert [list(g) for g in cut] == (verl if whole else [list(range(j * prompts // k, (j + 1) * prompts // k))
+                                                          for j in range(k)])

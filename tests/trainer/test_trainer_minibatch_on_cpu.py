@@ -3,6 +3,8 @@ adapter, the executor's loss normalisation, and (slow, Ray) equivalence with the
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import ray
 import torch
@@ -56,6 +58,24 @@ def test_two_trainer_ranks_get_verls_cut_or_a_printed_fall_back(tiny_flux_dir):
     assert odd.schedule.minibatch_dp_ranks == 1 and "prompts each, in order" in odd.describe()
     [line] = [d for d in odd.decisions if d.startswith(f"{A}.actor.ppo_mini_batch_size=1")]
     assert "would split prompt groups" in line and "j-th contiguous block of whole prompt groups" in line
+
+
+TWO_TRAINER_RANKS = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.pools.trainer.workers_per_node=2",
+                     f"{A}.actor.strategy=ddp", f"{A}.rollout.n=2"]
+
+
+@pytest.mark.parametrize("batch,mini,dp", [(4, 2, 2), (6, 2, 2), (2, 1, 1), (6, 3, 1), (3, 3, 1)])
+def test_the_config_warns_exactly_when_the_schedule_falls_back(tiny_flux_dir, batch, mini, dp):
+    """One rule (`schedule.config.verl_cut_keeps_groups`) for both layers: the schedule cuts over the 2 trainer ranks
+    or falls back to whole contiguous groups, and the config layer warns exactly on the fall-back (one mini-batch,
+    3 prompts over 2 ranks: nothing to cut, no warning)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = _build(tiny_flux_dir, *TWO_TRAINER_RANKS, f"data.train_batch_size={batch}",
+                     f"{A}.actor.ppo_mini_batch_size={mini}")
+    warned = [str(w.message) for w in caught if "verl cuts each of the 2 trainer ranks" in str(w.message)]
+    assert run.schedule.minibatch_dp_ranks == dp
+    assert bool(warned) == (batch // mini > 1 and dp == 1), warned
 
 
 def test_the_loss_is_normalised_over_the_mini_batch_rows():

@@ -1207,11 +1207,46 @@ VALIDATION_KEYS = {"test_freq": "trainer.test_freq", "val_before_train": "traine
                    "noise_level": f"{VAL_KWARGS}.algo.noise_level", "sde_type": f"{VAL_KWARGS}.algo.sde_type",
                    "seed": f"{VAL_KWARGS}.seed"}
 VERL_OMNI_VAL_SEED = 42  # verl-omni's DiffusionSamplingConfig.seed (not in its YAML: `+...val_kwargs.seed=` there)
+#: the val_kwargs keys that shape the validation samples: read when validation runs, warned about when it does not
+VAL_SAMPLING_KEYS = tuple(key for key in VALIDATION_KEYS.values() if key.startswith(VAL_KWARGS))
 
 
 def build_validation(keys: RecipeKeys, data: DataSpec, rollout: RolloutConfig) -> ValidationSpec:
     """`trainer.test_freq` / `trainer.val_before_train` and verl-omni's `rollout.val_kwargs` (n, steps, noise level
-    and SDE kind, seed) applied to the training rollout's settings; the plan says which prompts and how."""
+    and SDE kind, seed) applied to the training rollout's settings; the plan says which prompts and how. With
+    validation off the val_kwargs are not built (nothing of them can fail the run) and a changed one warns."""
+    with user_keys(VALIDATION_KEYS):
+        when = ValidationSpec(test_freq=keys("trainer.test_freq", -1),
+                              before_train=keys("trainer.val_before_train", False))
+    if not when.enabled:
+        values = {key: keys(key) for key in VAL_SAMPLING_KEYS}
+        for key in _changed(keys, VAL_SAMPLING_KEYS):
+            warnings.warn(f"{key}={values[key]!r} has no effect: validation is off (trainer.test_freq <= 0 and "
+                          "trainer.val_before_train=false); set trainer.test_freq > 0 or trainer.val_before_train=true "
+                          "to validate", UserWarning, stacklevel=3)
+        return when
+    v = VAL_KWARGS
+    sampling = _validation_sampling(keys, rollout)
+    with user_keys(VALIDATION_KEYS):
+        spec = replace(when, n=keys(f"{v}.n", 1), rollout=sampling)
+    where = "data.val_files" if data.val_files is not None else "the training prompts (data.val_files=null)"
+    how = ("deterministic (ODE)" if sampling.sde_type == "ode"
+           else f"{sampling.sde_type} noise_level={sampling.noise_level}")
+    note = (f"validation: {spec.n} {how} sample(s) per prompt of {where}, {sampling.num_inference_steps} steps, "
+            f"seed {sampling.seed}, scored and logged as val-core/<data_source>/reward/mean@{spec.n}"
+            f"{' before the first step,' if spec.before_train else ''}"
+            f"{f' every {spec.every} step(s) and at the last step' if spec.every else ''}")
+    if spec.n > 1:
+        note += (f"; each of a prompt's {spec.n} samples has its own noise (from {v}.seed, the prompt and the "
+                 "sample's index), where verl-omni seeds every validation request with the seed alone")
+    keys.decide(note)
+    return spec
+
+
+def _validation_sampling(keys: RecipeKeys, rollout: RolloutConfig) -> RolloutConfig:
+    """The validation samples' RolloutConfig: the training rollout's with val_kwargs' steps, noise level (0: ODE),
+    SDE kind and seed. An SDE validation takes the rollout's timestep selection at its own step count; where that
+    does not fit, the error names the val_kwargs keys (the training rollout itself was checked already)."""
     v = VAL_KWARGS
     noise = keys(f"{v}.algo.noise_level", 0.0)
     sde_type = keys(f"{v}.algo.sde_type", rollout.sde_type)
@@ -1220,24 +1255,22 @@ def build_validation(keys: RecipeKeys, data: DataSpec, rollout: RolloutConfig) -
     seed = keys(f"{v}.seed", VERL_OMNI_VAL_SEED)
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
         raise ValueError(f"{v}.algo.noise_level={noise!r} must be a number >= 0 (0: deterministic ODE samples)")
-    with user_keys({**ROLLOUT_KEYS, **VALIDATION_KEYS}):
-        sampling = replace(rollout, num_inference_steps=steps, sde_type=sde_type if noise > 0 else "ode",
-                           noise_level=float(noise), seed=seed, init_same_noise=False)
-        spec = ValidationSpec(test_freq=keys("trainer.test_freq", -1),
-                              before_train=keys("trainer.val_before_train", False), n=keys(f"{v}.n", 1),
-                              rollout=sampling)
-    if spec.enabled:
-        where = "data.val_files" if data.val_files is not None else "the training prompts (data.val_files=null)"
-        how = "deterministic (ODE)" if noise == 0 else f"{sde_type} noise_level={float(noise)}"
-        note = (f"validation: {spec.n} {how} sample(s) per prompt of {where}, {steps} steps, seed {seed}, scored and "
-                f"logged as val-core/<data_source>/reward/mean@{spec.n}"
-                f"{' before the first step,' if spec.before_train else ''}"
-                f"{f' every {spec.every} step(s) and at the last step' if spec.every else ''}")
-        if spec.n > 1:
-            note += (f"; each of a prompt's {spec.n} samples has its own noise (from {v}.seed, the prompt and the "
-                     "sample's index), where verl-omni seeds every validation request with the seed alone")
-        keys.decide(note)
-    return spec
+    if noise == 0 and _changed(keys, (f"{v}.algo.sde_type",)):
+        warnings.warn(f"{v}.algo.sde_type={sde_type!r} has no effect with {v}.algo.noise_level=0: validation samples "
+                      f"are deterministic (ODE); set {v}.algo.noise_level > 0 for {sde_type} samples", UserWarning,
+                      stacklevel=4)
+    mapping = {**ROLLOUT_KEYS, **VALIDATION_KEYS}
+    try:
+        return replace(rollout, num_inference_steps=steps, sde_type=sde_type if noise > 0 else "ode",
+                       noise_level=float(noise), seed=seed, init_same_noise=False)
+    except ConfigError as e:
+        if e.path in VALIDATION_KEYS:
+            raise e.keyed(mapping) from None
+        raise ValueError(f"{v}.pipeline.num_inference_steps={steps!r} with {v}.algo.noise_level={noise}: the "
+                         f"validation's {sde_type} samples take the training rollout's timestep selection at "
+                         f"{steps} steps, where it does not fit ({e.keyed(mapping)}); set "
+                         f"{v}.pipeline.num_inference_steps so that it fits, or {v}.algo.noise_level=0 "
+                         "(deterministic ODE samples)") from None
 
 
 def build_logging(keys: RecipeKeys) -> LoggingSpec:

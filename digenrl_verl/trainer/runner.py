@@ -92,17 +92,28 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive steps with NaN/inf rewards or gradients."""
 
 
-def validation_metrics(sources: list[str], uids: list[str], rewards: list[float]) -> dict[str, float]:
-    """verl-omni's validation metrics (`_val_metrics_update`): verl's `process_validation_metrics` of the reward per
-    data source and prompt (uid); the mean, best and majority figures at the largest sample count n go under
-    `val-core/<data_source>/reward/`, the others (std@n, worst@k, smaller k) under `val-aux/`."""
+def validation_metrics(sources: list[str], uids: list[str], rewards: list[float], n: int) -> dict[str, float]:
+    """verl-omni's validation metrics (`_val_metrics_update`) of `n` samples per prompt (uid), under names that do
+    not depend on how many rewards came out finite: verl's `process_validation_metrics` of the prompts whose `n`
+    rewards are all finite (mean, best and majority figures at n under `val-core/<data_source>/reward/`, the others
+    (std@n, worst@k, smaller k) under `val-aux/`); `val-core/<data_source>/reward/mean@n` is the mean of the source's
+    finite rewards (verl-omni's mean@n when all are finite; NaN when none is), and `val-aux/reward/nonfinite_samples`
+    counts the NaN/inf rewards. A prompt with a non-finite reward thus counts in mean@n with its finite samples and
+    is left out of std@n, best@k and worst@k (verl would file it under @(n - 1), a different series)."""
+    finite = np.isfinite(np.asarray(rewards, dtype=np.float64))
+    broken = {u for u, ok in zip(uids, finite) if not ok}
+    whole = [i for i, u in enumerate(uids) if u not in broken]
     out: dict[str, float] = {}
-    for source, variables in process_validation_metrics(sources, uids, {"reward": rewards}).items():
-        metrics = variables["reward"]
-        n_max = max(_at(name) for name in metrics)
-        for name, value in metrics.items():
-            core = name.startswith(("mean", "maj", "best")) and _at(name) == n_max
+    stats = process_validation_metrics([sources[i] for i in whole], [uids[i] for i in whole],
+                                       {"reward": [rewards[i] for i in whole]})
+    for source, variables in stats.items():
+        for name, value in variables["reward"].items():
+            core = name.startswith(("mean", "maj", "best")) and _at(name) == n
             out[f"{'val-core' if core else 'val-aux'}/{source}/reward/{name}"] = float(value)
+    for source in sorted(set(sources)):
+        kept = [r for r, s, ok in zip(rewards, sources, finite) if ok and s == source]
+        out[f"val-core/{source}/reward/mean@{n}"] = float(np.mean(kept)) if kept else float("nan")
+    out["val-aux/reward/nonfinite_samples"] = float(len(rewards) - int(finite.sum()))
     return out
 
 
@@ -546,17 +557,13 @@ class DigenRLTrainer:
         """verl-omni's `_validate` at its global step `step` (= the policy version the workers hold: 0 before
         training, s + 1 after step s): `val_kwargs.n` samples of each validation prompt drawn as `val_kwargs` says
         (`RunSpec.validation`), scored; verl-omni's metrics (`validation_metrics`: mean@n and, for n > 1, std@n,
-        best@k / worst@k per data source) and `val-aux/reward/nonfinite_samples` (samples left out of them),
-        logged at `step`."""
+        best@k / worst@k per data source, named @n whatever the non-finite rewards) and
+        `val-aux/reward/nonfinite_samples`, logged at `step`."""
         prompts, sources, extras = self._val
         n = self.run.validation.n
-        rewards = self.ode_rewards(prompts, sources, extras, n=n, sampling=self.run.validation.rollout)
-        finite = [i for i, r in enumerate(rewards.tolist()) if np.isfinite(r)]
-        out = validation_metrics([sources[i // n] for i in finite], [f"p{i // n}" for i in finite],
-                                 [float(rewards[i]) for i in finite])
-        for src in sorted(set(sources) - {sources[i // n] for i in finite}):  # no finite sample: no mean either
-            out[f"val-core/{src}/reward/mean@{n}"] = float("nan")
-        out["val-aux/reward/nonfinite_samples"] = float(len(rewards) - len(finite))
+        rewards = self.ode_rewards(prompts, sources, extras, n=n, sampling=self.run.validation.rollout).tolist()
+        rows = range(len(rewards))  # prompt i's j-th sample at i * n + j
+        out = validation_metrics([sources[i // n] for i in rows], [f"p{i // n}" for i in rows], rewards, n)
         self.validations[step] = out
         self.reporter.log_metrics(step, out)
         return out

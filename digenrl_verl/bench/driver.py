@@ -88,30 +88,18 @@ def shape_of(actors: int, n: int) -> dict[str, int]:
 
 
 def ray_round_trips(actors: list, seconds: float) -> dict[str, float]:
-    """Bare Ray round trips per second over `actors` (no driver): each actor keeps one no-op call (`ready`) in
-    flight; a turn blocks in `ray.wait` for the first ready ref, collects every other ready one, `ray.get`s them and
-    resubmits one call per ready actor, as the executor's `wait_any` does."""
-    ray.get([a.ready.remote() for a in actors])  # warm-up round
-    pending = {a.ready.remote(): a for a in actors}
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        refs = list(pending)
-        ray.wait(refs, num_returns=1, fetch_local=False)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-        ray.get(ready)
-        for ref in ready:
-            actor = pending.pop(ref)
-            pending[actor.ready.remote()] = actor
-        calls += len(ready)
-    wall = time.perf_counter() - start
-    ray.get(list(pending))
-    return {"calls": calls, "wall_s": wall, "calls_per_s": calls / wall}
+    """Bare Ray round trips per second over `actors` (no driver): `ray_lane_round_trips` with one actor per group,
+    so each actor keeps one no-op call (`ready`) in flight."""
+    out = ray_lane_round_trips([[a] for a in actors], seconds)
+    return {"calls": out["tasks"], "wall_s": out["wall_s"], "calls_per_s": out["tasks_per_s"]}
 
 
 def ray_lane_round_trips(groups: list[list], seconds: float) -> dict[str, float]:
     """Bare Ray tasks per second when a task is one call per rank of a group (a GEN or SCORE on a GAP lane, an
     UPDATE on the trainer ranks), no driver: each group keeps one task in flight, done when all its ranks answered,
-    then resubmitted; the same two-`ray.wait` turn as `ray_round_trips`."""
+    then resubmitted. A turn blocks in `ray.wait` for the first ready ref, collects every other ready one, `ray.get`s
+    them and resubmits, as the executor's `wait_any` does."""
+    ray.get([a.ready.remote() for g in groups for a in g])  # warm-up round
     owner: dict = {}
     left: dict[int, int] = {}
 

@@ -8,23 +8,16 @@ import json
 import math
 import os
 import time
-import warnings
 
 import pytest
 import ray
 from ray.exceptions import RayActorError
 
-from digenrl_verl.main import compose
-from digenrl_verl.models.tiny import build_tiny_model_dir
-from digenrl_verl.rewards.tiny_judge import build_tiny_judge_dir
-from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.ray_executor import _raises
 from digenrl_verl.trainer.runner import DigenRLTrainer
 from digenrl_verl.workers.judge import RemoteJudge
 
 pytestmark = pytest.mark.slow  # starts Ray workers and a judge pool, trains a step
-
-GENRM = "/verl-omni/verl_omni/utils/reward_score/genrm_ocr.py"  # verl-omni's file, as its scripts name it
 
 
 def _scorer_judge(worker) -> tuple[str, int, bool, int]:
@@ -37,25 +30,10 @@ def _scorer_judge(worker) -> tuple[str, int, bool, int]:
     return ray.get(worker.__ray_call__.remote(probe))
 
 
-def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, monkeypatch):
-    flux = build_tiny_model_dir("FluxPipeline", tmp_path / "flux", seed=0)
-    judge = build_tiny_judge_dir(tmp_path / "judge", "qwen2_5_vl", seed=0)
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text('a shop sign that reads "OPEN"\na poster with the word "SALE"\n')
-    monkeypatch.setenv("GENRM_OCR_MAX_TOKENS", "4")  # verl-omni's override of the judge's 4096 new tokens
-    cfg = compose([
-        f"actor_rollout_ref.model.path={flux}", "trainer.digenrl.mode=disaggregated", f"data.train_files={prompts}",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1",
-        f"trainer.digenrl.output_dir={tmp_path / 'run'}", "trainer.logger=[console]",
-        "trainer.digenrl.final_eval_prompts=0",  # only the step's SCOREs ask the judge
-        "reward.reward_model.enable=True", f"reward.reward_model.model_path={judge}",
-        "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1",
-        "reward.reward_model.n_gpus_per_node=2", "reward.reward_model.rollout.name=vllm",
-        f"reward.custom_reward_function.path={GENRM}", "reward.custom_reward_function.name=compute_score_ocr",
-    ])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # vllm -> transformers on CPU (printed; tested by the fast tier)
-        spec = build_run(cfg)
+def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, judge_step_run):
+    spec = judge_step_run("trainer.digenrl.final_eval_prompts=0",  # only the step's SCOREs ask the judge
+                          "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1",
+                          "reward.reward_model.n_gpus_per_node=2")
     assert spec.reward.reward_model.pool.replicas == 2 and spec.reward.reward_model.backend == "transformers"
     trainer = DigenRLTrainer(spec)
     try:

@@ -254,8 +254,9 @@ NO_EFFECT: dict[str, str] = {
        "top_p 0.8, 4096 tokens; GENRM_OCR_* environment overrides), which overrides the server's" for k in (
         "temperature", "top_k", "top_p", "do_sample", "n", "ignore_eos")},
     "reward.reward_model.rollout.limit_images": "each request of the judge holds one image (genrm_ocr's chat)",
-    "reward.reward_model.rollout.free_cache_engine": "the judge stays resident (its own pool, or the scoring "
-                                                     "worker's process): nothing is freed between steps",
+    "reward.reward_model.rollout.free_cache_engine": "the judge stays resident (its own pool, replicas colocated on "
+                                                     "the worker pools' devices, or the scoring worker's process): "
+                                                     "nothing is freed between steps",
     "trainer.log_val_generations": "validation samples are scored, not logged as images",
     "trainer.total_epochs": "the run length is trainer.total_training_steps",
     "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
@@ -974,19 +975,24 @@ def build_judge(keys: RecipeKeys, digenrl: DigenRLConfig) -> JudgeConfig | None:
     use_gpu = DEVICES.get(keys("trainer.device", "cpu")) == "cuda"
     backend = _judge_backend(keys, serving[KEY_BACKEND], use_gpu, digenrl.dry_run)
     engine = _judge_engine(serving) if backend == "vllm" else {}
-    _warn_unused_judge_keys(keys, serving, backend)
-    pool = None
+    colocated = _colocated_judge(serving, digenrl, use_gpu)
+    _warn_unused_judge_keys(keys, serving, backend, colocated is not None)
+    pool = colocated
     if serving[KEY_POOL]:
         pool = JudgePoolSpec(nnodes=serving[f"{_RM}.nnodes"], per_node=serving[f"{_RM}.n_gpus_per_node"],
                              use_gpu=use_gpu, devices_per_replica=engine.get("tensor_parallel_size", 1) if use_gpu else 1)
+    if pool is not None:
         _check_judge_processes(pool, digenrl)
     judge = JudgeConfig(model_path=resolved, backend=backend, pool=pool, **engine).with_env_overrides()
     if pool is not None:
-        keys.decide(_pool_note(keys, pool))
-    where = "in its own Ray pool (the reward pool)" if pool is not None else \
-        "in-process in each scoring worker (the generators)"
+        keys.decide(_colocated_note(keys, pool, judge) if pool.colocated else _pool_note(keys, pool))
+    where = ("in its own Ray pool (the reward pool)" if pool is not None and not pool.colocated else
+             "as replicas colocated on the worker pools' devices" if pool is not None else
+             "in-process in each scoring worker (the generators)")
+    shared = " of the GPU that holds the diffusion model" if pool is None else \
+        " of each GPU it shares" if pool.colocated else ""
     how = (f"vLLM (tensor_parallel_size {judge.tensor_parallel_size}, gpu_memory_utilization "
-           f"{judge.gpu_memory_utilization}{'' if pool is not None else ' of the GPU that holds the diffusion model'}"
+           f"{judge.gpu_memory_utilization}{shared}"
            f", dtype {judge.dtype}, max_model_len {judge.max_model_len})"
            if backend == "vllm" else f"transformers generate ({judge.micro_batch_size} images per call)")
     keys.decide(f"{KEY_MODEL_PATH}={path!r}: a {family} judge ({resolved}) {where}, served by {how}; temperature "
@@ -994,20 +1000,69 @@ def build_judge(keys: RecipeKeys, digenrl: DigenRLConfig) -> JudgeConfig | None:
     return judge
 
 
-def _warn_unused_judge_keys(keys: RecipeKeys, serving: dict[str, Any], backend: str) -> None:
+def _warn_unused_judge_keys(keys: RecipeKeys, serving: dict[str, Any], backend: str, colocated: bool) -> None:
     """Warn by name about the changed serving keys that the chosen serving does not use: the pool's size without
-    the pool, vLLM's engine settings with the transformers judge (chosen, or fallen back to)."""
+    the pool, vLLM's engine settings with the transformers judge (chosen, or fallen back to; a colocated judge's
+    tensor_model_parallel_size still counts its replicas)."""
     if not serving[KEY_POOL]:
+        where = "replicas colocated on the worker pools' devices" if colocated else "in each scoring worker"
         for key in _changed(keys, JUDGE_POOL_KEYS):
-            warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_POOL}=false: the judge runs in each "
-                          f"scoring worker (set {KEY_POOL}=true to give it a pool of this size)", UserWarning,
-                          stacklevel=4)
+            warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_POOL}=false: the judge runs {where} "
+                          f"(set {KEY_POOL}=true to give it a pool of this size)", UserWarning, stacklevel=4)
     if backend != "vllm":
         fallback = " (fallen back to transformers)" if serving[KEY_BACKEND] == "vllm" else ""
-        for key in _changed(keys, tuple(f"{_RM}.rollout.{k}" for k in JUDGE_ENGINE_KEYS)):
+        engine_keys = [k for k in JUDGE_ENGINE_KEYS if not (colocated and k == "tensor_model_parallel_size")]
+        for key in _changed(keys, tuple(f"{_RM}.rollout.{k}" for k in engine_keys)):
             warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_BACKEND}={serving[KEY_BACKEND]}"
                           f"{fallback}: the transformers judge holds one whole model per replica (vLLM engine "
                           f"settings apply to {KEY_BACKEND}=vllm)", UserWarning, stacklevel=4)
+
+
+def _colocated_judge(serving: dict[str, Any], digenrl: DigenRLConfig, use_gpu: bool) -> JudgePoolSpec | None:
+    """A vLLM judge of `tensor_model_parallel_size` > 1 without its own pool (verl-omni's Qwen-Image OCR recipes:
+    `REWARD_TP=4` on the training GPUs): replicas colocated on the worker pools' devices, as verl-omni puts its reward
+    model on the `global_pool` (`devices // TP` replicas), on CPU too (transformers there: the same placement with
+    one process per replica); None otherwise. The pools' devices per node: one node when every pool has one node
+    (the derived layouts' single-node split), else whole nodes of one size; ValueError naming the key when a replica
+    does not fit on a node or the pools' nodes differ in size."""
+    if serving[KEY_POOL] or serving[KEY_BACKEND] != "vllm":
+        return None
+    tp = _count(KEY_TP, serving[KEY_TP], low=1)
+    if tp == 1:
+        return None
+    pools = [digenrl.pools[role] for role in digenrl.roles]
+    shapes = ", ".join(f"{role} {digenrl.pools[role].nnodes} x {digenrl.pools[role].workers_per_node}"
+                       for role in digenrl.roles)
+    if all(p.nnodes == 1 for p in pools):
+        nnodes, per_node = 1, sum(p.workers_per_node for p in pools)
+    elif len({p.workers_per_node for p in pools}) == 1:
+        nnodes, per_node = sum(p.nnodes for p in pools), pools[0].workers_per_node
+    else:
+        raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: the judge's replicas would share the worker pools' "
+                         f"devices, whose nodes differ in size ({shapes}); give the pools nodes of one size, or set "
+                         f"{KEY_POOL}=true with reward.reward_model.n_gpus_per_node / nnodes")
+    if tp > per_node:
+        raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: a judge replica takes {tp} devices of one node, and "
+                         f"the worker pools hold {per_node} per node ({shapes}); lower {KEY_TP} to at most {per_node}, "
+                         f"or set {KEY_POOL}=true with reward.reward_model.n_gpus_per_node >= {tp}")
+    return JudgePoolSpec(nnodes=nnodes, per_node=per_node, use_gpu=use_gpu, devices_per_replica=tp, colocated=True)
+
+
+def _colocated_note(keys: RecipeKeys, pool: JudgePoolSpec, judge: JudgeConfig) -> str:
+    """The plan's line for a judge colocated on the worker pools' devices: what it shares and what it costs."""
+    note = (f"judge replicas ({KEY_TP}={pool.devices_per_replica}, {KEY_POOL}=false): {pool.describe()}, as verl-omni "
+            "places its reward model on the training GPUs (global_pool); the scoring workers send the decoded images "
+            "to the replicas actor-to-actor (SCORE stays on the generators)")
+    if pool.use_gpu:
+        note += (f"; each replica's vLLM takes {_RM}.rollout.gpu_memory_utilization={judge.gpu_memory_utilization} of "
+                 "each of its GPUs next to the generators' and trainers' models, and computes beside them (it is not "
+                 "put to sleep while the trainer trains, unlike verl-omni's colocated reward model); vLLM stops at "
+                 "start-up when that much memory is not free: lower it, or set "
+                 f"{KEY_POOL}=true for GPUs of its own")
+    else:
+        note += (f"; on CPU each replica is a whole copy of the judge model (transformers) in its own process: "
+                 f"{pool.replicas} copies in memory")
+    return note
 
 
 def _pool_note(keys: RecipeKeys, pool: JudgePoolSpec) -> str:
@@ -1074,14 +1129,19 @@ def _judge_engine(serving: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_judge_processes(pool: JudgePoolSpec, digenrl: DigenRLConfig) -> None:
-    """A CPU reward pool's processes count with the CPU worker pools' against one limit (`_check_cpu_processes`)."""
+    """The judge's CPU processes count with the CPU worker pools' against one limit (`_check_cpu_processes`)."""
     if pool.use_gpu:
         return
     workers = sum(digenrl.pools[r].size for r in digenrl.roles if not digenrl.pools[r].use_gpu)
-    _check_cpu_processes(workers + pool.replicas,
-                         f"{KEY_POOL}=True on trainer.device=cpu: {_RM}.n_gpus_per_node={pool.per_node} x {_RM}.nnodes="
-                         f"{pool.nnodes} = {pool.replicas} judge processes + {workers} of the worker pools",
-                         f"lower {_RM}.n_gpus_per_node, or set trainer.device=cuda")
+    if pool.colocated:
+        sizing, fix = (f"{KEY_TP}={pool.devices_per_replica} with {KEY_POOL}=false on trainer.device=cpu: "
+                       f"{pool.replicas} judge processes colocated with the {workers} of the worker pools",
+                       f"raise {KEY_TP}, or set trainer.device=cuda")
+    else:
+        sizing, fix = (f"{KEY_POOL}=True on trainer.device=cpu: {_RM}.n_gpus_per_node={pool.per_node} x {_RM}.nnodes="
+                       f"{pool.nnodes} = {pool.replicas} judge processes + {workers} of the worker pools",
+                       f"lower {_RM}.n_gpus_per_node, or set trainer.device=cuda")
+    _check_cpu_processes(workers + pool.replicas, sizing, fix)
 
 
 def _function_entries(functions: dict) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:

@@ -10,8 +10,10 @@ it against the ground truth with a normalised Levenshtein distance.
 Here the judge is a backend behind one interface (`JudgeBackend.transcribe`: PIL images in, answers out), chosen
 by `reward.reward_model.rollout.name` (`JudgeConfig.backend`): `transformers` (`TransformersJudge`, transformers'
 `generate`, CPU or GPU) or `vllm` (`rewards.judge_vllm.VllmJudge`, `vllm.LLM`, CUDA only). Where it runs is
-`JudgeConfig.pool`: None = in-process in each worker that scores (the generators); a `JudgePoolSpec` = its own Ray
-pool (`workers.judge.JudgePool`), which the scoring workers reach through `workers.judge.RemoteJudge`, a backend too.
+`JudgeConfig.pool`: None = in-process in each worker that scores (the generators); a `JudgePoolSpec` = replicas as
+Ray actors (`workers.judge.JudgePool`), in a pool of their own or colocated on the worker pools' GPUs (a vLLM judge of
+`tensor_model_parallel_size` > 1 without a pool, as verl-omni's Qwen-Image OCR recipes serve it), which the scoring
+workers reach through `workers.judge.RemoteJudge`, a backend too.
 
 What is kept from verl-omni's recipe: the chat (system "You are a helpful assistant.", user = image + instruction),
 the sampling (temperature 0.7, top-p 0.8, no top-k, at most 4096 new tokens, no seed; the same
@@ -107,17 +109,21 @@ def judge_family(path: str) -> str:
 
 @dataclass(frozen=True)
 class JudgePoolSpec:
-    """The judge's own Ray pool (`reward.reward_model.enable_resource_pool=True`), verl-omni's `reward_pool`.
+    """Where the judge's replicas run: its own Ray pool (`reward.reward_model.enable_resource_pool=True`, verl-omni's
+    `reward_pool`), or, `colocated`, on the worker pools' own devices (verl-omni's `global_pool` placement of the
+    reward model when `enable_resource_pool=false` and a replica spans several GPUs).
 
     `nnodes` x `per_node` devices (GPUs, or CPU worker processes with `use_gpu=False`); each replica of the judge
-    takes `devices_per_replica` devices of one node (vLLM's tensor_parallel_size; 1 for transformers), so there are
-    `per_node // devices_per_replica` replicas per node, as verl's RewardModelManager counts them (world size //
-    replica size; the remainder stays unused)."""
+    takes `devices_per_replica` devices of one node (vLLM's tensor_parallel_size; 1 for transformers in its own pool),
+    so there are `per_node // devices_per_replica` replicas per node, as verl's RewardModelManager counts them (world
+    size // replica size; the remainder stays unused). A colocated replica reserves nothing from Ray: it shares the
+    GPUs of the workers on its node (`workers.judge.JudgePool.start_colocated`)."""
 
     nnodes: int
     per_node: int
     use_gpu: bool = False
     devices_per_replica: int = 1
+    colocated: bool = False
 
     def __post_init__(self) -> None:
         for key, value in (("reward.reward_model.nnodes", self.nnodes),
@@ -149,8 +155,9 @@ class JudgePoolSpec:
     def describe(self) -> str:
         unit = "GPU(s)" if self.use_gpu else "CPU worker process(es)"
         unused = f", {self.unused_per_node} {unit} per node unused" if self.unused_per_node else ""
+        where = " of the worker pools (shared with their workers)" if self.colocated else ""
         return (f"{self.replicas} judge replica(s) of {self.devices_per_replica} {unit} on {self.nnodes} node(s) x "
-                f"{self.per_node}{unused}")
+                f"{self.per_node}{where}{unused}")
 
 
 @dataclass(frozen=True)
@@ -166,7 +173,8 @@ class JudgeConfig:
         tensor_parallel_size, gpu_memory_utilization, enforce_eager, max_model_len, max_num_seqs,
             max_num_batched_tokens: the vLLM engine's settings (`reward.reward_model.rollout.*`; backend `vllm`
             only, `tensor_parallel_size` 1 otherwise).
-        pool: the judge's own Ray pool, or None (in-process in every worker that scores).
+        pool: where the replicas run (the judge's own Ray pool, or colocated on the worker pools' devices), or None
+            (in-process in every worker that scores).
     """
 
     model_path: str
@@ -206,8 +214,8 @@ class JudgeConfig:
             raise ValueError(f"{KEY_TP}={self.tensor_parallel_size} with {KEY_POOL}=false: the vLLM judge would run "
                              "in each scoring worker, on that worker's one device; set it to 1, or set "
                              f"{KEY_POOL}=true (the reward pool gives each replica {self.tensor_parallel_size} GPUs)")
-        if self.pool is not None and self.pool.devices_per_replica != (
-                self.tensor_parallel_size if self.pool.use_gpu else 1):
+        if self.pool is not None and (self.pool.use_gpu or not self.pool.colocated) and \
+                self.pool.devices_per_replica != (self.tensor_parallel_size if self.pool.use_gpu else 1):
             raise ValueError(f"JudgeConfig: a replica of the pool takes {self.pool.devices_per_replica} device(s), "
                              f"{KEY_TP}={self.tensor_parallel_size}")
         if not self.model_path:

@@ -163,7 +163,7 @@ class DigenRLTrainer:
         self.own_pools: dict[int, Any] = {}  # generator rank beyond the pool's -> its own placement (grown)
         self.generator_target: int | None = None  # asked generator count not applied yet (`resize_generators`)
         self._pools_file_seen: float | None = None  # mtime of the control file last read
-        self.judge_pool: JudgePool | None = None  # reward.reward_model.enable_resource_pool: the judge's own pool
+        self.judge_pool: JudgePool | None = None  # the judge's replicas: its own pool, or colocated
 
     def mark(self, name: str) -> None:
         """Record a wall-clock start-up mark (kept: the first one of a name)."""
@@ -189,7 +189,8 @@ class DigenRLTrainer:
         if not ray.is_initialized():
             total = sum(self.run.digenrl.pools[r].size for r in self.run.digenrl.roles)
             judge = self.run.reward.reward_model
-            total += judge.pool.replicas if judge is not None and judge.pool is not None else 0
+            own = judge is not None and judge.pool is not None and not judge.pool.colocated
+            total += judge.pool.replicas if own else 0  # colocated replicas reserve no CPU
             init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads)
 
     def rendezvous(self) -> tuple[str, str] | None:
@@ -210,7 +211,7 @@ class DigenRLTrainer:
 
     def worker_args(self, role: str) -> dict[str, Any]:
         threads = self.run.digenrl.torch_threads
-        judges = self.judge_pool.actors if self.judge_pool is not None else None  # the judge's own pool, if any
+        judges = self.judge_pool.handles() if self.judge_pool is not None else None  # the judge's replicas, if any
         if role == "generator":
             return {"policy": self.run.policy, "reward": self.run.reward, "torch_threads": threads, "judges": judges}
         return {"policy": self.run.policy, "train": self.run.train, "reward": self.run.reward,
@@ -239,6 +240,7 @@ class DigenRLTrainer:
             for i, actor in enumerate(wg.workers):
                 self.workers[f"{SCHEDULE_POOL_NAMES[role]}:{i}"] = actor
         self.mark("workers_submitted")
+        self.start_colocated_judge()
         trainers = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         gens = self.worker_groups.get("generator")
         # NCCL needs one device per rank: pools that share GPUs (gpu_fraction < 1) sync over gloo
@@ -260,13 +262,27 @@ class DigenRLTrainer:
         self.worker_startup = dict(zip(timing_refs, ray.get(list(timing_refs.values()))))
 
     def start_judge_pool(self, worker_pools: tuple[PoolSpec, ...] = ()) -> None:
-        """`reward.reward_model.enable_resource_pool=True`: place the judge's own pool and start its replicas before
-        the scoring workers, which get their handles (`worker_args`); `worker_pools`, placed next, are counted in
-        its fail-fast check (an error then names the reward pool's keys)."""
+        """The judge's replicas, when it has any. `reward.reward_model.enable_resource_pool=True`: place the judge's
+        own pool and start its replicas before the scoring workers, which get their handles (`worker_args`);
+        `worker_pools`, placed next, are counted in its fail-fast check (an error then names the reward pool's keys).
+        Colocated replicas start after the workers (`start_colocated_judge`); the workers get their names."""
         judge = self.run.reward.reward_model
         if judge is not None and judge.pool is not None:
             self.judge_pool = JudgePool(judge, f"reward_pool_{self.run_id}_", self.run.digenrl.torch_threads)
-            self.judge_pool.start(worker_pools)
+            if not judge.pool.colocated:
+                self.judge_pool.start(worker_pools)
+
+    def start_colocated_judge(self) -> None:
+        """Colocated judge replicas: on the nodes and GPUs the workers report (`placement`, answered once each worker
+        loaded its model, so vLLM's memory check sees the workers'); on CPU each worker stands for one device."""
+        import ray
+
+        if self.judge_pool is None or not self.judge_pool.cfg.pool.colocated:
+            return
+        names = list(self.workers)
+        found = ray.get([self.workers[name].placement.remote() for name in names])
+        use_gpu = self.judge_pool.cfg.pool.use_gpu
+        self.judge_pool.start_colocated([(node, gpus if use_gpu else [name]) for name, (node, gpus) in zip(names, found)])
 
     # ---------------------------------------------------------------------------------- schedule
     def make_executor(self):

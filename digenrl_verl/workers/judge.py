@@ -11,6 +11,14 @@ through `RemoteJudge`, a judge backend that sends the decoded images actor-to-ac
 schedule does not change (SCORE still runs on the generators). A judge replica that died fails the scoring task with
 a RuntimeError naming the replica and the reward pool, never a Ray actor error: the executor reads an actor error in
 a task's result as the death of the worker that ran the task.
+
+Without a reward pool, a vLLM judge whose replica spans several GPUs (`tensor_model_parallel_size` > 1, verl-omni's
+Qwen-Image OCR recipes: `REWARD_TP=4` on the training GPUs) is placed the way verl-omni places it on its
+`global_pool`: `JudgePool.start_colocated` puts `devices // tensor_model_parallel_size` replicas on the nodes of the
+worker pools, each reserving nothing from Ray (no CPU, no GPU: it shares its node's workers' devices) and seeing the
+GPUs of `tensor_model_parallel_size` workers of its node (`CUDA_VISIBLE_DEVICES`, which Ray is told to leave alone).
+It starts once the workers have reported where they run (after their models loaded, so vLLM's memory check sees
+them); the scoring workers are given the replicas' actor names, resolved at their first score.
 """
 
 from __future__ import annotations
@@ -22,9 +30,9 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from digenrl_verl.rewards.vlm_judge import KEY_POOL, JudgeConfig, make_judge_backend
+from digenrl_verl.rewards.vlm_judge import KEY_POOL, KEY_TP, JudgeConfig, make_judge_backend
 from digenrl_verl.workers.pools import PoolSpec, missing_resources, pool_needs
 
 #: seconds `JudgePool.start` waits for the reward pool's placement groups to be placed
@@ -33,6 +41,21 @@ PLACE_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 600.0
 #: the keys that size the reward pool, for its errors
 SIZE_KEYS = "reward.reward_model.n_gpus_per_node / reward.reward_model.nnodes"
+#: a colocated replica's environment on GPUs: Ray leaves the CUDA_VISIBLE_DEVICES given here as it is
+NOSET_CUDA = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+
+def colocated_replicas(placements: Sequence[tuple[str, Sequence[str]]], per_replica: int
+                       ) -> list[tuple[str, tuple[str, ...]]]:
+    """(node id, device ids) of each colocated judge replica, from the workers' (node id, device ids): each node's
+    distinct devices in the order first seen, cut into groups of `per_replica` (the remainder stays unused), nodes
+    in the order first seen."""
+    nodes: dict[str, list[str]] = {}
+    for node, devices in placements:
+        seen = nodes.setdefault(node, [])
+        seen.extend(d for d in devices if d not in seen)
+    return [(node, tuple(devices[i:i + per_replica])) for node, devices in nodes.items()
+            for i in range(0, len(devices) - per_replica + 1, per_replica)]
 
 
 class JudgeWorker:
@@ -68,8 +91,18 @@ class RemoteJudge:
     def __init__(self, actors: Sequence[Any], first: int = 0) -> None:
         if not actors:
             raise ValueError("RemoteJudge needs at least one judge actor")
-        self.actors = list(actors)
-        self.next = first % len(self.actors)
+        # colocated replicas come by name (they start after the scoring workers): looked up at the first call
+        self.colocated = all(isinstance(a, str) for a in actors)
+        self.given = list(actors)
+        self.handles: list[Any] | None = None if self.colocated else self.given
+        self.next = first % len(self.given)
+
+    @property
+    def actors(self) -> list[Any]:
+        """The replicas' actor handles (named replicas looked up in this job's namespace once)."""
+        if self.handles is None:
+            self.handles = [ray.get_actor(name) for name in self.given]
+        return self.handles
 
     def transcribe(self, images: Sequence[Any]) -> list[str]:
         images = list(images)
@@ -86,19 +119,23 @@ class RemoteJudge:
                 parts.append(ray.get(ref))
             except RayActorError as err:  # the replica died, not this scoring worker (which the executor would drop)
                 cause = " ".join([type(err).__name__, *str(err).splitlines()[:1]])
-                raise RuntimeError(f"judge replica {self.actors.index(actor)} of {len(self.actors)} (reward pool, "
-                                   f"{KEY_POOL}=True) died ({cause}); the scoring worker is alive. Judge replicas are "
-                                   f"not restarted: restart the run, or set {KEY_POOL}=false (the judge then runs in "
-                                   "each scoring worker)") from None
+                where, fix = ((f"colocated on the worker pools' devices, {KEY_POOL}=false", f"or set {KEY_POOL}=true "
+                               "(the judge's own pool)") if self.colocated else
+                              (f"reward pool, {KEY_POOL}=True", f"or set {KEY_POOL}=false (the judge then runs in each "
+                               "scoring worker)"))
+                raise RuntimeError(f"judge replica {self.actors.index(actor)} of {len(self.actors)} ({where}) died "
+                                   f"({cause}); the scoring worker is alive. Judge replicas are not restarted: restart "
+                                   f"the run, {fix}") from None
         return [answer for part in parts for answer in part]
 
 
 class JudgePool:
-    """The reward pool's placement groups and judge actors (`start`, `wait_ready`, `release`)."""
+    """The judge's actors and, in its own pool, the reward pool's placement groups (`start` or `start_colocated`,
+    `wait_ready`, `release`)."""
 
     def __init__(self, cfg: JudgeConfig, name: str, torch_threads: int = 1) -> None:
         if cfg.pool is None:
-            raise ValueError("JudgePool: the judge config has no pool (reward.reward_model.enable_resource_pool=False)")
+            raise ValueError("JudgePool: the judge config has no replicas (it runs in each scoring worker)")
         self.cfg = cfg
         self.name = name
         self.torch_threads = torch_threads
@@ -131,6 +168,8 @@ class JudgePool:
         per replica (not waited for: `wait_ready`); the actors. `others`: the worker pools placed after this one,
         counted in the fail-fast check so that an error names the reward pool."""
         pool = self.cfg.pool
+        if pool.colocated:
+            raise ValueError("JudgePool.start: colocated replicas start with start_colocated, once the workers run")
         self.check_placeable(others)
         for node in range(pool.nnodes):
             self.placement_groups.append(placement_group([pool.bundle() for _ in range(pool.replicas_per_node)],
@@ -150,6 +189,37 @@ class JudgePool:
                 self.actors.append(remote.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=strategy,
                                                   name=f"{self.name}{node}_{bundle}").remote(self.cfg,
                                                                                              self.torch_threads))
+        return self.actors
+
+    def handles(self) -> list[Any]:
+        """What the scoring workers are given: the started actors (own pool), or the colocated replicas' names."""
+        return self.names() if self.cfg.pool.colocated else self.actors
+
+    def names(self) -> list[str]:
+        """The colocated replicas' actor names (known before they start)."""
+        return [f"{self.name}{k}" for k in range(self.cfg.pool.replicas)]
+
+    def start_colocated(self, placements: Sequence[tuple[str, Sequence[str]]]) -> list[Any]:
+        """Start the colocated replicas (not waited for: `wait_ready`) on the nodes of the workers' `placements`
+        ((node id, GPU ids) per worker; on CPU a worker's own name stands for its device); ValueError naming
+        `reward.reward_model.rollout.tensor_model_parallel_size` when the workers' devices give another number of
+        replicas than the plan's (pools on other nodes than planned, or sharing GPUs)."""
+        pool = self.cfg.pool
+        replicas = colocated_replicas(placements, pool.devices_per_replica)
+        if len(replicas) != pool.replicas:
+            per_node = sorted(len({d for n, ds in placements if n == node for d in ds})
+                              for node in dict.fromkeys(n for n, _ in placements))
+            raise ValueError(f"{KEY_TP}={pool.devices_per_replica} with {KEY_POOL}=false: the plan has "
+                             f"{pool.describe()}, but the worker pools run on {len(per_node)} node(s) with {per_node} "
+                             f"distinct devices, which hold {len(replicas)} replica(s); lower {KEY_TP}, or set "
+                             f"{KEY_POOL}=true")
+        remote = ray.remote(JudgeWorker)
+        for name, (node, devices) in zip(self.names(), replicas):
+            options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0, "name": name,
+                                       "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+            if pool.use_gpu:
+                options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(devices), NOSET_CUDA: "1"}}
+            self.actors.append(remote.options(**options).remote(self.cfg, self.torch_threads))
         return self.actors
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> list[str]:

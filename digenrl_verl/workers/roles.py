@@ -45,6 +45,7 @@ import resource
 import time
 from typing import Any, Iterator
 
+import ray
 import torch
 from verl import DataProto
 from verl.single_controller.base import Worker
@@ -435,6 +436,12 @@ class _Base(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def placement(self) -> tuple[str, list[str]]:
+        """(Ray node id, the GPU ids Ray gave this worker; none on CPU): where a colocated judge can share devices."""
+        context = ray.get_runtime_context()
+        return context.get_node_id(), [str(g) for g in context.get_accelerator_ids().get("GPU", [])]
 
 
 class GeneratorWorker(_Base, GenerationMixin, ScoringMixin):

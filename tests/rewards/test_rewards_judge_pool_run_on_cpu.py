@@ -59,6 +59,36 @@ def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, judge_ste
     assert math.isfinite(steps[0]["reward/mean"]) and 0.0 <= steps[0]["reward/mean"] <= 1.0
 
 
+def test_one_step_scores_through_a_judge_colocated_on_the_worker_pools(ray_session, tmp_path, judge_step_run):
+    """verl-omni's Qwen-Image OCR placement (a TP > 1 vLLM judge, no reward pool) on CPU: one replica per TP devices
+    of the worker pools (here generator 1 + trainer 1, TP 2: one), started on their node after them, reserving no
+    CPU, reached by name; the generator holds no judge model."""
+    spec = judge_step_run("trainer.digenrl.final_eval_prompts=0",
+                          "reward.reward_model.rollout.tensor_model_parallel_size=2")
+    pool = spec.reward.reward_model.pool
+    assert pool.colocated and pool.replicas == 1 and spec.reward.reward_model.backend == "transformers"
+    trainer = DigenRLTrainer(spec)
+    try:
+        summary = trainer.fit()
+        kind, actors, holds_model, gen_pid = _scorer_judge(trainer.workers["gen:0"])
+        judged = trainer.judge_pool.stats()
+        names = trainer.judge_pool.names()
+        nodes = {ray.get(w.placement.remote())[0] for w in trainer.workers.values()}
+        where = ray.get([a.__ray_call__.remote(lambda self: (ray.get_runtime_context().get_node_id(),
+                                                             ray.get_runtime_context().get_assigned_resources()))
+                         for a in trainer.judge_pool.actors])
+    finally:
+        trainer.shutdown()
+    assert (kind, actors, holds_model) == ("RemoteJudge", 1, False)  # the generator holds no judge model
+    assert [j["backend"] for j in judged] == ["TransformersJudge"] and judged[0]["images"] == 4
+    assert gen_pid != judged[0]["pid"] and names == [f"reward_pool_{trainer.run_id}_0"]
+    assert where == [(nodes.pop(), {})] and not nodes  # on the workers' node, holding no CPU of Ray's
+    assert trainer.judge_pool.actors == [] and summary["steps"] == 1 and summary["samples"] == 4
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [row for row in map(json.loads, lines) if "summary" not in row]
+    assert len(steps) == 1 and math.isfinite(steps[0]["reward/mean"])
+
+
 @ray.remote(num_cpus=0)
 class _Replica:
     """A judge replica stand-in: answers `<tag>:<image>` (after `delay_s`) and records what each call sent."""

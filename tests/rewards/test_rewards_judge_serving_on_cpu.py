@@ -203,32 +203,106 @@ def test_vllm_on_cpu_falls_back_to_transformers_even_where_vllm_could_run(judge_
     """trainer.device=cpu keeps the judge on CPU: transformers, warned by name, whatever this machine has."""
     with pytest.warns(UserWarning) as caught:
         judge, keys = _judge(judge_dir, "reward.reward_model.rollout.name=vllm",
-                             "reward.reward_model.rollout.tensor_model_parallel_size=4",
+                             "reward.reward_model.rollout.tensor_model_parallel_size=2",
                              "reward.reward_model.rollout.max_num_seqs=64")
     text = [str(w.message) for w in caught]
     assert judge.backend == "transformers" and judge.tensor_parallel_size == 1
     assert any(t.startswith("reward.reward_model.rollout.name=vllm -> transformers: trainer.device=cpu (vLLM judges "
                             "on CUDA only)") for t in text)
     assert any(d.startswith("reward.reward_model.rollout.name=vllm -> transformers") for d in keys.decisions)
-    for key in ("tensor_model_parallel_size=4", "max_num_seqs=64"):  # each changed engine key warned by name
-        assert any(t.startswith(f"reward.reward_model.rollout.{key} has no effect with reward.reward_model.rollout."
-                                "name=vllm (fallen back to transformers)") for t in text), key
+    # a changed engine key is warned by name; tensor_model_parallel_size still counts the colocated replicas
+    assert any(t.startswith("reward.reward_model.rollout.max_num_seqs=64 has no effect with reward.reward_model."
+                            "rollout.name=vllm (fallen back to transformers)") for t in text)
+    assert judge.pool.colocated and judge.pool.replicas == 1 and not any("parallel_size=2 has no" in t for t in text)
 
 
 def test_in_process_vllm_judge_needs_one_device(judge_dir, vllm_runs_here):
-    """Without its own pool the vLLM judge runs in each scoring worker, on that worker's one GPU: TP must be 1."""
+    """Without its own pool a vLLM judge of one GPU runs in each scoring worker, on that worker's GPU; a replica of
+    several GPUs is colocated on the worker pools' GPUs (next test); a bare JudgeConfig in-process needs TP 1."""
     on_gpu = ["trainer.device=cuda", "reward.reward_model.rollout.name=vllm"]
-    with pytest.raises(ValueError, match=r"reward\.reward_model\.rollout\.tensor_model_parallel_size=2 with reward\."
-                                         r"reward_model\.enable_resource_pool=false: .*set it to 1, or set reward\."
-                                         r"reward_model\.enable_resource_pool=true"):
-        _judge(judge_dir, *on_gpu)  # verl's shipped tensor_model_parallel_size is 2
     judge, keys = _judge(judge_dir, *on_gpu, "reward.reward_model.rollout.tensor_model_parallel_size=1")
     assert judge.backend == "vllm" and judge.pool is None and judge.tensor_parallel_size == 1
     assert any("gpu_memory_utilization 0.5 of the GPU that holds the diffusion model" in d for d in keys.decisions)
     pooled, _ = _judge(judge_dir, *on_gpu, *POOL)  # in the reward pool a replica has TP GPUs
-    assert pooled.tensor_parallel_size == 2 and pooled.pool.replicas == 4
+    assert pooled.tensor_parallel_size == 2 and pooled.pool.replicas == 4 and not pooled.pool.colocated
     with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2 with .*enable_resource_pool=false"):
         JudgeConfig("x", backend="vllm", tensor_parallel_size=2)
+
+
+QWEN_OCR = ["trainer.device=cuda", "reward.reward_model.rollout.name=vllm", "trainer.digenrl.mode=disaggregated",
+            "trainer.n_gpus_per_node=4", "trainer.nnodes=1"]  # verl-omni's Qwen-Image OCR layout: 4 GPUs, REWARD_TP=4
+
+
+def test_a_multi_gpu_vllm_judge_without_a_pool_is_colocated_on_the_worker_pools_like_verl_omnis_global_pool(
+        judge_dir, vllm_runs_here):
+    """verl-omni's Qwen-Image OCR scripts serve a TP-4 vLLM judge on the 4 training GPUs (no reward pool): here 4 // 4
+    = 1 replica colocated on the generator and trainer pools' 4 GPUs (2 + 2), planned and printed."""
+    judge, keys = _judge(judge_dir, *QWEN_OCR, "reward.reward_model.rollout.tensor_model_parallel_size=4")
+    assert judge.backend == "vllm" and judge.tensor_parallel_size == 4
+    assert judge.pool == JudgePoolSpec(1, 4, use_gpu=True, devices_per_replica=4, colocated=True)
+    assert judge.pool.replicas == 1
+    line = next(d for d in keys.decisions if d.startswith("judge replicas ("))
+    assert ("1 judge replica(s) of 4 GPU(s) on 1 node(s) x 4 of the worker pools (shared with their workers)" in line
+            and "gpu_memory_utilization=0.5 of each of its GPUs" in line and "enable_resource_pool=true" in line)
+    two, _ = _judge(judge_dir, *QWEN_OCR)  # verl's shipped TP 2: two replicas of two GPUs
+    assert two.pool.replicas == 2 and two.pool.colocated
+    multi, _ = _judge(judge_dir, *QWEN_OCR[:-1], "trainer.nnodes=4")  # whole nodes: 2 generate, 2 train
+    assert (multi.pool.nnodes, multi.pool.per_node, multi.pool.replicas) == (4, 4, 8)
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=8 with reward\.reward_model\.enable_resource_"
+                                         r"pool=false: a judge replica takes 8 devices of one node, and the worker "
+                                         r"pools hold 4 per node \(generator 1 x 2, trainer 1 x 2\); lower .*to at "
+                                         r"most 4, or set .*enable_resource_pool=true"):
+        _judge(judge_dir, *QWEN_OCR, "reward.reward_model.rollout.tensor_model_parallel_size=8")
+
+
+def test_a_colocated_judge_on_cpu_keeps_the_gpu_plans_replica_count(judge_dir):
+    """On CPU the vLLM judge falls back to transformers, placed as on GPUs: TP counts the replicas (not warned)."""
+    with pytest.warns(UserWarning) as caught:
+        judge, keys = _judge(judge_dir, "reward.reward_model.rollout.name=vllm", "trainer.digenrl.mode=disaggregated",
+                             "trainer.n_gpus_per_node=4", "reward.reward_model.rollout.tensor_model_parallel_size=4")
+    assert judge.backend == "transformers" and judge.tensor_parallel_size == 1
+    assert judge.pool == JudgePoolSpec(1, 4, use_gpu=False, devices_per_replica=4, colocated=True)
+    assert not any("tensor_model_parallel_size=4 has no effect" in str(w.message) for w in caught)
+    assert any("on CPU each replica is a whole copy of the judge model (transformers) in its own process: 1 copies"
+               in d for d in keys.decisions)
+
+
+def test_colocated_replicas_cut_each_nodes_distinct_devices():
+    # workers that share a GPU (pools with gpu_fraction < 1) report it twice: one device
+    placements = [("a", ["0"]), ("a", ["1"]), ("a", ["1"]), ("b", ["0"]), ("a", ["2"]), ("a", ["3"]), ("b", ["1"])]
+    assert judge_workers.colocated_replicas(placements, 2) == [("a", ("0", "1")), ("a", ("2", "3")), ("b", ("0", "1"))]
+    assert judge_workers.colocated_replicas(placements, 4) == [("a", ("0", "1", "2", "3"))]  # b's 2 stay unused
+    assert judge_workers.colocated_replicas(placements, 3) == [("a", ("0", "1", "2"))]
+
+
+def test_colocated_replicas_start_on_their_node_with_their_gpus(monkeypatch):
+    """Each replica: no CPU, no GPU from Ray, pinned to its node, CUDA_VISIBLE_DEVICES = its workers' GPUs (Ray told
+    to leave it); a placement that gives another count than the plan fails naming the key."""
+    started = []
+
+    class _Remote:
+        def options(self, **options):
+            return SimpleNamespace(remote=lambda cfg, threads: started.append(options) or options["name"])
+
+    monkeypatch.setattr(judge_workers.ray, "remote", lambda cls: _Remote())
+    cfg = JudgeConfig("x", backend="vllm", tensor_parallel_size=2,
+                      pool=JudgePoolSpec(1, 4, use_gpu=True, devices_per_replica=2, colocated=True))
+    pool = judge_workers.JudgePool(cfg, "rp_")
+    assert pool.handles() == ["rp_0", "rp_1"]
+    with pytest.raises(ValueError, match="start_colocated"):
+        pool.start()
+    node = "ab" * 28  # a Ray node id: 56 hex digits
+    pool.start_colocated([(node, ["0"]), (node, ["1"]), (node, ["2"]), (node, ["3"])])
+    assert [o["name"] for o in started] == ["rp_0", "rp_1"]
+    assert all(o["num_cpus"] == 0 and o["num_gpus"] == 0 and o["scheduling_strategy"].node_id == node
+               and not o["scheduling_strategy"].soft for o in started)
+    assert [o["runtime_env"]["env_vars"] for o in started] == [
+        {"CUDA_VISIBLE_DEVICES": "0,1", judge_workers.NOSET_CUDA: "1"},
+        {"CUDA_VISIBLE_DEVICES": "2,3", judge_workers.NOSET_CUDA: "1"}]
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2 with reward\.reward_model\.enable_resource_"
+                                         r"pool=false: the plan has 2 judge replica\(s\).*run on 2 node\(s\) with "
+                                         r"\[1, 2\] distinct devices, which hold 1 replica\(s\)"):
+        judge_workers.JudgePool(cfg, "rq_").start_colocated([("n1", ["0"]), ("n1", ["1"]), ("n2", ["0"])])
 
 
 def test_null_engine_settings_fail_naming_the_key(judge_dir, vllm_runs_here):

@@ -20,7 +20,7 @@ from digenrl_verl.rewards import JUDGE_REWARD, JudgeConfig, RewardConfig, VLMJud
 from digenrl_verl.rewards.ocr import levenshtein
 from digenrl_verl.rewards.tiny_judge import TINY_FAMILIES, build_tiny_judge_dir
 from digenrl_verl.rewards.vlm_judge import (
-    OCR_INSTRUCTION, JudgeProcessor, judge_family, judge_ocr_score, resolve_judge_path,
+    OCR_INSTRUCTION, JudgePoolSpec, JudgeProcessor, judge_family, judge_ocr_score, resolve_judge_path,
 )
 
 torch.set_num_threads(1)
@@ -165,17 +165,20 @@ def test_verl_omni_ocr_recipe_keys_build_the_judge(judge_dir, monkeypatch):
     keys = RecipeKeys(compose([
         "reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
         "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.tensor_model_parallel_size=4",
+        "trainer.digenrl.mode=disaggregated", "trainer.n_gpus_per_node=4",  # the Qwen-Image OCR scripts' layout
         f"reward.custom_reward_function.path={GENRM}", "reward.custom_reward_function.name=compute_score_ocr"]))
     check_unsupported(keys)  # enable=True is no longer a blocker
     with pytest.warns(UserWarning, match=r"genrm_ocr\.py:compute_score_ocr .*digenrl_verl's VLM judge.*not loaded"):
         reward = _build_reward(keys)
     assert reward.weights() == {JUDGE_REWARD: 1.0} and reward.custom_reward_function_path is None
-    assert reward.reward_model == JudgeConfig(judge_dir, max_new_tokens=12)
+    # the TP-4 judge without a reward pool: one replica colocated on the worker pools' 4 devices, as on GPUs
+    assert reward.reward_model == JudgeConfig(judge_dir, max_new_tokens=12, pool=JudgePoolSpec(
+        1, 4, use_gpu=False, devices_per_replica=4, colocated=True))
     assert {"reward.reward_model.enable", "reward.reward_model.model_path"} <= keys.read
     family = json.loads((Path(judge_dir) / "config.json").read_text())["model_type"]
     assert [d for d in keys.decisions if d.startswith("reward.reward_model.model_path")] == [
-        f"reward.reward_model.model_path={judge_dir!r}: a {family} judge ({judge_dir}) in-process in each scoring "
-        "worker (the generators), served by transformers generate (8 images per call); temperature 0.7, top_p 0.8, "
+        f"reward.reward_model.model_path={judge_dir!r}: a {family} judge ({judge_dir}) as replicas colocated on the "
+        "worker pools' devices, served by transformers generate (8 images per call); temperature 0.7, top_p 0.8, "
         "at most 12 new tokens"]  # printed by the dry run's plan
     assert "reward.reward_model.rollout.name" not in NO_EFFECT and "reward.reward_model.enable" not in UNSUPPORTED
 

@@ -24,7 +24,8 @@ def _judge_of(worker) -> tuple[str, int]:
 
 
 def test_one_disaggregated_step_scores_with_the_tiny_judge_in_the_generator(ray_session, tmp_path, judge_step_run):
-    spec = judge_step_run()
+    spec = judge_step_run("reward.reward_model.rollout.tensor_model_parallel_size=1")  # > 1: colocated replicas
+    assert spec.reward.reward_model.pool is None
     assert spec.reward.weights() == {"genrm_ocr": 1.0} and spec.reward.reward_model.max_new_tokens == 4
     trainer = DigenRLTrainer(spec)
     try:

@@ -973,9 +973,9 @@ def build_judge(keys: RecipeKeys, digenrl: DigenRLConfig) -> JudgeConfig | None:
     resolved = resolve_judge_path(path)
     family = judge_family(resolved)
     use_gpu = DEVICES.get(keys("trainer.device", "cpu")) == "cuda"
-    backend = _judge_backend(keys, serving[KEY_BACKEND], use_gpu, digenrl.dry_run)
+    backend = _judge_backend(keys, serving, use_gpu, digenrl.dry_run)
     engine = _judge_engine(serving) if backend == "vllm" else {}
-    colocated = _colocated_judge(serving, digenrl, use_gpu)
+    colocated = _colocated_judge(keys, serving, digenrl, use_gpu)
     _warn_unused_judge_keys(keys, serving, backend, colocated is not None)
     pool = colocated
     if serving[KEY_POOL]:
@@ -985,7 +985,7 @@ def build_judge(keys: RecipeKeys, digenrl: DigenRLConfig) -> JudgeConfig | None:
         _check_judge_processes(pool, digenrl)
     judge = JudgeConfig(model_path=resolved, backend=backend, pool=pool, **engine).with_env_overrides()
     if pool is not None:
-        keys.decide(_colocated_note(keys, pool, judge) if pool.colocated else _pool_note(keys, pool))
+        keys.decide(_colocated_note(pool, judge) if pool.colocated else _pool_note(keys, pool))
     where = ("in its own Ray pool (the reward pool)" if pool is not None and not pool.colocated else
              "as replicas colocated on the worker pools' devices" if pool is not None else
              "in-process in each scoring worker (the generators)")
@@ -1018,37 +1018,53 @@ def _warn_unused_judge_keys(keys: RecipeKeys, serving: dict[str, Any], backend: 
                           f"settings apply to {KEY_BACKEND}=vllm)", UserWarning, stacklevel=4)
 
 
-def _colocated_judge(serving: dict[str, Any], digenrl: DigenRLConfig, use_gpu: bool) -> JudgePoolSpec | None:
+def _colocated_judge(keys: RecipeKeys, serving: dict[str, Any], digenrl: DigenRLConfig,
+                     use_gpu: bool) -> JudgePoolSpec | None:
     """A vLLM judge of `tensor_model_parallel_size` > 1 without its own pool (verl-omni's Qwen-Image OCR recipes:
     `REWARD_TP=4` on the training GPUs): replicas colocated on the worker pools' devices, as verl-omni puts its reward
-    model on the `global_pool` (`devices // TP` replicas), on CPU too (transformers there: the same placement with
-    one process per replica); None otherwise. The pools' devices per node: one node when every pool has one node
-    (the derived layouts' single-node split), else whole nodes of one size; ValueError naming the key when a replica
-    does not fit on a node or the pools' nodes differ in size."""
-    if serving[KEY_POOL] or serving[KEY_BACKEND] != "vllm":
+    model on the `global_pool` (`devices // TP` replicas), on CPU too (transformers there: the same placement, one
+    process per replica); None otherwise. The pools' nodes: one-node pools that fit on one node of
+    `trainer.n_gpus_per_node` devices together share it (the derived single-node split), else each pool's nodes are
+    its own. ValueError naming the key, before any worker starts, when the pools share GPUs (`gpu_fraction` < 1),
+    their nodes differ in size, or a replica is wider than a node on GPUs; on CPU a replica wider than a node is
+    narrowed to the node (warned: there TP only counts the replicas)."""
+    if serving[KEY_POOL] or serving[KEY_BACKEND] != "vllm" or _count(KEY_TP, serving[KEY_TP], low=1) == 1:
         return None
-    tp = _count(KEY_TP, serving[KEY_TP], low=1)
-    if tp == 1:
-        return None
+    tp = serving[KEY_TP]
     pools = [digenrl.pools[role] for role in digenrl.roles]
     shapes = ", ".join(f"{role} {digenrl.pools[role].nnodes} x {digenrl.pools[role].workers_per_node}"
                        for role in digenrl.roles)
-    if all(p.nnodes == 1 for p in pools):
-        nnodes, per_node = 1, sum(p.workers_per_node for p in pools)
-    elif len({p.workers_per_node for p in pools}) == 1:
-        nnodes, per_node = sum(p.nnodes for p in pools), pools[0].workers_per_node
-    else:
+    fix = f"set {KEY_POOL}=true (the judge's own pool: reward.reward_model.n_gpus_per_node / nnodes)"
+    if any(p.shares_a_device for p in pools):
         raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: the judge's replicas would share the worker pools' "
-                         f"devices, whose nodes differ in size ({shapes}); give the pools nodes of one size, or set "
-                         f"{KEY_POOL}=true with reward.reward_model.n_gpus_per_node / nnodes")
+                         f"GPUs, and these pools share GPUs themselves (gpu_fraction < 1), so a node's distinct GPUs "
+                         f"are not known before they are placed; {fix}")
+    node_size = _count("trainer.n_gpus_per_node", keys("trainer.n_gpus_per_node", 8), low=1)
+    if all(p.nnodes == 1 for p in pools) and sum(p.workers_per_node for p in pools) <= node_size:
+        nodes = [sum(p.workers_per_node for p in pools)]
+    else:
+        nodes = [p.workers_per_node for p in pools for _ in range(p.nnodes)]
+    if len(set(nodes)) > 1:
+        raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: the judge's replicas would share the worker pools' "
+                         f"devices, whose nodes differ in size ({shapes}); give the pools nodes of one size, or {fix}")
+    per_node = nodes[0]
+    if tp > per_node and not use_gpu:
+        warnings.warn(f"{KEY_TP}={tp} with {KEY_POOL}=false on trainer.device=cpu: a replica would take {tp} of a "
+                      f"node's {per_node} CPU workers ({shapes}); on CPU the judge runs one replica per {per_node} "
+                      f"(the tensor-parallel degree only counts the replicas there); on GPUs it needs {tp} per node",
+                      UserWarning, stacklevel=4)
+        keys.decide(f"{KEY_TP}={tp} -> {per_node} on trainer.device=cpu: a colocated judge replica per node's "
+                    f"{per_node} CPU workers")
+        tp = per_node
     if tp > per_node:
-        raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: a judge replica takes {tp} devices of one node, and "
+        raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: a judge replica takes {tp} GPUs of one node, and "
                          f"the worker pools hold {per_node} per node ({shapes}); lower {KEY_TP} to at most {per_node}, "
-                         f"or set {KEY_POOL}=true with reward.reward_model.n_gpus_per_node >= {tp}")
-    return JudgePoolSpec(nnodes=nnodes, per_node=per_node, use_gpu=use_gpu, devices_per_replica=tp, colocated=True)
+                         f"or {fix} with n_gpus_per_node >= {tp}")
+    return JudgePoolSpec(nnodes=len(nodes), per_node=per_node, use_gpu=use_gpu, devices_per_replica=tp,
+                         colocated=True)
 
 
-def _colocated_note(keys: RecipeKeys, pool: JudgePoolSpec, judge: JudgeConfig) -> str:
+def _colocated_note(pool: JudgePoolSpec, judge: JudgeConfig) -> str:
     """The plan's line for a judge colocated on the worker pools' devices: what it shares and what it costs."""
     note = (f"judge replicas ({KEY_TP}={pool.devices_per_replica}, {KEY_POOL}=false): {pool.describe()}, as verl-omni "
             "places its reward model on the training GPUs (global_pool); the scoring workers send the decoded images "
@@ -1056,9 +1072,11 @@ def _colocated_note(keys: RecipeKeys, pool: JudgePoolSpec, judge: JudgeConfig) -
     if pool.use_gpu:
         note += (f"; each replica's vLLM takes {_RM}.rollout.gpu_memory_utilization={judge.gpu_memory_utilization} of "
                  "each of its GPUs next to the generators' and trainers' models, and computes beside them (it is not "
-                 "put to sleep while the trainer trains, unlike verl-omni's colocated reward model); vLLM stops at "
-                 "start-up when that much memory is not free: lower it, or set "
-                 f"{KEY_POOL}=true for GPUs of its own")
+                 "put to sleep while the trainer trains, unlike verl-omni's colocated reward model); it starts once "
+                 "the workers have joined, and vLLM stops at start-up when that much memory is not free then (memory "
+                 "the workers take later, such as optimizer state at the first step, is not seen): lower it, or set "
+                 f"{KEY_POOL}=true for GPUs of its own. A replica shares its node's fate: lost with the node, not "
+                 "restarted")
     else:
         note += (f"; on CPU each replica is a whole copy of the judge model (transformers) in its own process: "
                  f"{pool.replicas} copies in memory")
@@ -1078,10 +1096,11 @@ def _pool_note(keys: RecipeKeys, pool: JudgePoolSpec) -> str:
     return note
 
 
-def _judge_backend(keys: RecipeKeys, name: Any, use_gpu: bool, dry_run: bool) -> str:
+def _judge_backend(keys: RecipeKeys, serving: dict[str, Any], use_gpu: bool, dry_run: bool) -> str:
     """`reward.reward_model.rollout.name` → the judge backend. vllm on trainer.device=cpu: the transformers backend
     instead, whatever is installed (warned, in the plan); on cuda where vLLM cannot run: a ValueError naming the key
     and the fix (a dry run plans for the cluster: a decision)."""
+    name = serving[KEY_BACKEND]
     backend = "transformers" if name is None else str(name)
     if backend not in JUDGE_BACKENDS:
         raise ValueError(f"unknown {KEY_BACKEND}={backend!r}; valid: {list(JUDGE_BACKENDS)} (null: transformers; "
@@ -1090,9 +1109,11 @@ def _judge_backend(keys: RecipeKeys, name: Any, use_gpu: bool, dry_run: bool) ->
         return backend
     if not use_gpu:
         why = judge_backend_unavailable(backend) or "vLLM judges on CUDA only"
+        unused = f"{KEY_TP} and vLLM's memory settings are not used" if serving[KEY_POOL] or serving[KEY_TP] == 1 \
+            else f"vLLM's memory settings are not used; {KEY_TP} still counts the replicas colocated on the workers"
         note = (f"{KEY_BACKEND}=vllm -> transformers: trainer.device=cpu ({why}); the judge runs with transformers' "
                 f"generate instead (same checkpoint, chat, sampling and score; one whole model per replica, so "
-                f"{KEY_TP} and vLLM's memory settings are not used). Fix: trainer.device=cuda ({VLLM_INSTALL_HINT}), "
+                f"{unused}). Fix: trainer.device=cuda ({VLLM_INSTALL_HINT}), "
                 f"or set {KEY_BACKEND}=transformers to choose it")
         warnings.warn(note, UserWarning, stacklevel=4)
         keys.decide(note)

@@ -26,10 +26,10 @@ IMAGES_PER_PROMPT = 1
 
 def engine_kwargs(cfg: JudgeConfig) -> dict[str, Any]:
     """The `vllm.LLM(...)` arguments of the judge (`reward.reward_model.rollout.*`). Tensor parallelism > 1 exists
-    only in the judge's own pool (`reward.reward_model.enable_resource_pool=True`; `JudgeConfig` refuses it for an
-    in-process judge, which has its scoring worker's one device): a replica runs its ranks as local processes ("mp")
-    on the GPUs its Ray actor holds (`workers.judge.JudgePool` reserves them in one placement bundle), not as Ray
-    workers of its own."""
+    only for judge replicas as Ray actors (`JudgeConfig` refuses it for an in-process judge, which has its scoring
+    worker's one device): a replica runs its ranks as local processes ("mp") on the GPUs its actor sees, reserved in
+    one placement bundle of the judge's own pool (`reward.reward_model.enable_resource_pool=True`) or, colocated,
+    those of TP workers of its node (`workers.judge.JudgePool.start_colocated`), not as Ray workers of its own."""
     kwargs: dict[str, Any] = {
         "model": cfg.model_path, "tokenizer": cfg.model_path, "dtype": cfg.dtype,
         "tensor_parallel_size": cfg.tensor_parallel_size, "gpu_memory_utilization": cfg.gpu_memory_utilization,

@@ -212,8 +212,10 @@ class JudgeConfig:
                 raise ValueError(f"reward.reward_model.rollout.{name}={value} must be >= 1 or null")
         if self.backend == "vllm" and self.pool is None and self.tensor_parallel_size != 1:
             raise ValueError(f"{KEY_TP}={self.tensor_parallel_size} with {KEY_POOL}=false: the vLLM judge would run "
-                             "in each scoring worker, on that worker's one device; set it to 1, or set "
-                             f"{KEY_POOL}=true (the reward pool gives each replica {self.tensor_parallel_size} GPUs)")
+                             "in each scoring worker, on that worker's one device; set it to 1, give the config "
+                             "colocated replicas (JudgePoolSpec(colocated=True), what the verl-omni adapter builds), "
+                             f"or set {KEY_POOL}=true (the reward pool gives each replica {self.tensor_parallel_size} "
+                             "GPUs)")
         if self.pool is not None and (self.pool.use_gpu or not self.pool.colocated) and \
                 self.pool.devices_per_replica != (self.tensor_parallel_size if self.pool.use_gpu else 1):
             raise ValueError(f"JudgeConfig: a replica of the pool takes {self.pool.devices_per_replica} device(s), "
@@ -412,8 +414,10 @@ class VLMJudgeReward(Reward):
 
     def __init__(self, cfg: JudgeConfig, judge: JudgeBackend | None = None) -> None:
         if judge is None and cfg.pool is not None:
-            raise RuntimeError(f"{KEY_POOL}=True: the judge runs in its own pool, and this worker was given no handle "
-                               "to it (workers.judge.RemoteJudge)")
+            where = f"as colocated replicas ({KEY_TP} > 1, {KEY_POOL}=false)" if cfg.pool.colocated else \
+                f"in its own pool ({KEY_POOL}=True)"
+            raise RuntimeError(f"the judge runs {where}, and this worker was given no handle to it "
+                               "(workers.judge.RemoteJudge)")
         self.judge = judge if judge is not None else make_judge_backend(cfg)
         self.last_answers: list[str] = []
 

@@ -240,7 +240,6 @@ class DigenRLTrainer:
             for i, actor in enumerate(wg.workers):
                 self.workers[f"{SCHEDULE_POOL_NAMES[role]}:{i}"] = actor
         self.mark("workers_submitted")
-        self.start_colocated_judge()
         trainers = self.worker_groups.get("trainer") or self.worker_groups["colocated"]
         gens = self.worker_groups.get("generator")
         # NCCL needs one device per rank: pools that share GPUs (gpu_fraction < 1) sync over gloo
@@ -256,6 +255,7 @@ class DigenRLTrainer:
         # the start-up marks come back with the join (actor calls run in order: after the join), one round trip
         timing_refs = {w: a.startup_timings.remote() for w, a in self.workers.items()}
         ray.get(refs)
+        self.start_colocated_judge()  # after the join: the workers' models and process groups hold their memory
         if self.judge_pool is not None:
             self.judge_pool.wait_ready()
         self.mark("joined")
@@ -273,8 +273,9 @@ class DigenRLTrainer:
                 self.judge_pool.start(worker_pools)
 
     def start_colocated_judge(self) -> None:
-        """Colocated judge replicas: on the nodes and GPUs the workers report (`placement`, answered once each worker
-        loaded its model, so vLLM's memory check sees the workers'); on CPU each worker stands for one device."""
+        """Colocated judge replicas: on the nodes and GPUs the workers report (`placement`), started once the workers
+        have joined (their models and process groups hold their memory, which vLLM's start-up check then sees; what
+        they take later, such as optimizer state, it does not); on CPU each worker stands for one device."""
         import ray
 
         if self.judge_pool is None or not self.judge_pool.cfg.pool.colocated:

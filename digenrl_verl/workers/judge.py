@@ -17,8 +17,9 @@ Qwen-Image OCR recipes: `REWARD_TP=4` on the training GPUs) is placed the way ve
 `global_pool`: `JudgePool.start_colocated` puts `devices // tensor_model_parallel_size` replicas on the nodes of the
 worker pools, each reserving nothing from Ray (no CPU, no GPU: it shares its node's workers' devices) and seeing the
 GPUs of `tensor_model_parallel_size` workers of its node (`CUDA_VISIBLE_DEVICES`, which Ray is told to leave alone).
-It starts once the workers have reported where they run (after their models loaded, so vLLM's memory check sees
-them); the scoring workers are given the replicas' actor names, resolved at their first score.
+It starts once the workers have joined and reported where they run (their models loaded, so vLLM's memory check
+sees them; memory they take later, such as optimizer state, it does not); the scoring workers are given the replicas'
+actor names, resolved at their first score. A colocated replica lives and dies with its node (not restarted).
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ def colocated_replicas(placements: Sequence[tuple[str, Sequence[str]]], per_repl
             for i in range(0, len(devices) - per_replica + 1, per_replica)]
 
 
+def colocated_options(name: str, node: str, gpus: Sequence[str] | None) -> dict[str, Any]:
+    """Ray actor options of a colocated replica: named, pinned to `node`, reserving no CPU and no GPU; on GPUs
+    (`gpus`) it sees those (`CUDA_VISIBLE_DEVICES`, which Ray is told to leave as given)."""
+    options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0, "name": name,
+                               "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+    if gpus is not None:
+        options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(gpus), NOSET_CUDA: "1"}}
+    return options
+
+
 class JudgeWorker:
     """One judge replica (a Ray actor): the in-process backend of `cfg`, answering `transcribe` calls in order."""
 
@@ -94,15 +105,15 @@ class RemoteJudge:
         # colocated replicas come by name (they start after the scoring workers): looked up at the first call
         self.colocated = all(isinstance(a, str) for a in actors)
         self.given = list(actors)
-        self.handles: list[Any] | None = None if self.colocated else self.given
+        self.resolved: list[Any] | None = None if self.colocated else self.given
         self.next = first % len(self.given)
 
     @property
     def actors(self) -> list[Any]:
         """The replicas' actor handles (named replicas looked up in this job's namespace once)."""
-        if self.handles is None:
-            self.handles = [ray.get_actor(name) for name in self.given]
-        return self.handles
+        if self.resolved is None:
+            self.resolved = [ray.get_actor(name) for name in self.given]
+        return self.resolved
 
     def transcribe(self, images: Sequence[Any]) -> list[str]:
         images = list(images)
@@ -122,7 +133,7 @@ class RemoteJudge:
                 where, fix = ((f"colocated on the worker pools' devices, {KEY_POOL}=false", f"or set {KEY_POOL}=true "
                                "(the judge's own pool)") if self.colocated else
                               (f"reward pool, {KEY_POOL}=True", f"or set {KEY_POOL}=false (the judge then runs in each "
-                               "scoring worker)"))
+                               f"scoring worker, or colocated on the workers' GPUs when {KEY_TP} > 1)"))
                 raise RuntimeError(f"judge replica {self.actors.index(actor)} of {len(self.actors)} ({where}) died "
                                    f"({cause}); the scoring worker is alive. Judge replicas are not restarted: restart "
                                    f"the run, {fix}") from None
@@ -147,7 +158,8 @@ class JudgePool:
         reward pool and the worker pools still to be placed (`others`) against what is available, and one node's
         resources for each of the pool's STRICT_PACK placement groups (one per node)."""
         pool = self.cfg.pool
-        fix = (f"lower {SIZE_KEYS}, or set {KEY_POOL}=false (the judge then runs in each scoring worker)")
+        fix = (f"lower {SIZE_KEYS}, or set {KEY_POOL}=false (the judge then runs in each scoring worker, or colocated "
+               f"on the workers' GPUs when {KEY_TP} > 1)")
         needs = {r: amount * pool.replicas for r, amount in pool.bundle().items()}
         for other in others:
             for r, amount in pool_needs(other).items():
@@ -215,10 +227,7 @@ class JudgePool:
                              f"{KEY_POOL}=true")
         remote = ray.remote(JudgeWorker)
         for name, (node, devices) in zip(self.names(), replicas):
-            options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0, "name": name,
-                                       "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
-            if pool.use_gpu:
-                options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(devices), NOSET_CUDA: "1"}}
+            options = colocated_options(name, node, devices if pool.use_gpu else None)
             self.actors.append(remote.options(**options).remote(self.cfg, self.torch_threads))
         return self.actors
 

@@ -15,7 +15,7 @@ from ray.exceptions import RayActorError
 
 from digenrl_verl.trainer.ray_executor import _raises
 from digenrl_verl.trainer.runner import DigenRLTrainer
-from digenrl_verl.workers.judge import RemoteJudge
+from digenrl_verl.workers.judge import RemoteJudge, colocated_options
 
 pytestmark = pytest.mark.slow  # starts Ray workers and a judge pool, trains a step
 
@@ -87,6 +87,25 @@ def test_one_step_scores_through_a_judge_colocated_on_the_worker_pools(ray_sessi
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [row for row in map(json.loads, lines) if "summary" not in row]
     assert len(steps) == 1 and math.isfinite(steps[0]["reward/mean"])
+
+
+def test_a_colocated_replica_sees_the_gpus_it_is_given_and_no_cpu_of_rays(ray_session):
+    """The options of a colocated replica, on a real Ray actor: Ray leaves the given CUDA_VISIBLE_DEVICES alone
+    (a task without GPUs would otherwise get an empty one), and the actor holds no resources of Ray's."""
+    node = ray.get_runtime_context().get_node_id()
+
+    @ray.remote
+    class Probe:
+        def where(self):
+            context = ray.get_runtime_context()
+            return os.environ.get("CUDA_VISIBLE_DEVICES"), context.get_node_id(), context.get_assigned_resources()
+
+    probe = Probe.options(**colocated_options("colocated_probe", node, ["2", "3"])).remote()
+    try:
+        assert ray.get(probe.where.remote()) == ("2,3", node, {})
+        assert ray.get_actor("colocated_probe")._actor_id == probe._actor_id
+    finally:
+        ray.kill(probe)
 
 
 @ray.remote(num_cpus=0)

@@ -193,8 +193,11 @@ def test_the_judge_reward_asks_the_backend_it_is_given(judge_dir):
     scores = reward.score(images, ['"OPEN"', '"SHUT"', '"pen"'])
     assert echo.seen == 3 and reward.components[JUDGE_REWARD][0].judge is echo
     assert scores.tolist() == pytest.approx([1.0, judge_ocr_score("open", "SHUT"), 1.0])
-    with pytest.raises(RuntimeError, match=r"enable_resource_pool=True: the judge runs in its own pool"):
+    with pytest.raises(RuntimeError, match=r"the judge runs in its own pool \(reward\.reward_model\.enable_resource_"
+                                           r"pool=True\), and this worker was given no handle"):
         VLMJudgeReward(cfg)  # a pooled judge is never silently built in-process
+    with pytest.raises(RuntimeError, match=r"the judge runs as colocated replicas"):
+        VLMJudgeReward(JudgeConfig(judge_dir, pool=JudgePoolSpec(1, 2, devices_per_replica=2, colocated=True)))
 
 
 # --- review findings (issue 11): serving choices that were accepted and failed later, or were silent -----------
@@ -248,8 +251,19 @@ def test_a_multi_gpu_vllm_judge_without_a_pool_is_colocated_on_the_worker_pools_
     assert two.pool.replicas == 2 and two.pool.colocated
     multi, _ = _judge(judge_dir, *QWEN_OCR[:-1], "trainer.nnodes=4")  # whole nodes: 2 generate, 2 train
     assert (multi.pool.nnodes, multi.pool.per_node, multi.pool.replicas) == (4, 4, 8)
+    two_nodes, _ = _judge(judge_dir, *QWEN_OCR[:-1], "trainer.nnodes=2")  # 1 node generates, 1 trains: 2 nodes of 4
+    assert (two_nodes.pool.nnodes, two_nodes.pool.per_node, two_nodes.pool.replicas) == (2, 4, 4)  # TP 2
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=8 .*takes 8 GPUs of one node, and the worker "
+                                         r"pools hold 4 per node \(generator 1 x 4, trainer 1 x 4\)"):
+        _judge(judge_dir, *QWEN_OCR[:-1], "trainer.nnodes=2",
+               "reward.reward_model.rollout.tensor_model_parallel_size=8")
+    shared = ["trainer.digenrl.pools.generator.gpu_fraction=0.5", "trainer.digenrl.pools.trainer.gpu_fraction=0.5",
+              "trainer.digenrl.pools.generator.use_gpu=true", "trainer.digenrl.pools.trainer.use_gpu=true"]
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2 with .*these pools share GPUs themselves "
+                                         r"\(gpu_fraction < 1\).*set reward\.reward_model\.enable_resource_pool=true"):
+        _judge(judge_dir, *QWEN_OCR, *shared)
     with pytest.raises(ValueError, match=r"tensor_model_parallel_size=8 with reward\.reward_model\.enable_resource_"
-                                         r"pool=false: a judge replica takes 8 devices of one node, and the worker "
+                                         r"pool=false: a judge replica takes 8 GPUs of one node, and the worker "
                                          r"pools hold 4 per node \(generator 1 x 2, trainer 1 x 2\); lower .*to at "
                                          r"most 4, or set .*enable_resource_pool=true"):
         _judge(judge_dir, *QWEN_OCR, "reward.reward_model.rollout.tensor_model_parallel_size=8")
@@ -265,6 +279,15 @@ def test_a_colocated_judge_on_cpu_keeps_the_gpu_plans_replica_count(judge_dir):
     assert not any("tensor_model_parallel_size=4 has no effect" in str(w.message) for w in caught)
     assert any("on CPU each replica is a whole copy of the judge model (transformers) in its own process: 1 copies"
                in d for d in keys.decisions)
+    assert any("tensor_model_parallel_size still counts the replicas colocated" in d for d in keys.decisions)
+    # on CPU a replica wider than a node's workers is narrowed to the node (on GPUs: an error, above)
+    with pytest.warns(UserWarning, match=r"tensor_model_parallel_size=4 with .*enable_resource_pool=false on trainer"
+                                         r"\.device=cpu: a replica would take 4 of a node's 2 CPU workers"):
+        narrow, keys = _judge(judge_dir, "reward.reward_model.rollout.name=vllm", "trainer.digenrl.mode=disaggregated",
+                              "trainer.n_gpus_per_node=2", "reward.reward_model.rollout.tensor_model_parallel_size=4")
+    assert narrow.pool == JudgePoolSpec(1, 2, use_gpu=False, devices_per_replica=2, colocated=True)
+    assert "reward.reward_model.rollout.tensor_model_parallel_size=4 -> 2 on trainer.device=cpu" in " ".join(
+        keys.decisions)
 
 
 def test_colocated_replicas_cut_each_nodes_distinct_devices():

@@ -1157,7 +1157,8 @@ def _check_judge_processes(pool: JudgePoolSpec, digenrl: DigenRLConfig) -> None:
     if pool.colocated:
         sizing, fix = (f"{KEY_TP}={pool.devices_per_replica} with {KEY_POOL}=false on trainer.device=cpu: "
                        f"{pool.replicas} judge processes colocated with the {workers} of the worker pools",
-                       f"raise {KEY_TP}, or set trainer.device=cuda")
+                       f"set {KEY_TP}=1 (the judge then runs inside each scoring worker, no process of its own), "
+                       "lower trainer.n_gpus_per_node / trainer.nnodes, or set trainer.device=cuda")
     else:
         sizing, fix = (f"{KEY_POOL}=True on trainer.device=cpu: {_RM}.n_gpus_per_node={pool.per_node} x {_RM}.nnodes="
                        f"{pool.nnodes} = {pool.replicas} judge processes + {workers} of the worker pools",

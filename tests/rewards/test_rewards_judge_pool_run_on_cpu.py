@@ -30,19 +30,24 @@ def _scorer_judge(worker) -> tuple[str, int, bool, int]:
     return ray.get(worker.__ray_call__.remote(probe))
 
 
+def _one_step(spec, inspect):
+    """Train the spec's one step; before the shutdown: what the generator's judge is (`_scorer_judge`), what each
+    judge replica judged, and `inspect(trainer)`. (trainer, summary, those three)."""
+    trainer = DigenRLTrainer(spec)
+    try:
+        summary = trainer.fit()
+        return trainer, summary, _scorer_judge(trainer.workers["gen:0"]), trainer.judge_pool.stats(), inspect(trainer)
+    finally:
+        trainer.shutdown()
+
+
 def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, judge_step_run):
     spec = judge_step_run("trainer.digenrl.final_eval_prompts=0",  # only the step's SCOREs ask the judge
                           "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1",
                           "reward.reward_model.n_gpus_per_node=2")
     assert spec.reward.reward_model.pool.replicas == 2 and spec.reward.reward_model.backend == "transformers"
-    trainer = DigenRLTrainer(spec)
-    try:
-        summary = trainer.fit()
-        kind, actors, holds_model, gen_pid = _scorer_judge(trainer.workers["gen:0"])
-        judged = trainer.judge_pool.stats()
-        groups = ray.util.placement_group_table()
-    finally:
-        trainer.shutdown()
+    trainer, summary, (kind, actors, holds_model, gen_pid), judged, groups = _one_step(
+        spec, lambda trainer: ray.util.placement_group_table())
     after = ray.util.placement_group_table()
     assert (kind, actors, holds_model) == ("RemoteJudge", 2, False)  # the generator holds no judge model
     assert [j["backend"] for j in judged] == ["TransformersJudge"] * 2
@@ -67,18 +72,14 @@ def test_one_step_scores_through_a_judge_colocated_on_the_worker_pools(ray_sessi
                           "reward.reward_model.rollout.tensor_model_parallel_size=2")
     pool = spec.reward.reward_model.pool
     assert pool.colocated and pool.replicas == 1 and spec.reward.reward_model.backend == "transformers"
-    trainer = DigenRLTrainer(spec)
-    try:
-        summary = trainer.fit()
-        kind, actors, holds_model, gen_pid = _scorer_judge(trainer.workers["gen:0"])
-        judged = trainer.judge_pool.stats()
-        names = trainer.judge_pool.names()
+    def placed(trainer):
         nodes = {ray.get(w.placement.remote())[0] for w in trainer.workers.values()}
         where = ray.get([a.__ray_call__.remote(lambda self: (ray.get_runtime_context().get_node_id(),
                                                              ray.get_runtime_context().get_assigned_resources()))
                          for a in trainer.judge_pool.actors])
-    finally:
-        trainer.shutdown()
+        return trainer.judge_pool.names(), nodes, where
+
+    trainer, summary, (kind, actors, holds_model, gen_pid), judged, (names, nodes, where) = _one_step(spec, placed)
     assert (kind, actors, holds_model) == ("RemoteJudge", 1, False)  # the generator holds no judge model
     assert [j["backend"] for j in judged] == ["TransformersJudge"] and judged[0]["images"] == 4
     assert gen_pid != judged[0]["pid"] and names == [f"reward_pool_{trainer.run_id}_0"]

@@ -111,6 +111,14 @@ def test_cpu_judge_processes_count_with_the_worker_processes_against_one_limit(j
     with pytest.raises(ValueError, match=rf"= {room + 1} judge processes \+ {workers} of the worker pools: "
                                          rf"{room + workers + 1} CPU worker processes"):
         _judge(judge_dir, *POOL, f"reward.reward_model.n_gpus_per_node={room + 1}")
+    # colocated replicas (TP > 1 without a pool) are processes too: one node of the limit's workers has no room
+    limit = max(4 * (os.cpu_count() or 1), 8)
+    with pytest.raises(ValueError, match=rf"tensor_model_parallel_size=2 with .*enable_resource_pool=false on trainer"
+                                         rf"\.device=cpu: {limit // 2} judge processes colocated with the {limit} of "
+                                         rf"the worker pools.*set reward\.reward_model\.rollout\.tensor_model_"
+                                         rf"parallel_size=1 \(the judge then runs inside each scoring worker"):
+        _judge(judge_dir, "reward.reward_model.rollout.name=vllm", "trainer.digenrl.mode=disaggregated",
+               f"trainer.n_gpus_per_node={limit}")
 
 
 def test_the_reward_pool_line_says_how_many_copies_of_the_judge_a_cpu_pool_holds():

@@ -1018,6 +1018,13 @@ def _warn_unused_judge_keys(keys: RecipeKeys, serving: dict[str, Any], backend: 
                           f"settings apply to {KEY_BACKEND}=vllm)", UserWarning, stacklevel=4)
 
 
+def _colocates(serving: dict[str, Any]) -> bool:
+    """Whether the judge's replicas are colocated on the worker pools' devices: a vLLM judge of
+    `tensor_model_parallel_size` > 1 (checked: an integer >= 1) without its own pool."""
+    return (not serving[KEY_POOL] and serving[KEY_BACKEND] == "vllm"
+            and _count(KEY_TP, serving[KEY_TP], low=1) > 1)
+
+
 def _colocated_judge(keys: RecipeKeys, serving: dict[str, Any], digenrl: DigenRLConfig,
                      use_gpu: bool) -> JudgePoolSpec | None:
     """A vLLM judge of `tensor_model_parallel_size` > 1 without its own pool (verl-omni's Qwen-Image OCR recipes:
@@ -1028,7 +1035,7 @@ def _colocated_judge(keys: RecipeKeys, serving: dict[str, Any], digenrl: DigenRL
     its own. ValueError naming the key, before any worker starts, when the pools share GPUs (`gpu_fraction` < 1),
     their nodes differ in size, or a replica is wider than a node on GPUs; on CPU a replica wider than a node is
     narrowed to the node (warned: there TP only counts the replicas)."""
-    if serving[KEY_POOL] or serving[KEY_BACKEND] != "vllm" or _count(KEY_TP, serving[KEY_TP], low=1) == 1:
+    if not _colocates(serving):
         return None
     tp = serving[KEY_TP]
     pools = [digenrl.pools[role] for role in digenrl.roles]
@@ -1109,8 +1116,8 @@ def _judge_backend(keys: RecipeKeys, serving: dict[str, Any], use_gpu: bool, dry
         return backend
     if not use_gpu:
         why = judge_backend_unavailable(backend) or "vLLM judges on CUDA only"
-        unused = f"{KEY_TP} and vLLM's memory settings are not used" if serving[KEY_POOL] or serving[KEY_TP] == 1 \
-            else f"vLLM's memory settings are not used; {KEY_TP} still counts the replicas colocated on the workers"
+        unused = f"vLLM's memory settings are not used; {KEY_TP} still counts the replicas colocated on the workers" \
+            if _colocates(serving) else f"{KEY_TP} and vLLM's memory settings are not used"
         note = (f"{KEY_BACKEND}=vllm -> transformers: trainer.device=cpu ({why}); the judge runs with transformers' "
                 f"generate instead (same checkpoint, chat, sampling and score; one whole model per replica, so "
                 f"{unused}). Fix: trainer.device=cuda ({VLLM_INSTALL_HINT}), "

@@ -29,7 +29,9 @@ end of the warm-up (it runs after the calls the worker already had queued) and o
 `trace_utilisation` (time with a task outstanding, submit -> the driver notices completion, charged to every worker
 of the task: it counts idle lock-step ranks and Ray latency as busy, kept for comparison only);
 `samples_per_worker_s` (samples / (workers x window)); `reward_mean` (mean reward of the measured steps). Top-level
-`vs_colocated_best` and `vs_verl_omni_like`: `digenrl`'s median throughput over those rows' medians. Each run
+`vs_colocated_best` and `vs_verl_omni_like`: `digenrl`'s median throughput over those rows' medians; next to each,
+`<key>_per_pass` (digenrl's run over the baseline's run of the same pass, minutes apart) and `<key>_paired_median`:
+on a machine whose speed drifts between passes, the paired ratios are steadier than the ratio of medians. Each run
 carries the 1-minute load average at its start and end, each row their min and max: on a shared machine the
 figures are only comparable between rows run under the same load.
 
@@ -131,6 +133,17 @@ def _measure(trainer, warmup: int) -> dict:
             "tag_microbatches": sum(r.tag_microbatches for r in results[warmup:]),
             "stale_samples": sum(r.stale_samples for r in results[warmup:]),
             "startup": {k: v for k, v in trainer.startup_phases().items() if isinstance(v, float)}}
+
+
+RATIOS = (("vs_colocated_best", "digenrl", "colocated-best"), ("vs_verl_omni_like", "digenrl", "colocated-verl-omni"),
+          ("on_policy_vs_colocated_best", "digenrl-on-policy", "colocated-best"))
+"""(key, row, baseline): the ratio of the rows' median throughputs; `<key>_per_pass` pairs the rows' runs of the same
+pass over the ladder (minutes apart, so under the same load) and `<key>_paired_median` is their median."""
+
+
+def paired_ratios(runs: list[dict], baseline: list[dict]) -> list[float]:
+    """Throughput of each run of a row over the baseline's run of the same pass (the k-th runs of both)."""
+    return [r["samples_per_s"] / b["samples_per_s"] for r, b in zip(runs, baseline, strict=True)]
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -325,20 +338,19 @@ def main(argv: list[str]) -> int:
         "n": args.n, "ppo_micro_batch_size_per_gpu": args.micro_batch, "num_inference_steps": args.num_inference_steps,
         "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat, "statistic": "median over repeats",
         "torch_threads_per_worker": 1, "cpu_count": os.cpu_count()})
-    if "digenrl" in by and "colocated-best" in by:
-        out["vs_colocated_best"] = by["digenrl"]["samples_per_s"] / by["colocated-best"]["samples_per_s"]
-    if "digenrl" in by and "colocated-verl-omni" in by:
-        out["vs_verl_omni_like"] = by["digenrl"]["samples_per_s"] / by["colocated-verl-omni"]["samples_per_s"]
-    if "digenrl-on-policy" in by and "colocated-best" in by:
-        out["on_policy_vs_colocated_best"] = (by["digenrl-on-policy"]["samples_per_s"]
-                                              / by["colocated-best"]["samples_per_s"])
+    for key, row, base in RATIOS:
+        if row in by and base in by:
+            out[key] = by[row]["samples_per_s"] / by[base]["samples_per_s"]
+            out[f"{key}_per_pass"] = per_pass = paired_ratios(runs[row], runs[base])
+            out[f"{key}_paired_median"] = statistics.median(per_pass)
     out["load_average_end"] = load_average()
     for r in rows:
         print(f"{r['config']:>22} {r['samples_per_s']:8.2f} samples/s  busy {r['busy_utilisation']:6.1%}  "
               f"{r['samples_per_worker_s']:6.2f} samples/worker-s")
-    for k in ("vs_colocated_best", "vs_verl_omni_like", "on_policy_vs_colocated_best"):
+    for k, _, _ in RATIOS:
         if k in out:
-            print(f"{k}: {out[k]:.3f}")
+            print(f"{k}: {out[k]:.3f} (medians); per pass {', '.join(f'{x:.3f}' for x in out[f'{k}_per_pass'])}, "
+                  f"their median {out[f'{k}_paired_median']:.3f}")
     if args.json:
         print(json.dumps(out))
     return 0

@@ -206,7 +206,7 @@ def test_ground_truth_from_the_prompt_file_reaches_a_custom_reward(train_run, tm
 
 
 def test_bench_ladder_rows_change_one_thing_and_keep_the_micro_batch():
-    from digenrl_verl.bench.e2e import LADDER, NO_RECOMPUTE, RECOMPUTE, _median_run
+    from digenrl_verl.bench.e2e import LADDER, NO_RECOMPUTE, RECOMPUTE, _median_run, paired_ratios
 
     names = [n for n, _ in LADDER]
     assert names == ["colocated-verl-omni", "colocated-best", "naive-disaggregation", "+gap", "+tsp", "-recompute",
@@ -226,6 +226,11 @@ def test_bench_ladder_rows_change_one_thing_and_keep_the_micro_batch():
         assert len(changed) == 1 or changed in pairs, (a, b, changed)
     assert not any("ppo_micro_batch_size_per_gpu" in o for _, ov in LADDER for o in ov)  # set once, for every row
     assert _median_run([{"samples_per_s": x} for x in (3.0, 1.0, 2.0)])["samples_per_s"] == 2.0
+    # pairs are taken pass by pass: pass k of the row over pass k of the baseline
+    row, base = ([{"samples_per_s": x} for x in xs] for xs in ((2.0, 3.0, 6.0), (1.0, 4.0, 3.0)))
+    assert paired_ratios(row, base) == [2.0, 0.75, 2.0]
+    with pytest.raises(ValueError):
+        paired_ratios(row, base[:2])
 
 
 def test_bench_e2e_json_and_startup_phases(ray_session, capsys):
@@ -243,3 +248,5 @@ def test_bench_e2e_json_and_startup_phases(ray_session, capsys):
                   "group_join_s"):
             assert k in phases and phases[k] >= 0, (k, phases)
     assert out["vs_colocated_best"] == pytest.approx(out["rows"][1]["samples_per_s"] / out["rows"][0]["samples_per_s"])
+    assert out["vs_colocated_best_per_pass"] == [pytest.approx(out["vs_colocated_best"])]  # one pass: the same ratio
+    assert out["vs_colocated_best_paired_median"] == pytest.approx(out["vs_colocated_best"])

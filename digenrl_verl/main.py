@@ -22,6 +22,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from digenrl_verl.config.runtime import RESUME_MODES
 from digenrl_verl.schedule.types import ScheduleError
 from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
 from digenrl_verl.trainer.config import build_run
@@ -55,7 +56,7 @@ def resume_point(cfg: DictConfig):
                              "point it at a global_step_<k> directory")
         path = Path(path)
     else:
-        raise ValueError(f"unknown trainer.resume_mode={mode!r}; valid choices: ['auto', 'disable', 'resume_path']")
+        raise ValueError(f"unknown trainer.resume_mode={mode!r}; valid choices: {list(RESUME_MODES)}")
     if path is None:
         return None, 0
     return path, int(read_meta(path)["global_step"])

@@ -2,8 +2,8 @@
 # The verl-omni tier: tests/verl_omni/ with the real verl-omni a1139baf + verl 8a69493, in .venv-verl-omni (built or
 # reused by scripts/verl_omni_venv.sh), with OUR upstream series applied: the archive is unpacked into a git tree
 # under build/ (gitignored), patches/verl-omni-a1139baf/*.patch go on with `git am`, and that tree is installed over
-# the venv's verl-omni (--no-deps); the plugin's entry point (group verl_omni.trainers) is written as a stand-in
-# dist-info until setup.py carries it (the venv holds the project through a .pth file, without metadata). Redone
+# the venv's verl-omni (--no-deps); the plugin's entry point (group verl_omni.trainers, declared in setup.py) is
+# written as a stand-in dist-info (the venv holds the project through a .pth file, without metadata). Redone
 # when the archive, the series or digenrl_verl/integrations/verl_omni.py change (stamp in the venv).
 # Extra args go to pytest. The main suite (scripts/test.sh) collects tests/verl_omni too and skips it there (each
 # module skips itself when verl_omni does not import).

@@ -51,7 +51,7 @@ from digenrl_verl.rewards.vlm_judge import (
     resolve_judge_path,
 )
 from digenrl_verl.schedule.config import verl_cut_keeps_groups
-from digenrl_verl.workers.sharding import STRATEGIES, ShardingSpec
+from digenrl_verl.workers.sharding import STRATEGIES, STRATEGY_KEY, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
 
 ALGORITHMS = ("flow_grpo", "dance_grpo")
@@ -59,7 +59,6 @@ DEFAULT_REWARD = {"brightness": 1.0}
 CONFIG_FILE = "digenrl_trainer.yaml"
 VERL_OMNI_KEYS_FILE = "verl_omni_keys.yaml"  # verl-omni's keys that we do not use (composed under CONFIG_FILE)
 A = "actor_rollout_ref"
-STRATEGY_KEY = f"{A}.actor.strategy"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "float32": "float32",
           "fp16": "float16", "float16": "float16"}
 # verl-omni pipeline keys that PipelineConfig does not take (classified below)
@@ -106,6 +105,37 @@ class RecipeKeys:
         if isinstance(value, (DictConfig, ListConfig)):
             return OmegaConf.to_container(value, resolve=True)
         return value
+
+    def number(self, key: str, default: float | None = None) -> float:
+        """The value of `key` as a float; ValueError naming the key when it is missing or not a number."""
+        value = self(key, default)
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key}={value!r} must be a number") from None
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        """The value of `key` as an int; ValueError naming the key when it is missing or not a whole number."""
+        value = self(key, default)
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            value = int(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key}={value!r} must be an integer")
+        return value
+
+    def numbers(self, key: str, default: list | None = None) -> tuple[float, ...]:
+        """The value of `key` as a tuple of floats; ValueError naming the key otherwise."""
+        value = self(key, default)
+        try:
+            if isinstance(value, (str, bytes)) or any(isinstance(v, bool) for v in value):
+                raise TypeError
+            return tuple(float(v) for v in value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key}={value!r} must be a list of numbers, e.g. [0.9, 0.999]") from None
 
     def decide(self, text: str) -> None:
         """Record a decision taken for the user (a fall-back, a coercion, a derived value); the plan prints it."""
@@ -517,6 +547,27 @@ def warn_no_effect(keys: RecipeKeys) -> list[str]:
     return warned
 
 
+def unknown_keys(keys: RecipeKeys) -> list[str]:
+    """The keys of the config that no builder read and that neither our shipped config nor verl-omni's has (every
+    shipped key is read, no-effect or unsupported, as tests/trainer/test_trainer_key_classes_on_cpu.py checks): keys
+    added with `+key=...` that nothing reads. Complete only after every builder ran (`keys.read`)."""
+    known = keys.read | set(leaf_keys(shipped_defaults())) | set(NO_EFFECT) | set(UNSUPPORTED)
+    return [key for key in leaf_keys(keys.cfg) if not covered_by(key, known)]
+
+
+def warn_unknown(keys: RecipeKeys) -> list[str]:
+    """A UserWarning for each of `unknown_keys`, with the valid keys of its section; the plan lists them too."""
+    found = unknown_keys(keys)
+    for key in found:
+        parent = key.rpartition(".")[0]
+        section = OmegaConf.select(shipped_defaults(), parent, default=None) if parent else shipped_defaults()
+        valid = f"; valid keys under {parent}: {sorted(section.keys())}" if isinstance(section, DictConfig) else ""
+        warnings.warn(f"{key}={keys.peek(key)!r} has no effect: neither digenrl_verl nor verl-omni has this key "
+                      f"(added with '+'?), nothing reads it; check its spelling{valid}", UserWarning, stacklevel=3)
+        keys.decide(f"{key}: not a key of digenrl_verl or verl-omni, no effect (warned)")
+    return found
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Builders: one per component, each reading only its keys.
 # ---------------------------------------------------------------------------------------------------------
@@ -792,8 +843,11 @@ def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
     why = entry.unavailable_reason() if digenrl.dry_run else None
     if why is not None:  # a dry run plans for the cluster; a real run is refused below, before any worker starts
         _plan_for_cluster(keys, f"{A}.rollout.name={name}", entry.title or name, why)
+    dtype = keys(f"{A}.rollout.dtype", "bfloat16")
+    if dtype not in DTYPES:
+        raise ValueError(f"{A}.rollout.dtype={dtype!r}; valid: {sorted(DTYPES)}")
     return RolloutEngineSpec(  # validates rollout.name, and (but for a dry run) that the backend can run here
-        name=name, dtype=str(keys(f"{A}.rollout.dtype", "bfloat16")),
+        name=name, dtype=DTYPES[dtype],
         engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni", {}) or {}), runs_here=why is None)
 
 
@@ -834,14 +888,20 @@ def _build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
         except json.JSONDecodeError:
             raise ValueError(f"{algo}.sde_window_range={window!r}: give two ints, e.g. [0,5]") from None
     window_size = keys(f"{algo}.sde_window_size")
+    steps_key, seed_key = f"{A}.rollout.pipeline.num_inference_steps", f"{A}.rollout.seed"
+    steps, seed = keys(steps_key), keys(seed_key)
+    if steps is None:
+        keys.decide(f"{steps_key}=null: {VERL_OMNI_DEFAULTS[steps_key]} sampling steps (verl-omni's default)")
+    if seed is None:
+        keys.decide(f"{seed_key}=null: seed 0, every run samples the same noise (set a seed to choose another)")
     cfg = RolloutConfig(
-        num_inference_steps=int(keys(f"{A}.rollout.pipeline.num_inference_steps") or 10),
-        sde_type=keys(f"{algo}.sde_type", "sde"), noise_level=float(keys(f"{algo}.noise_level", 0.7)),
+        num_inference_steps=VERL_OMNI_DEFAULTS[steps_key] if steps is None else keys.integer(steps_key),
+        sde_type=keys(f"{algo}.sde_type", "sde"), noise_level=keys.number(f"{algo}.noise_level", 0.7),
         timestep_selection=keys(f"{algo}.timestep_selection") or auto_selection(algorithm, window_size),
-        timestep_fraction=float(keys("algorithm.timestep_fraction", 0.99)),
-        sde_window_size=int(window_size or 0),
+        timestep_fraction=keys.number("algorithm.timestep_fraction", 0.99),
+        sde_window_size=0 if window_size is None else keys.integer(f"{algo}.sde_window_size"),
         sde_window_range=tuple(window) if window is not None else None,
-        seed=int(keys(f"{A}.rollout.seed", 0) or 0),
+        seed=0 if seed is None else keys.integer(seed_key),
         init_same_noise=bool(keys(f"{algo}.init_same_noise", False)),
     )
     if cfg.num_train_steps < 1:
@@ -921,14 +981,14 @@ def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> Sharding
 def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n: int) -> TrainSpec:
     actor = f"{A}.actor"
     use_kl = keys(f"{actor}.use_kl_loss", False)
-    kl_coef = float(keys(f"{actor}.kl_loss_coef", 0.0))
+    kl_coef = keys.number(f"{actor}.kl_loss_coef", 0.0)
     with user_keys(LOSS_KEYS):
-        loss = LossConfig(clip_ratio=float(keys(f"{actor}.diffusion_loss.clip_ratio", 1e-4)),
+        loss = LossConfig(clip_ratio=keys.number(f"{actor}.diffusion_loss.clip_ratio", 1e-4),
                           kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type", "flow_grpo"),
                           stale_is_cap=digenrl.tcss.stale_is_cap)
-    optim = OptimSpec(lr=float(keys(f"{actor}.optim.lr", 1e-4)),
-                      weight_decay=float(keys(f"{actor}.optim.weight_decay", 1e-4)),
-                      betas=tuple(keys(f"{actor}.optim.betas", [0.9, 0.999])), eps=float(keys(f"{actor}.optim.eps", 1e-8)),
+    optim = OptimSpec(lr=keys.number(f"{actor}.optim.lr", 1e-4),
+                      weight_decay=keys.number(f"{actor}.optim.weight_decay", 1e-4),
+                      betas=keys.numbers(f"{actor}.optim.betas", [0.9, 0.999]), eps=keys.number(f"{actor}.optim.eps", 1e-8),
                       grad_clip=keys(f"{actor}.grad_clip", 1.0))
     recompute = keys(f"{A}.rollout.recompute_old_log_probs")
     if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics

@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Any, Mapping, Sequence
 
 from hydra.core.hydra_config import HydraConfig
@@ -38,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from digenrl_verl import main as entry
 from digenrl_verl.config.digenrl import SECTION, schema_node
+from digenrl_verl.config.verl_omni import VERL_OMNI_DEFAULTS
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
@@ -71,11 +73,11 @@ _HANDOVER_KEYS = {
 
 # verl-omni defaults that we do not follow (our YAML holds the value that applies here): a translated config
 # carries these keys only when the user set them to something else, so that an explicit request still fails
-# clearly (trainer/config.py UNSUPPORTED) while verl-omni's defaults do not.
+# clearly (config/verl_omni.py UNSUPPORTED) while verl-omni's defaults do not.
 _THEIR_DEFAULTS_NOT_OURS: dict[str, Any] = {
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
-    "actor_rollout_ref.rollout.pipeline.video_flow_shift": 12,
-    "trainer.val_before_train": True,
+    **{key: VERL_OMNI_DEFAULTS[key] for key in ("actor_rollout_ref.rollout.tensor_model_parallel_size",
+                                                "actor_rollout_ref.rollout.pipeline.video_flow_shift",
+                                                "trainer.val_before_train")},
     "trainer.use_v1": None,  # always ours (false): the mode is trainer.digenrl.mode after translation
     "trainer.digenrl": None,  # our section: carried whole when present (see translate_config)
     "reward.reward_functions": None,  # handled in translate_config (verl-omni's default reward)
@@ -163,7 +165,10 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
     ours = entry.compose(list(base_overrides)
                          + [f"actor_rollout_ref.model.path={_dig(src, 'actor_rollout_ref.model.path')}"])
     with open_dict(ours):
-        _copy_shared(ours, src, prefix="")
+        for key in _copy_shared(ours, src, prefix=""):
+            warnings.warn(f"{key}={_dig(src, key)!r} has no effect: digenrl_verl has no such key (neither does "
+                          "verl-omni's shipped config: added with '+'?), so it is not carried over; check its spelling",
+                          UserWarning, stacklevel=2)
         ours.trainer.use_v1 = False
         mine = _dig(src, "trainer.digenrl")
         if isinstance(mine, Mapping):
@@ -180,8 +185,12 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
     return ours
 
 
-def _copy_shared(ours: Any, src: Mapping[str, Any], prefix: str) -> None:
-    """Copy `src`'s values into `ours` for every key `ours` has (recursing into non-empty sections)."""
+def _copy_shared(ours: Any, src: Mapping[str, Any], prefix: str) -> list[str]:
+    """Copy `src`'s values into `ours` for every key `ours` has (recursing into non-empty sections); returns the keys
+    of `src` that `ours` lacks (not copied; verl-omni's own keys all exist in ours, so these were added with `+`)."""
+    if not isinstance(src, Mapping):
+        return []
+    dropped = [f"{prefix}{key}" for key in src if key not in ours and key != "_target_"]
     for key in list(ours.keys()):
         dotted = f"{prefix}{key}"
         if not isinstance(src, Mapping) or key not in src:
@@ -192,9 +201,10 @@ def _copy_shared(ours: Any, src: Mapping[str, Any], prefix: str) -> None:
             continue
         node = ours._get_node(key)
         if isinstance(node, DictConfig) and len(node) and isinstance(theirs, Mapping):
-            _copy_shared(node, theirs, prefix=f"{dotted}.")
+            dropped += _copy_shared(node, theirs, prefix=f"{dotted}.")
         elif theirs != "???":
             OmegaConf.update(ours, str(key), theirs, merge=False)
+    return dropped
 
 
 # ------------------------------------------------------------------------------------------ trainer

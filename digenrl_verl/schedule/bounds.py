@@ -29,8 +29,8 @@ off):
 
 ``LB_step = max(F, min_x max(G(x), T(x)))``; the inner min is where the two lines cross,
 ``x* = (B·g + B·s - B·t) / (g + g')`` clamped to [0, B]. With ``s = o = y = 0`` and one lane this is
-DESIGN.md's ``B·g·(g' + t)/(g + g')`` (plus the tail ``t`` the design's formula leaves out) and its
-fill term ``min(g, g') + t`` weakened to one micro-batch.
+DigenRL's TAG balance ``B·g·(g' + t)/(g + g')`` from the project design (plus the tail ``t`` that formula leaves
+out) and its fill term ``min(g, g') + t`` weakened to one micro-batch.
 
 **Several steps.** With staleness W = 0 nothing of step s+1 starts before SYNC(s+1) (the driver gives
 SYNC priority), so the run's bound is the sum of the step bounds. With W = 1 steps may overlap; the

@@ -30,6 +30,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from digenrl_verl.schedule.config import TagConfig
+
 SKIP, TAG = 0, 1
 
 
@@ -248,7 +250,7 @@ def lower_bound(c: BtsCosts, s: BtsState, min_tags: int = 0) -> float:
       with x = 0 the first UPDATE cannot start before the first micro-batch is ready.
 
     The bound is ``min_x max(generator chain, trainer chain)``; with sc = 0, rem = 0 and an idle
-    generator it is DESIGN.md's ``B·g·(g' + t)/(g + g')`` plus the tail t.
+    generator it is the project design's ``B·g·(g' + t)/(g + g')`` (DigenRL's TAG balance) plus the tail t.
     """
     return _lb(c, _as_tuple(s), min_tags)
 
@@ -278,7 +280,7 @@ class BtsSolver:
     costs: BtsCosts
     memo: bool = True
     prune: bool = True
-    max_states: int = 2_000
+    max_states: int = TagConfig.bts_max_states
     _table: dict[tuple, tuple[float, bool]] = field(default_factory=dict, repr=False)
     _states: int = 0
     _pruned: int = 0

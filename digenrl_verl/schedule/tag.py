@@ -113,8 +113,8 @@ class BtsTag(TagPolicy):
     ``cold_start=False`` restores the plain behaviour (skip until every estimate exists).
     """
 
-    probe: bool = True
-    max_states: int = 2_000
+    probe: bool = TagConfig.probe
+    max_states: int = TagConfig.bts_max_states
     cold_start: bool = True
     solve_seconds: list[float] = field(default_factory=list)
     budget_hits: int = 0

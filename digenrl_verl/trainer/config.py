@@ -19,7 +19,7 @@ from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec, V
 from digenrl_verl.config.verl_omni import (RecipeKeys, build_advantage, build_checkpoint, build_data, build_digenrl,
                                            build_layout, build_logging, build_model, build_policy, build_reward,
                                            build_shape, build_train, build_validation, check_unsupported, differences,
-                                           warn_no_effect)
+                                           warn_no_effect, warn_unknown)
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig
@@ -165,11 +165,13 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     if num_steps < 1:
         raise ValueError(f"trainer.total_training_steps={shape.total_steps} is already reached by the checkpoint "
                          f"(step {start_step}); raise it to continue training")
+    logging = build_logging(keys)
+    warn_unknown(keys)  # after every builder: the keys nothing read are known now
     schedule = schedule_of(digenrl, num_steps=num_steps, start_step=start_step, prompts_per_step=shape.prompts,
                            n=shape.n, checkpoint_every=checkpoint.every, micro_batch_size=shape.micro_batch_size,
                            mini_batches_per_step=shape.mini_batches,
                            validate_every=validation.every)
     return RunSpec(digenrl=digenrl, schedule=schedule, policy=policy, train=train, reward=reward, advantage=advantage,
-                   data=data, logging=build_logging(keys), checkpoint=checkpoint, validation=validation,
+                   data=data, logging=logging, checkpoint=checkpoint, validation=validation,
                    prompts_per_step=shape.prompts, n=shape.n, num_steps=num_steps, architecture=model.architecture,
                    start_step=start_step, decisions=tuple(keys.decisions), differences=tuple(differences(keys)))

@@ -114,6 +114,15 @@ def test_translation_carries_explicit_unsupported_values_so_they_fail(tiny_dirs)
         vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__v1__trainer_mode="separate_async"))
 
 
+def test_translation_warns_about_a_key_that_our_config_lacks(tiny_dirs):
+    """A key of verl-omni's config that ours lacks is not carried (verl-omni's own keys all exist in ours:
+    tests/verl_omni), so it is one the user added: warned by name, never dropped silently."""
+    with pytest.warns(UserWarning, match=r"actor_rollout_ref\.actor\.optim\.lr_typo=0\.1 has no effect"):
+        ours = vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"],
+                                                   actor_rollout_ref__actor__optim__lr_typo=0.1))
+    assert "lr_typo" not in ours.actor_rollout_ref.actor.optim
+
+
 # ------------------------------------------------------------------------------------------ external-trainer hook
 def test_handover_passes_the_users_overrides_less_the_selection_and_our_entry_point_derives_pools(tiny_dirs):
     """What verl-omni's entry point hands over (trainer.trainer_class=digenrl): the user's overrides for our entry

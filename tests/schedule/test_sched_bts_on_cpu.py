@@ -57,7 +57,7 @@ def test_memo_reused_across_solves_gives_the_same_answers():
 
 
 def test_training_bound_step_never_tags():
-    # g < t: TAG cannot help (DESIGN.md: x* = 0)
+    # g < t: TAG cannot help (the design's TAG balance: x* = 0)
     costs = BtsCosts(gen=1.0, score=0.0, update=2.0, tag=1.0)
     result = BtsSolver(costs).solve(BtsState(10))
     assert result.makespan == pytest.approx(rollout(costs, BtsState(10), no_tag_policy()))

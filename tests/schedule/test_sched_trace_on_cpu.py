@@ -71,7 +71,7 @@ def test_metrics_add_up():
 
 @pytest.mark.parametrize("b, g, gp, t", [(16, 1.0, 1.0, 0.1), (32, 2.0, 3.0, 0.5), (8, 1.0, 2.0, 0.9)])
 def test_lower_bound_reduces_to_design_formula(b, g, gp, t):
-    # no scoring, OPT or SYNC cost: DESIGN.md's M* = B·g·(g' + t)/(g + g') (for g >= t), plus the tail t
+    # no scoring, OPT or SYNC cost: the design's TAG balance M* = B·g·(g' + t)/(g + g') (for g >= t), plus the tail t
     # of the last update that the design's formula leaves out: the LP crossing of
     # (B - x)·g + t and x·g' + B·t.
     bound = step_lower_bound(StepCosts(b, (g,), (0.0,), t, gp, 0.0, 0.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -49,6 +50,14 @@ CASES = [
      ["actor_rollout_ref.actor.strategy=fsdp", "rollout.n=2 < 3", "strategy=ddp"]),
     ([DISAGG, "trainer.digenrl.pools.trainer.workers_per_node=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1"],
      ["fsdp_config.fsdp_size=1", "hybrid sharding", "-1"]),
+    # values of the wrong type name their key (they used to reach float()/tuple() and raise a bare TypeError)
+    (["actor_rollout_ref.actor.optim.lr=null"], ["actor_rollout_ref.actor.optim.lr=None", "must be a number"]),
+    (["actor_rollout_ref.actor.optim.betas=0.9"], ["actor_rollout_ref.actor.optim.betas=0.9", "list of numbers"]),
+    (["actor_rollout_ref.rollout.algo.noise_level=abc"], ["actor_rollout_ref.rollout.algo.noise_level='abc'",
+                                                          "must be a number"]),
+    (["actor_rollout_ref.rollout.seed=1.5"], ["actor_rollout_ref.rollout.seed=1.5", "must be an integer"]),
+    (["actor_rollout_ref.rollout.pipeline.num_inference_steps=0"], ["actor_rollout_ref.rollout.pipeline.num_inference_steps", "positive integer", "0"]),
+    (["actor_rollout_ref.rollout.dtype=bf32"], ["actor_rollout_ref.rollout.dtype='bf32'", "bfloat16"]),
 ]
 
 
@@ -58,6 +67,29 @@ def test_bad_config_names_the_key(tiny_flux_dir, overrides, needles):
         _build(tiny_flux_dir, *overrides)
     for needle in needles:
         assert needle in str(err.value), (needle, str(err.value))
+
+
+def test_a_key_nothing_reads_is_warned_by_name_and_shown_in_the_plan(tiny_flux_dir):
+    """A key added with `+` that neither digenrl_verl nor verl-omni has (a typo) has no effect: warned by name with
+    the valid keys of its section, and listed among the plan's decisions; user-named entries of open sections
+    (reward functions) and the shipped keys are not."""
+    with pytest.warns(UserWarning, match=r"actor_rollout_ref\.actor\.optim\.lr_typo=1 has no effect.*valid keys "
+                                         r"under actor_rollout_ref\.actor\.optim: .*'lr'"):
+        run = _build(tiny_flux_dir, "+actor_rollout_ref.actor.optim.lr_typo=1")
+    assert any(d.startswith("actor_rollout_ref.actor.optim.lr_typo: not a key") for d in run.decisions)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = _build(tiny_flux_dir, DISAGG, "reward.reward_functions={brightness: 1.0}")
+    assert not [w for w in caught if "neither digenrl_verl nor verl-omni" in str(w.message)]
+    assert not [d for d in run.decisions if "not a key of" in d]
+
+
+def test_null_seed_and_sampling_steps_are_decisions_in_the_plan(tiny_flux_dir):
+    run = _build(tiny_flux_dir, "actor_rollout_ref.rollout.seed=null",
+                 "actor_rollout_ref.rollout.pipeline.num_inference_steps=null")
+    assert run.policy.rollout.seed == 0 and run.policy.rollout.num_inference_steps == 10
+    assert any("rollout.seed=null: seed 0" in d for d in run.decisions)
+    assert any("num_inference_steps=null: 10 sampling steps" in d for d in run.decisions)
 
 
 def test_unknown_architecture_lists_the_valid_ones(tmp_path):

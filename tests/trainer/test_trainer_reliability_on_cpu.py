@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -10,16 +11,18 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 import torch
 
+from digenrl_verl import main as entry
 from digenrl_verl.main import compose
 from digenrl_verl.schedule.types import ScheduleError, TaskKind
 from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.ray_executor import RayExecutor
-from digenrl_verl.trainer.runner import DigenRLTrainer, NonFiniteError
+from digenrl_verl.trainer.runner import INTERRUPT_SAVE_TIMEOUT_S, DigenRLTrainer, NonFiniteError
 
 SMALL = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.optim.lr=3e-3"]
 DISAGG = ["trainer.digenrl.mode=disaggregated"]
@@ -163,6 +166,63 @@ def test_local_ray_listens_on_loopback_without_a_dashboard(ray_session):
     from ray._private import worker
 
     assert not worker._global_node.address_info.get("webui_url")
+    # every socket Ray's processes (children of this one: GCS, raylet, agents, workers) listen on is on loopback,
+    # and nothing serves the dashboard's HTTP port (Ray keeps a head process with its frontend disabled)
+    listening = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            listening |= {(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                          if c.status == psutil.CONN_LISTEN}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    assert listening and all(_loopback(ip) for ip, _ in listening), listening
+    assert 8265 not in {port for _, port in listening}, listening
+
+
+def _loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    return (getattr(addr, "ipv4_mapped", None) or addr).is_loopback  # '::ffff:127.0.0.1' is loopback too
+
+
+def test_a_second_signal_during_the_shutdown_is_ignored():
+    """The first SIGINT/SIGTERM raises (the run checkpoints and flushes); a second one while that runs is swallowed
+    instead of breaking the checkpoint."""
+    entry._received.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            entry._raise_interrupt(signal.SIGTERM, None)
+        entry._raise_interrupt(signal.SIGINT, None)  # returns: no second exception
+        assert entry._received == [signal.SIGTERM]
+    finally:
+        entry._received.clear()
+
+
+def test_the_checkpoint_on_interrupt_is_bounded_in_time(tiny_flux_dir, monkeypatch):
+    """An interrupt mid-run saves the last state with a time bound (a hung collective cannot block the exit), then
+    flushes the outputs and re-raises; a failed save is reported, not raised over the interrupt."""
+    run = build_run(compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", *SMALL, *DISAGG]))
+    trainer = DigenRLTrainer(run)
+    saves, finished = [], []
+
+    def interrupted():
+        trainer.driver = object()  # a run in progress
+        raise KeyboardInterrupt
+
+    def save(step, timeout_s=None):
+        saves.append((step, timeout_s))
+        raise TimeoutError("the trainer did not answer")
+
+    for name, fn in {"start_ray": lambda: None, "build_workers": lambda: None, "make_executor": lambda: _Clock(),
+                     "train": interrupted, "save_checkpoint": save, "finish": lambda: finished.append(1)}.items():
+        monkeypatch.setattr(trainer, name, fn)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    assert saves == [(None, INTERRUPT_SAVE_TIMEOUT_S)] and finished == [1] and trainer.interrupted
+
+
+class _Clock:
+    def now(self) -> float:
+        return 0.0
 
 
 def test_no_unsafe_deserialisation_in_the_package():

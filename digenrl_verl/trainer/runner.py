@@ -16,6 +16,7 @@ validation runs (verl-omni's `trainer.test_freq`: the same barrier, `validate`).
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 import uuid
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from verl.single_controller.ray.base import RayClassWithInitArgs
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 
 from digenrl_verl.diffusion.loss import LossStats
@@ -71,21 +73,9 @@ def _is_generator_count(value: Any) -> bool:
 
 def free_loopback_port() -> int:
     """A TCP port free on 127.0.0.1 now (the OS picks it)."""
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _process_start() -> float:
-    """Wall-clock time this (driver) process started: the command's start."""
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:  # pragma: no cover - psutil ships with Ray
-        return float("nan")
 
 
 class NonFiniteError(RuntimeError):
@@ -220,7 +210,6 @@ class DigenRLTrainer:
     def build_workers(self) -> None:
         """One verl RayWorkerGroup per role on its own resource pool; then the shared process group."""
         import ray
-        from verl.single_controller.ray.base import RayClassWithInitArgs
 
         d = self.run.digenrl
         self.run_id = run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
@@ -304,7 +293,6 @@ class DigenRLTrainer:
         that rank (free again once its actor died or left), or, past the pool's size, in a placement group of its
         own (one bundle of the pool's shape)."""
         import ray
-        from verl.single_controller.ray.base import RayClassWithInitArgs
 
         pool_cfg = self.run.digenrl.pools.generator
         wg = self.worker_groups["generator"]
@@ -639,7 +627,7 @@ class DigenRLTrainer:
         m = self.marks
         out: dict[str, Any] = {}
 
-        proc = _process_start()
+        proc = roles.process_start()  # this (driver) process: the command's start
         phases = {"driver_start_s": (proc, m.get("fit_start")), "ray_init_s": (m.get("fit_start"), m.get("ray_ready")),
                   "pools_s": (m.get("ray_ready"), m.get("workers_submitted")),
                   "workers_ready_s": (m.get("workers_submitted"), m.get("joined")),

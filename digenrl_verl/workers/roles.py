@@ -45,6 +45,7 @@ import resource
 import time
 from typing import Any, Iterator
 
+import psutil
 import ray
 import torch
 from verl import DataProto
@@ -146,6 +147,9 @@ class SamplingMixin(GenerationMixin):
     """The policy (a `DiffusionAdapter`) in this process, sampled through a `DiffusersEngine` over it."""
 
     engine: DiffusersEngine
+    grad_sync: GradientSync | None = None  # a trainer's, once joined (TrainingMixin); a sampler alone has none
+    scorer: Any = None  # built by ScoringMixin (on a trainer: on first use, see `_scorer`)
+    reward_spec: RewardConfig
 
     def _build_policy(self, spec: PolicySpec, torch_threads: int, *, keep_reference: bool = False) -> None:
         """Load the policy. `keep_reference`: see `engines.diffusers.load_policy`."""
@@ -167,16 +171,14 @@ class SamplingMixin(GenerationMixin):
 
     def full_trainable(self) -> dict[str, torch.Tensor]:
         """The whole trainable weights, detached (a collective on sharded trainers: every trainer rank calls it)."""
-        sync = getattr(self, "grad_sync", None)
-        if sync is None:
+        if self.grad_sync is None:
             return {k: v.detach() for k, v in self.trainable().items()}
-        return full_state(sync, self.trainable())
+        return full_state(self.grad_sync, self.trainable())
 
     @property
     def lockstep(self) -> bool:
         """True on sharded (FSDP2) trainers: every forward is a collective over the trainer ranks."""
-        sync = getattr(self, "grad_sync", None)
-        return bool(sync is not None and sync.lockstep)
+        return bool(self.grad_sync is not None and self.grad_sync.lockstep)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def checksum(self) -> dict[str, Any]:
@@ -224,6 +226,7 @@ class ScoringMixin:
     (`workers.judge`), asked through a `RemoteJudge` when the reward has a judge in its own pool; else None."""
 
     judges: list | None
+    scorer: Any = None
 
     def _build_scorer(self, spec: RewardConfig) -> None:
         judge = RemoteJudge(self.judges, first=self.rank) if self.judges else None
@@ -406,23 +409,19 @@ class TrainingMixin:
                 "version": float(version)}
 
 
-def _process_start() -> float:
+def process_start() -> float:
     """Wall-clock time this process started (its spawn, as the OS saw it)."""
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:  # pragma: no cover - psutil ships with Ray
-        return float("nan")
+    return float(psutil.Process().create_time())
 
 
 class _Base(Worker):
     role = "base"
 
-    def _startup_begin(self) -> None:
-        """Wall-clock marks of this worker's start-up (`startup_timings`): process start, imports done, __init__."""
-        self._startup = {"process_start": _process_start(), "imported": _T_IMPORTED,
-                         "init_start": time.time()}
+    def __init__(self) -> None:
+        super().__init__()
+        # wall-clock marks of this worker's start-up (`startup_timings`): process start, imports done, __init__, ...
+        self._startup: dict[str, float] = {"process_start": process_start(), "imported": _T_IMPORTED,
+                                           "init_start": time.time()}
 
     def _startup_mark(self, name: str) -> None:
         self._startup[name] = time.time()
@@ -452,7 +451,6 @@ class GeneratorWorker(_Base, GenerationMixin, ScoringMixin):
     def __init__(self, policy: PolicySpec, reward: RewardConfig, torch_threads: int = 1,
                  judges: list | None = None) -> None:
         super().__init__()
-        self._startup_begin()
         torch.set_num_threads(torch_threads)
         check_device(self, policy)
         self.policy_spec = policy
@@ -508,7 +506,6 @@ class TrainerWorker(_Base, SamplingMixin, TrainingMixin, ScoringMixin):
     def __init__(self, policy: PolicySpec, train: TrainSpec, reward: RewardConfig, torch_threads: int = 1,
                  judges: list | None = None) -> None:
         super().__init__()
-        self._startup_begin()
         self._build_policy(policy, torch_threads, keep_reference=train.loss.kl_coef > 0)
         self._startup_mark("model_loaded")
         self._build_training(train)

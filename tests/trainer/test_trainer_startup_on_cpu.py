@@ -19,16 +19,16 @@ import pytest
 
 from digenrl_verl.bench import e2e
 from digenrl_verl.main import compose
-from digenrl_verl.trainer import runner
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.runner import DigenRLTrainer
+from digenrl_verl.workers import roles
 
 
 def test_startup_phases_from_driver_and_worker_marks(tiny_flux_dir, tmp_path):
     cfg = compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path}",
                    "trainer.digenrl.mode=disaggregated"])
     trainer = DigenRLTrainer(build_run(cfg))
-    p = runner._process_start()
+    p = roles.process_start()
     trainer.marks.update(fit_start=p + 5.0, ray_ready=p + 8.0, submitted_generator=p + 9.0, submitted_trainer=p + 9.5,
                          workers_submitted=p + 9.5, joined=p + 20.0, train_start=p + 20.1, first_step=p + 21.0)
     # gen:0 got a fresh process 0.5 s after its pool's submission; trn:0 a process that Ray had started 3 s before

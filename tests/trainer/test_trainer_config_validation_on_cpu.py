@@ -56,7 +56,8 @@ CASES = [
     (["actor_rollout_ref.rollout.algo.noise_level=abc"], ["actor_rollout_ref.rollout.algo.noise_level='abc'",
                                                           "must be a number"]),
     (["actor_rollout_ref.rollout.seed=1.5"], ["actor_rollout_ref.rollout.seed=1.5", "must be an integer"]),
-    (["actor_rollout_ref.rollout.pipeline.num_inference_steps=0"], ["actor_rollout_ref.rollout.pipeline.num_inference_steps", "positive integer", "0"]),
+    (["actor_rollout_ref.rollout.pipeline.num_inference_steps=0"],
+     ["actor_rollout_ref.rollout.pipeline.num_inference_steps", "positive integer", "0"]),
     (["actor_rollout_ref.rollout.dtype=bf32"], ["actor_rollout_ref.rollout.dtype='bf32'", "bfloat16"]),
 ]
 

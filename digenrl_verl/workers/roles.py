@@ -148,7 +148,7 @@ class SamplingMixin(GenerationMixin):
 
     engine: DiffusersEngine
     grad_sync: GradientSync | None = None  # a trainer's, once joined (TrainingMixin); a sampler alone has none
-    scorer: Any = None  # built by ScoringMixin (on a trainer: on first use, see `_scorer`)
+    scorer: Any  # ScoringMixin's (on a trainer: built on first use, see `_scorer`)
     reward_spec: RewardConfig
 
     def _build_policy(self, spec: PolicySpec, torch_threads: int, *, keep_reference: bool = False) -> None:

@@ -702,9 +702,14 @@ def _check_cpu_workers(digenrl: DigenRLConfig, source: str, fix: str) -> None:
         _check_cpu_processes(sum(p.size for p in pools), source, fix)
 
 
+def cpu_process_limit() -> int:
+    """The most CPU worker processes a run may start on this machine: max(4 x cores, 8) (more would thrash it)."""
+    return max(4 * (os.cpu_count() or 1), 8)
+
+
 def _check_cpu_processes(total: int, source: str, fix: str) -> None:
-    """At most max(4 x cores, 8) CPU worker processes on this machine (more would thrash it)."""
-    limit = max(4 * (os.cpu_count() or 1), 8)
+    """At most `cpu_process_limit()` CPU worker processes on this machine."""
+    limit = cpu_process_limit()
     if total > limit:
         raise ValueError(f"{source}: {total} CPU worker processes on a machine with {os.cpu_count()} cores (limit "
                          f"{limit}); {fix}")

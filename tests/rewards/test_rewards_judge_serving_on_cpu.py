@@ -4,7 +4,6 @@ the judge-backend interface of the reward, and the dry-run plan. No Ray here (th
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import replace
 from types import SimpleNamespace
@@ -17,6 +16,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 from digenrl_verl.config import verl_omni
 from digenrl_verl.config.verl_omni import (
     NO_EFFECT, UNSUPPORTED, RecipeKeys, build_digenrl, build_layout, build_reward, check_unsupported,
+    cpu_process_limit,
 )
 from digenrl_verl.main import compose
 from digenrl_verl.models.tiny import build_tiny_model_dir
@@ -105,14 +105,14 @@ def test_cpu_judge_processes_count_with_the_worker_processes_against_one_limit(j
     """The judge's CPU processes and the worker pools' share the machine: one limit for their sum."""
     digenrl = _digenrl(RecipeKeys(compose([])))
     workers = sum(digenrl.pools[r].size for r in digenrl.roles)
-    room = max(4 * (os.cpu_count() or 1), 8) - workers  # judge processes that still fit
+    room = cpu_process_limit() - workers  # judge processes that still fit
     judge, _ = _judge(judge_dir, *POOL, f"reward.reward_model.n_gpus_per_node={room}")
     assert judge.pool.replicas == room
     with pytest.raises(ValueError, match=rf"= {room + 1} judge processes \+ {workers} of the worker pools: "
                                          rf"{room + workers + 1} CPU worker processes"):
         _judge(judge_dir, *POOL, f"reward.reward_model.n_gpus_per_node={room + 1}")
     # colocated replicas (TP > 1 without a pool) are processes too: one node of the limit's workers has no room
-    limit = max(4 * (os.cpu_count() or 1), 8)
+    limit = cpu_process_limit()
     with pytest.raises(ValueError, match=rf"tensor_model_parallel_size=2 with .*enable_resource_pool=false on trainer"
                                          rf"\.device=cpu: {limit // 2} judge processes colocated with the {limit} of "
                                          rf"the worker pools.*set reward\.reward_model\.rollout\.tensor_model_"

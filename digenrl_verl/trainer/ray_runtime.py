@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
+import socket
+
+import psutil
 
 WORKER_ENV = {
     "TORCH_COMPILE_DISABLE": "1",
@@ -40,6 +44,11 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
     env = dict(WORKER_ENV, OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
+    # gloo listens on the address this machine's name resolves to (a routable one on most hosts) unless told an
+    # interface; a one-node cluster's collectives stay on loopback too (a value the caller set is kept)
+    gloo_ifname = os.environ.get("GLOO_SOCKET_IFNAME") or loopback_interface()
+    if gloo_ifname:
+        env["GLOO_SOCKET_IFNAME"] = gloo_ifname
     for k, v in env.items():
         os.environ.setdefault(k, v)
     # ray.init replaces the process's SIGTERM handler with one that aborts; keep the caller's (the trainer
@@ -59,6 +68,14 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
     for sig, handler in handlers.items():
         if handler is not None:
             signal.signal(sig, handler)
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback network interface (``lo`` on Linux, ``lo0`` on macOS), or None."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and ipaddress.ip_address(a.address).is_loopback for a in addrs):
+            return name
+    return None
 
 
 def connect_ray(address: str, *, torch_threads: int = 1) -> None:

@@ -16,7 +16,6 @@ validation runs (verl-omni's `trainer.test_freq`: the same barrier, `validate`).
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 import uuid
@@ -44,7 +43,7 @@ from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import init_local_ray
 from digenrl_verl.trainer.reporting import RunReporter
 from digenrl_verl.viz.gantt import save_gantt
-from digenrl_verl.weights.sync import CollectiveSpec
+from digenrl_verl.weights.sync import CollectiveSpec, free_port
 from digenrl_verl.workers import roles
 from digenrl_verl.workers.judge import JudgePool
 from digenrl_verl.workers.pools import PoolManager, PoolSpec, check_placeable, make_ray_pool, make_worker_group
@@ -69,13 +68,6 @@ POOLS_FILE = "pools.json"
 def _is_generator_count(value: Any) -> bool:
     """A generator count a running job can be resized to: an integer >= 1 (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class NonFiniteError(RuntimeError):
@@ -192,7 +184,7 @@ class DigenRLTrainer:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if len(nodes) != 1 or nodes[0].get("NodeManagerAddress") != "127.0.0.1":
             return None
-        return "127.0.0.1", str(free_loopback_port())
+        return "127.0.0.1", str(free_port())
 
     def worker_class(self, role: str):
         """The verl Worker class of a pool (one generator worker serves every `actor_rollout_ref.rollout.name`)."""

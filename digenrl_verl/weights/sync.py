@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import ipaddress
 import socket
 from dataclasses import dataclass
 from typing import Mapping
@@ -76,8 +77,7 @@ class Collectives:
         self.global_rank = spec.global_rank(role, rank)
         self.timeout = datetime.timedelta(seconds=spec.timeout_s)
         is_master = role == "trainer" and rank == 0
-        self.store = dist.TCPStore(spec.master_addr, spec.master_port, is_master=is_master, timeout=self.timeout,
-                                   wait_for_workers=False)
+        self.store = tcp_store(spec.master_addr, spec.master_port, is_master, self.timeout)
         self.trainer_group = None
         if role == "trainer" and not dist.is_initialized():
             dist.init_process_group(backend=spec.backend, store=dist.PrefixStore("trainers", self.store),
@@ -164,6 +164,27 @@ def state_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the OS picks it)."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) is this machine's loopback, e.g. ``127.0.0.1``, ``::1``, ``localhost``."""
+    try:
+        return ipaddress.ip_address(socket.getaddrinfo(host, None)[0][4][0]).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def tcp_store(host: str, port: int, is_master: bool, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The rendezvous store at ``host:port``; the master serves it. torch's server listens on every interface of its
+    machine, whatever `host` is; on a loopback `host` (every one-node run the trainer starts) the master hands it a
+    socket bound to `host` instead, so nothing on the network can reach the store."""
+    listen_fd = None
+    if is_master and is_loopback(host):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listen_fd = socket.create_server((host, port), family=family, backlog=128).detach()  # the store owns it
+    return dist.TCPStore(host, port, is_master=is_master, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=listen_fd)

@@ -15,6 +15,7 @@ import psutil
 import pytest
 import ray
 import torch
+from ray._private import worker as ray_worker
 
 from digenrl_verl import main as entry
 from digenrl_verl.main import compose
@@ -23,6 +24,7 @@ from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.runner import INTERRUPT_SAVE_TIMEOUT_S, DigenRLTrainer, NonFiniteError
+from digenrl_verl.weights.sync import CollectiveSpec, Collectives, free_port
 
 SMALL = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.optim.lr=3e-3"]
 DISAGG = ["trainer.digenrl.mode=disaggregated"]
@@ -161,22 +163,42 @@ def test_a_task_over_its_timeout_names_the_worker_and_prints_the_schedule(train_
 
 
 @pytest.mark.slow  # starts the session's Ray instance
-def test_local_ray_listens_on_loopback_without_a_dashboard(ray_session):
-    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
-    from ray._private import worker
+def test_local_ray_and_the_trainer_world_listen_on_loopback_without_a_dashboard(ray_session):
+    class _TrainerRankZero:  # defined here: Ray ships it by value (the tests package is not importable there)
+        """Joins a trainer world as rank 0 in a worker process, as a trainer worker does: it serves the rendezvous
+        store and opens gloo's listening socket."""
 
-    assert not worker._global_node.address_info.get("webui_url")
-    # every socket Ray's processes (children of this one: GCS, raylet, agents, workers) listen on is on loopback,
-    # and nothing serves the dashboard's HTTP port (Ray keeps a head process with its frontend disabled)
-    listening = set()
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            listening |= {(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
-                          if c.status == psutil.CONN_LISTEN}
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    assert listening and all(_loopback(ip) for ip, _ in listening), listening
-    assert 8265 not in {port for _, port in listening}, listening
+        def __init__(self, spec: CollectiveSpec) -> None:
+            self.collectives = Collectives(spec, "trainer", 0)
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+    assert not ray_worker._global_node.address_info.get("webui_url")
+    spec = CollectiveSpec("127.0.0.1", free_port(), 1, 0, timeout_s=60.0)
+    rank0 = ray.remote(num_cpus=0)(_TrainerRankZero).remote(spec)
+    try:
+        pid = ray.get(rank0.pid.remote(), timeout=120)
+        # every socket this process's children listen on (Ray's GCS, raylet, agents and workers, the trainer's store
+        # and gloo) is on loopback, and nothing serves the dashboard's HTTP port (Ray keeps a head process with its
+        # frontend disabled); torch's store and gloo would listen on every interface / the host name's address
+        listening = {pid: _listening(psutil.Process(pid))}
+        for proc in psutil.Process().children(recursive=True):
+            listening[proc.pid] = _listening(proc)
+    finally:
+        ray.kill(rank0)
+    assert len(listening[pid]) >= 2, listening[pid]  # the store and gloo's pair listener
+    exposed = {p: socks for p, socks in listening.items() if not all(_loopback(ip) for ip, _ in socks)}
+    assert not exposed, exposed
+    assert 8265 not in {port for socks in listening.values() for _, port in socks}, listening
+
+
+def _listening(proc: psutil.Process) -> set[tuple[str, int]]:
+    try:
+        return {(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return set()
 
 
 def _loopback(ip: str) -> bool:

@@ -11,7 +11,7 @@ from ray.util.placement_group import remove_placement_group
 from verl.single_controller.base import Worker
 from verl.single_controller.ray.base import RayClassWithInitArgs
 
-from digenrl_verl.trainer.runner import free_loopback_port
+from digenrl_verl.weights.sync import free_port
 from digenrl_verl.workers.pools import PoolSpec, make_ray_pool, make_worker_group
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ def test_worker_group_uses_the_given_rendezvous(ray_session, given):
         def master(self) -> tuple[str, str]:
             return os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
 
-    port = str(free_loopback_port())
+    port = str(free_port())
     rendezvous = ("127.0.0.1", port) if given else None
     pool = make_ray_pool(PoolSpec(f"rdv_{int(given)}_", (1,)))
     wg = make_worker_group(pool, RayClassWithInitArgs(cls=ray.remote(_EnvWorker)), name_prefix=f"rdv{int(given)}",

@@ -5,13 +5,17 @@ versions. The parts that touch vLLM-Omni are held to the real package in tests/c
 from __future__ import annotations
 
 import json
+from importlib.metadata import requires
+from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
 from digenrl_verl.diffusion.sde import sde_step
+from digenrl_verl.engines import base
 from digenrl_verl.engines import vllm_omni as vl
 from digenrl_verl.models.config import PipelineConfig
 
@@ -136,3 +140,15 @@ def test_isolate_master_port_sets_a_free_port(monkeypatch):
     import os
 
     assert os.environ["MASTER_PORT"] == str(port) and port != 29500
+
+
+def test_the_vllm_pins_are_spelled_alike_in_the_extra_the_hint_and_the_contract_venv():
+    """One vllm / vllm-omni pair: setup.py's `[vllm]` extra (as installed), the install hint (engines.base) and the
+    contract tier's default venv (scripts/contract_venv.sh) name the same versions."""
+    extra = {Requirement(r).name: str(Requirement(r).specifier) for r in requires("digenrl-verl")
+             if Requirement(r).marker is not None and Requirement(r).marker.evaluate({"extra": "vllm"})}
+    assert extra == {"vllm": f"=={base.VLLM_PIN}", "vllm-omni": f"=={base.VLLM_OMNI_PIN}"}
+    script = (Path(__file__).parents[2] / "scripts" / "contract_venv.sh").read_text()
+    assert f'VLLM_VERSION="${{DIGENRL_CONTRACT_VLLM:-{base.VLLM_PIN}}}"' in script
+    assert f'VLLM_OMNI_VERSION="${{DIGENRL_CONTRACT_VLLM_OMNI:-{base.VLLM_OMNI_PIN}}}"' in script
+    assert base.VLLM_PIN.rsplit(".", 1)[0] == base.VLLM_OMNI_PIN.rsplit(".", 1)[0]  # vllm X.Y with vllm-omni X.Y

@@ -87,6 +87,12 @@ def _register_model_engines() -> None:
 _register_model_engines()
 
 
+#: `RecipeKeys`' default: a key absent from the config reads as the shipped config files' value (defaults are written
+#: once, in the files; a key deleted with `~key` falls back to it too).
+SHIPPED = object()
+_ABSENT = object()
+
+
 class RecipeKeys:
     """Read access to a composed config by verl-omni key; records every key read (`read`)."""
 
@@ -95,18 +101,22 @@ class RecipeKeys:
         self.read: set[str] = set()
         self.decisions: list[str] = []  # what the builders decided for the user (printed by the dry run's plan)
 
-    def __call__(self, key: str, default: Any = None) -> Any:
+    def __call__(self, key: str, default: Any = SHIPPED) -> Any:
         self.read.add(key)
         return self.peek(key, default)
 
-    def peek(self, key: str, default: Any = None) -> Any:
-        """The value of `key`, not recorded as read (the key classes' own checks)."""
-        value = OmegaConf.select(self.cfg, key, default=default)
+    def peek(self, key: str, default: Any = SHIPPED) -> Any:
+        """The value of `key`, not recorded as read (the key classes' own checks); when the config lacks `key`,
+        `default`, by default the shipped files' value (None when they lack it too)."""
+        value = OmegaConf.select(self.cfg, key, default=_ABSENT)
+        if value is _ABSENT:
+            value = default if default is not SHIPPED else OmegaConf.select(
+                _shipped(), key, default=None, throw_on_resolution_failure=False)
         if isinstance(value, (DictConfig, ListConfig)):
             return OmegaConf.to_container(value, resolve=True)
         return value
 
-    def number(self, key: str, default: float | None = None) -> float:
+    def number(self, key: str, default: Any = SHIPPED) -> float:
         """The value of `key` as a float; ValueError naming the key when it is missing or not a number."""
         value = self(key, default)
         try:
@@ -116,7 +126,7 @@ class RecipeKeys:
         except (TypeError, ValueError):
             raise ValueError(f"{key}={value!r} must be a number") from None
 
-    def integer(self, key: str, default: int | None = None) -> int:
+    def integer(self, key: str, default: Any = SHIPPED) -> int:
         """The value of `key` as an int; ValueError naming the key when it is missing or not a whole number."""
         value = self(key, default)
         if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
@@ -127,7 +137,7 @@ class RecipeKeys:
             raise ValueError(f"{key}={value!r} must be an integer")
         return value
 
-    def numbers(self, key: str, default: list | None = None) -> tuple[float, ...]:
+    def numbers(self, key: str, default: Any = SHIPPED) -> tuple[float, ...]:
         """The value of `key` as a tuple of floats; ValueError naming the key otherwise."""
         value = self(key, default)
         try:
@@ -523,6 +533,14 @@ def shipped_defaults() -> DictConfig:
     return merged
 
 
+@lru_cache(maxsize=1)
+def _shipped() -> DictConfig:
+    """`shipped_defaults`, read once and read-only (`RecipeKeys`' fallback)."""
+    cfg = shipped_defaults()
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
 def _unresolved(cfg: DictConfig, key: str) -> Any:
     """The value at `key` as written (interpolations unresolved, containers as plain Python), None when absent."""
     parent, _, last = key.rpartition(".")
@@ -638,7 +656,7 @@ def pools_from_layout(cfg: Any, mode: str) -> dict[str, dict[str, Any]]:
 def build_layout(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:
     """The section with its pools: as given in `trainer.digenrl.pools` (then verl-omni's layout keys have no effect,
     and a changed one warns), else derived from verl-omni's layout (`split_layout`) on `trainer.device`."""
-    device = keys("trainer.device", "cpu")
+    device = keys("trainer.device")
     layout = {key: keys(key) for key in LAYOUT_KEYS}
     changed = _changed(keys, LAYOUT_KEYS)
     if _pools_given(digenrl.pools):
@@ -733,7 +751,7 @@ class ModelChoice:
 
 
 def build_model(keys: RecipeKeys) -> ModelChoice:
-    algorithm = keys(f"{A}.model.algorithm", "flow_grpo")
+    algorithm = keys(f"{A}.model.algorithm")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown {A}.model.algorithm={algorithm!r}; valid choices: {list(ALGORITHMS)}")
     path = keys(f"{A}.model.path")
@@ -839,7 +857,7 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
 
 
 def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
-    name = keys(f"{A}.rollout.name", "diffusers")
+    name = keys(f"{A}.rollout.name")
     if name != "diffusers" and digenrl.mode == "disaggregated" and digenrl.tag.policy != "off":
         keys.decide(f"TAG (trainer.digenrl.tag.policy={digenrl.tag.policy}) with {A}.rollout.name={name}: trainer "
                     "ranks generate their TAG micro-batches with their own diffusers engine over the weights they "
@@ -848,12 +866,12 @@ def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
     why = entry.unavailable_reason() if digenrl.dry_run else None
     if why is not None:  # a dry run plans for the cluster; a real run is refused below, before any worker starts
         _plan_for_cluster(keys, f"{A}.rollout.name={name}", entry.title or name, why)
-    dtype = keys(f"{A}.rollout.dtype", "bfloat16")
+    dtype = keys(f"{A}.rollout.dtype")
     if dtype not in DTYPES:
         raise ValueError(f"{A}.rollout.dtype={dtype!r}; valid: {sorted(DTYPES)}")
     return RolloutEngineSpec(  # validates rollout.name, and (but for a dry run) that the backend can run here
         name=name, dtype=DTYPES[dtype],
-        engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni", {}) or {}), runs_here=why is None)
+        engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni") or {}), runs_here=why is None)
 
 
 # component field -> the user's key, for the components' ConfigErrors (`ConfigError.keyed`)
@@ -901,13 +919,13 @@ def _build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
         keys.decide(f"{seed_key}=null: seed 0, every run samples the same noise (set a seed to choose another)")
     cfg = RolloutConfig(
         num_inference_steps=VERL_OMNI_DEFAULTS[steps_key] if steps is None else keys.integer(steps_key),
-        sde_type=keys(f"{algo}.sde_type", "sde"), noise_level=keys.number(f"{algo}.noise_level", 0.7),
+        sde_type=keys(f"{algo}.sde_type"), noise_level=keys.number(f"{algo}.noise_level"),
         timestep_selection=keys(f"{algo}.timestep_selection") or auto_selection(algorithm, window_size),
-        timestep_fraction=keys.number("algorithm.timestep_fraction", 0.99),
+        timestep_fraction=keys.number("algorithm.timestep_fraction"),
         sde_window_size=0 if window_size is None else keys.integer(f"{algo}.sde_window_size"),
         sde_window_range=tuple(window) if window is not None else None,
         seed=0 if seed is None else keys.integer(seed_key),
-        init_same_noise=bool(keys(f"{algo}.init_same_noise", False)),
+        init_same_noise=bool(keys(f"{algo}.init_same_noise")),
     )
     if cfg.num_train_steps < 1:
         raise ValueError(f"{algo}.sde_type={cfg.sde_type!r} trains no step; use sde, cps or dance_sde for training")
@@ -918,7 +936,7 @@ def build_device(keys: RecipeKeys, digenrl: DigenRLConfig) -> str:
     """cuda when `trainer.device` asks for it and every pool holds GPUs; all workers share one device kind (NCCL
     or gloo spans both pools)."""
     gpu = {r: digenrl.pools[r].use_gpu for r in digenrl.roles}
-    if keys("trainer.device", "cpu") in ("cuda", "gpu"):
+    if keys("trainer.device") in ("cuda", "gpu"):
         if not all(gpu.values()):
             raise ValueError("trainer.device=cuda needs GPUs in every pool: set trainer.digenrl.pools.<role>.use_gpu="
                              f"true for {[r for r, g in gpu.items() if not g]}, or trainer.device=cpu")
@@ -933,9 +951,9 @@ def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorit
     model = f"{A}.model"
     lora = LoraConfig.from_dict(keys.section(model, ("lora_rank", "lora_alpha", "lora_init_weights",
                                                      "target_modules", "exclude_modules")))
-    pipe = keys(f"{A}.rollout.pipeline", {}) or {}
+    pipe = keys(f"{A}.rollout.pipeline") or {}
     pipeline = PipelineConfig.from_dict({k: v for k, v in pipe.items() if k not in VERL_OMNI_PIPELINE_KEYS})
-    model_dtype = keys(f"{A}.actor.fsdp_config.model_dtype", "fp32")
+    model_dtype = keys(f"{A}.actor.fsdp_config.model_dtype")
     if model_dtype not in DTYPES:
         raise ValueError(f"{A}.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(DTYPES)}")
     return PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=build_rollout(keys, algorithm),
@@ -954,10 +972,10 @@ def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> Sharding
         raise ValueError(f"{STRATEGY_KEY}={strategy!r}; valid: {list(STRATEGIES)} (fsdp and fsdp2 both mean FSDP2 "
                          "fully_shard over the trainer pool; ddp keeps a whole model per trainer rank)")
     fsdp = f"{A}.actor.fsdp_config"
-    fsdp_size = keys(f"{fsdp}.fsdp_size", -1)
+    fsdp_size = keys(f"{fsdp}.fsdp_size")
     prefixes = keys(f"{A}.model.fsdp_layer_prefixes")
-    wrap = keys(f"{fsdp}.wrap_policy", {}) or {}
-    reshard = bool(keys(f"{fsdp}.reshard_after_forward", True))
+    wrap = keys(f"{fsdp}.wrap_policy") or {}
+    reshard = bool(keys(f"{fsdp}.reshard_after_forward"))
     if strategy == "ddp":
         return ShardingSpec("ddp")
     if digenrl.mode != "disaggregated":
@@ -985,16 +1003,16 @@ def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> Sharding
 
 def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n: int) -> TrainSpec:
     actor = f"{A}.actor"
-    use_kl = keys(f"{actor}.use_kl_loss", False)
-    kl_coef = keys.number(f"{actor}.kl_loss_coef", 0.0)
+    use_kl = keys(f"{actor}.use_kl_loss")
+    kl_coef = keys.number(f"{actor}.kl_loss_coef")
     with user_keys(LOSS_KEYS):
-        loss = LossConfig(clip_ratio=keys.number(f"{actor}.diffusion_loss.clip_ratio", 1e-4),
-                          kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type", "flow_grpo"),
+        loss = LossConfig(clip_ratio=keys.number(f"{actor}.diffusion_loss.clip_ratio"),
+                          kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type"),
                           stale_is_cap=digenrl.tcss.stale_is_cap)
-    optim = OptimSpec(lr=keys.number(f"{actor}.optim.lr", 1e-4),
-                      weight_decay=keys.number(f"{actor}.optim.weight_decay", 1e-4),
-                      betas=keys.numbers(f"{actor}.optim.betas", [0.9, 0.999]), eps=keys.number(f"{actor}.optim.eps", 1e-8),
-                      grad_clip=keys(f"{actor}.grad_clip", 1.0))
+    optim = OptimSpec(lr=keys.number(f"{actor}.optim.lr"),
+                      weight_decay=keys.number(f"{actor}.optim.weight_decay"),
+                      betas=keys.numbers(f"{actor}.optim.betas"), eps=keys.number(f"{actor}.optim.eps"),
+                      grad_clip=keys(f"{actor}.grad_clip"))
     recompute = keys(f"{A}.rollout.recompute_old_log_probs")
     if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics
         recompute = policy.engine.name != "diffusers" or policy.dtype != "float32"
@@ -1028,7 +1046,7 @@ def build_judge(keys: RecipeKeys, digenrl: DigenRLConfig) -> JudgeConfig | None:
     or a cached Hugging Face id) and its family checked, so a bad path fails before any worker starts; the backend
     (`rollout.name`: vllm, or null = transformers) and its engine settings; with `enable_resource_pool=True` its own
     pool of `n_gpus_per_node` x `nnodes` devices (`JudgePoolSpec`), its processes counted with the worker pools'."""
-    enable = bool(keys(KEY_ENABLE, False))
+    enable = bool(keys(KEY_ENABLE))
     path = keys(KEY_MODEL_PATH)
     serving = {key: keys(key) for key in JUDGE_SERVING_KEYS}
     if not enable:
@@ -1037,7 +1055,7 @@ def build_judge(keys: RecipeKeys, digenrl: DigenRLConfig) -> JudgeConfig | None:
         return None
     resolved = resolve_judge_path(path)
     family = judge_family(resolved)
-    use_gpu = DEVICES.get(keys("trainer.device", "cpu")) == "cuda"
+    use_gpu = DEVICES.get(keys("trainer.device")) == "cuda"
     backend = _judge_backend(keys, serving, use_gpu, digenrl.dry_run)
     engine = _judge_engine(serving) if backend == "vllm" else {}
     colocated = _colocated_judge(keys, serving, digenrl, use_gpu)
@@ -1111,7 +1129,7 @@ def _colocated_judge(keys: RecipeKeys, serving: dict[str, Any], digenrl: DigenRL
         raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: the judge's replicas would share the worker pools' "
                          f"GPUs, and these pools share GPUs themselves (gpu_fraction < 1), so a node's distinct GPUs "
                          f"are not known before they are placed; {fix}")
-    node_size = _count("trainer.n_gpus_per_node", keys("trainer.n_gpus_per_node", 8), low=1)
+    node_size = _count("trainer.n_gpus_per_node", keys("trainer.n_gpus_per_node"), low=1)
     if all(p.nnodes == 1 for p in pools) and sum(p.workers_per_node for p in pools) <= node_size:
         nodes = [sum(p.workers_per_node for p in pools)]
     else:
@@ -1295,7 +1313,7 @@ def build_reward(keys: RecipeKeys, digenrl: DigenRLConfig) -> RewardConfig:
         functions = {**(functions or {}), JUDGE_REWARD: 1.0}
     if functions is None:  # the YAML default (a dict default would be struct: no other name could be set)
         functions = {} if custom.get("path") else dict(DEFAULT_REWARD)
-    reward = RewardConfig(reward_functions=dict(functions), aggregation=keys("reward.aggregation", "weighted_sum"),
+    reward = RewardConfig(reward_functions=dict(functions), aggregation=keys("reward.aggregation"),
                           custom_reward_function_path=custom.get("path"),
                           custom_reward_function_name=custom.get("name") or "compute_score", reward_model=judge,
                           function_files=files)
@@ -1325,7 +1343,7 @@ def _missing(module: str) -> bool:
 
 
 def build_advantage(keys: RecipeKeys, digenrl: DigenRLConfig) -> AdvantageConfig:
-    global_std = bool(keys("algorithm.global_std", False))
+    global_std = bool(keys("algorithm.global_std"))
     if global_std and digenrl.mode == "disaggregated":
         if digenrl.pipeline:
             global_std = False
@@ -1341,15 +1359,15 @@ def build_advantage(keys: RecipeKeys, digenrl: DigenRLConfig) -> AdvantageConfig
                         "scored before its first update")
     with user_keys(ADVANTAGE_KEYS):
         return AdvantageConfig(global_std=global_std,
-                               norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo", True)),
-                               adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max", 5.0))
+                               norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo")),
+                               adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max"))
 
 
 def build_data(keys: RecipeKeys) -> DataSpec:
     try:
-        return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key", "prompt"),
-                        seed=int(keys("data.seed", 0) or 0), shuffle=bool(keys("data.shuffle", True)),
-                        val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples", -1))
+        return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key"),
+                        seed=int(keys("data.seed") or 0), shuffle=bool(keys("data.shuffle")),
+                        val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples"))
     except ConfigError as e:
         raise e.under("data") from None
 
@@ -1370,8 +1388,8 @@ def build_validation(keys: RecipeKeys, data: DataSpec, rollout: RolloutConfig) -
     and SDE kind, seed) applied to the training rollout's settings; the plan says which prompts and how. With
     validation off the val_kwargs are not built (nothing of them can fail the run) and a changed one warns."""
     with user_keys(VALIDATION_KEYS):
-        when = ValidationSpec(test_freq=keys("trainer.test_freq", -1),
-                              before_train=keys("trainer.val_before_train", False))
+        when = ValidationSpec(test_freq=keys("trainer.test_freq"),
+                              before_train=keys("trainer.val_before_train"))
     if not when.enabled:
         values = {key: keys(key) for key in VAL_SAMPLING_KEYS}
         for key in _changed(keys, VAL_SAMPLING_KEYS):
@@ -1382,7 +1400,7 @@ def build_validation(keys: RecipeKeys, data: DataSpec, rollout: RolloutConfig) -
     v = VAL_KWARGS
     sampling = _validation_sampling(keys, rollout)
     with user_keys(VALIDATION_KEYS):
-        spec = replace(when, n=keys(f"{v}.n", 1), rollout=sampling)
+        spec = replace(when, n=keys(f"{v}.n"), rollout=sampling)
     where = "data.val_files" if data.val_files is not None else "the training prompts (data.val_files=null)"
     how = ("deterministic (ODE)" if sampling.sde_type == "ode"
            else f"{sampling.sde_type} noise_level={sampling.noise_level}")
@@ -1402,7 +1420,7 @@ def _validation_sampling(keys: RecipeKeys, rollout: RolloutConfig) -> RolloutCon
     SDE kind and seed. An SDE validation takes the rollout's timestep selection at its own step count; where that
     does not fit, the error names the val_kwargs keys (the training rollout itself was checked already)."""
     v = VAL_KWARGS
-    noise = keys(f"{v}.algo.noise_level", 0.0)
+    noise = keys(f"{v}.algo.noise_level")
     sde_type = keys(f"{v}.algo.sde_type", rollout.sde_type)
     steps = keys(f"{v}.pipeline.num_inference_steps")
     steps = rollout.num_inference_steps if steps is None else steps
@@ -1428,18 +1446,18 @@ def _validation_sampling(keys: RecipeKeys, rollout: RolloutConfig) -> RolloutCon
 
 
 def build_logging(keys: RecipeKeys) -> LoggingSpec:
-    loggers = keys("trainer.logger", ["console"])
-    return LoggingSpec(project_name=str(keys("trainer.project_name", "digenrl")),
-                       experiment_name=str(keys("trainer.experiment_name", "run")),
+    loggers = keys("trainer.logger")
+    return LoggingSpec(project_name=str(keys("trainer.project_name")),
+                       experiment_name=str(keys("trainer.experiment_name")),
                        loggers=tuple([loggers] if isinstance(loggers, str) else loggers))
 
 
 def build_checkpoint(keys: RecipeKeys) -> CheckpointSpec:
     try:
         return CheckpointSpec(root=str(keys("trainer.default_local_dir")),
-                              save_freq=int(keys("trainer.save_freq", -1) or -1),
-                              max_to_keep=keys("trainer.max_ckpt_to_keep", 2),
-                              resume_mode=keys("trainer.resume_mode", "auto"),
+                              save_freq=int(keys("trainer.save_freq") or -1),
+                              max_to_keep=keys("trainer.max_ckpt_to_keep"),
+                              resume_mode=keys("trainer.resume_mode"),
                               resume_from_path=keys("trainer.resume_from_path"))
     except ConfigError as e:
         raise e.under("trainer") from None

@@ -89,3 +89,20 @@ def test_an_unsupported_key_that_verl_omni_sets_fails_by_name_not_by_hydra(tiny_
     cfg = compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", "algorithm.rollout_correction.bypass_mode=false"])
     with pytest.raises(ValueError, match=r"algorithm\.rollout_correction\.bypass_mode=False is not supported"):
         build_run(cfg)
+
+
+def test_a_key_absent_from_the_config_reads_as_the_shipped_files_value():
+    """Builders give no literal defaults: a key missing from the config (deleted with `~key`) reads as the shipped
+    config files' value, an explicit default still wins, and a key set to null stays null."""
+    cfg = OmegaConf.create({"trainer": {"project_name": None}, "actor_rollout_ref": {"actor": {}}})
+    keys = RecipeKeys(cfg)
+    shipped = shipped_defaults()
+    assert keys("trainer.experiment_name") == shipped.trainer.experiment_name
+    assert keys.number("actor_rollout_ref.actor.kl_loss_coef") == shipped.actor_rollout_ref.actor.kl_loss_coef
+    assert keys("trainer.logger") == OmegaConf.to_container(shipped.trainer.logger)
+    assert keys("trainer.experiment_name", "mine") == "mine"
+    assert keys("trainer.project_name") is None
+    assert keys("trainer.no_such_key") is None
+    assert {"trainer.experiment_name", "trainer.no_such_key"} <= keys.read
+    cfg = compose(["~actor_rollout_ref.actor.kl_loss_coef"])
+    assert RecipeKeys(cfg).number("actor_rollout_ref.actor.kl_loss_coef") == 0.001

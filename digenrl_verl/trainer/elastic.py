@@ -20,6 +20,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+import ray
+from ray.exceptions import RayActorError
+
 from digenrl_verl.schedule.driver import WorkerEvent
 from digenrl_verl.schedule.types import Completion, Task, worker_pool, worker_rank
 from digenrl_verl.trainer.ray_executor import RayExecutor
@@ -116,9 +119,6 @@ class GeneratorSupervisor:
     # -- polling --------------------------------------------------------------------------------
     def poll(self) -> list[WorkerEvent]:
         """Events since the last poll: ``added`` for each new actor that joined, ``removed`` for dropped ranks."""
-        import ray
-        from ray.exceptions import RayActorError
-
         for worker, start in list(self.starting.items()):
             ready, _ = ray.wait([start.joined], timeout=0)
             if not ready:

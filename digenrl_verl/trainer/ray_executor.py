@@ -42,11 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
+import ray
 import torch
+from ray.exceptions import ObjectLostError, RayActorError
 
 from digenrl_verl.diffusion.advantages import AdvantageConfig, normalize_rewards
 from digenrl_verl.schedule.types import Completion, Task, TaskKind, worker_pool, worker_rank
-
 
 POLL_S = 0.5
 
@@ -145,8 +146,6 @@ class RayExecutor:
         self.stats.submit_s += time.perf_counter() - t0
 
     def wait_any(self, timeout: float | None) -> list[Completion]:
-        import ray
-
         for f in list(self._inflight.values()):
             if f.call is not None:
                 return [self._run_call(f)]
@@ -187,8 +186,6 @@ class RayExecutor:
             self.stats.complete_s += time.perf_counter() - t0 - (self.stats.get_s - get_before)
 
     def _get(self, refs: list) -> list:
-        import ray
-
         t0 = time.perf_counter()
         try:
             return ray.get(refs)
@@ -196,8 +193,6 @@ class RayExecutor:
             self.stats.get_s += time.perf_counter() - t0
 
     def _completion(self, f: _InFlight) -> Completion:
-        from ray.exceptions import ObjectLostError, RayActorError
-
         del self._inflight[f.task.task_id]
         end = self.now()
         try:
@@ -382,8 +377,6 @@ class RayExecutor:
 
 
 def _raises(ref, exc_type) -> bool:
-    import ray
-
     try:
         ray.get(ref, timeout=0)
     except exc_type:

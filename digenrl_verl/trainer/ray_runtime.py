@@ -8,6 +8,8 @@ import signal
 import socket
 
 import psutil
+import ray
+from ray._private import ray_constants
 
 WORKER_ENV = {
     "TORCH_COMPILE_DISABLE": "1",
@@ -36,9 +38,6 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
             over the cores of a small machine.
         resources: custom resources this node advertises (heterogeneous placement tests).
     """
-    import ray
-    from ray._private import ray_constants
-
     # Ray turns 127.0.0.1 into the machine's routable address unless it believes multi-node clusters are
     # off; a trainer-started cluster is single-node, so keep every Ray service on loopback.
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -86,8 +85,6 @@ def connect_ray(address: str, *, torch_threads: int = 1) -> None:
     place the pools, see `workers.pools`); the worker processes get the same environment as on a local instance
     (threads, offline hub), except the loopback pin.
     """
-    import ray
-
     env = {k: v for k, v in WORKER_ENV.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     env.update(OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 import torch
+from ray.exceptions import RayActorError
+from ray.util.placement_group import remove_placement_group
 from verl.single_controller.ray.base import RayClassWithInitArgs
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 
@@ -166,8 +169,6 @@ class DigenRLTrainer:
 
     # ----------------------------------------------------------------------------------- workers
     def start_ray(self) -> None:
-        import ray
-
         if not ray.is_initialized():
             total = sum(self.run.digenrl.pools[r].size for r in self.run.digenrl.roles)
             judge = self.run.reward.reward_model
@@ -179,8 +180,6 @@ class DigenRLTrainer:
         """(master_addr, master_port) for a worker group, or None to let verl find them (a Ray task on the group's
         first bundle: one more worker process and round trip per pool at start-up). On a one-node cluster on this
         machine's loopback (every CPU run here) the driver picks a free loopback port itself."""
-        import ray
-
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if len(nodes) != 1 or nodes[0].get("NodeManagerAddress") != "127.0.0.1":
             return None
@@ -201,8 +200,6 @@ class DigenRLTrainer:
 
     def build_workers(self) -> None:
         """One verl RayWorkerGroup per role on its own resource pool; then the shared process group."""
-        import ray
-
         d = self.run.digenrl
         self.run_id = run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
         specs = {f"{r}_pool": PoolSpec(f"{r}_pool_{run_id}_", (d.pools[r].workers_per_node,) * d.pools[r].nnodes,
@@ -257,8 +254,6 @@ class DigenRLTrainer:
         """Colocated judge replicas: on the nodes and GPUs the workers report (`placement`), started once the workers
         have joined (their models and process groups hold their memory, which vLLM's start-up check then sees; what
         they take later, such as optimizer state, it does not); on CPU each worker stands for one device."""
-        import ray
-
         if self.judge_pool is None or not self.judge_pool.cfg.pool.colocated:
             return
         names = list(self.workers)
@@ -284,8 +279,6 @@ class DigenRLTrainer:
         """A new generator actor of `rank` (the supervisor has it join): in the pool's placement-group bundle of
         that rank (free again once its actor died or left), or, past the pool's size, in a placement group of its
         own (one bundle of the pool's shape)."""
-        import ray
-
         pool_cfg = self.run.digenrl.pools.generator
         wg = self.worker_groups["generator"]
         device = "cuda" if pool_cfg.use_gpu else "cpu"
@@ -311,15 +304,11 @@ class DigenRLTrainer:
 
     def stop_generator(self, rank: int, actor) -> None:
         """Stop a generator actor; a grown rank's own placement group goes back to the cluster."""
-        import ray
-
         ray.kill(actor, no_restart=True)
         self.release_own_pools([rank])
 
     def release_own_pools(self, ranks=None) -> None:
         """Remove the placement groups of grown ranks (`ranks`; None: all)."""
-        from ray.util.placement_group import remove_placement_group
-
         for rank in list(self.own_pools) if ranks is None else ranks:
             pool = self.own_pools.pop(rank, None)
             for pg in (pool.pgs or []) if pool is not None else []:
@@ -472,8 +461,6 @@ class DigenRLTrainer:
         The trainer actor runs calls in order, so once it answers, every task the driver submitted before is
         done and its weights, optimizer and version are consistent. An interrupt right after a periodic save
         finds that checkpoint already complete and keeps it instead of writing it again."""
-        import ray
-
         root = self.run.checkpoint.root
         writer = CheckpointWriter(root, keep=self.run.checkpoint.max_to_keep)
         trainers = [a for w, a in self.workers.items() if w.startswith(("trn:", "col:"))]
@@ -503,8 +490,6 @@ class DigenRLTrainer:
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore every worker from `path` (trainers: weights + optimizer + RNG; generators: weights)."""
-        import ray
-
         meta = read_meta(path)
         for key in ("prompts_per_step", "n"):
             want = getattr(self.run, key)
@@ -567,8 +552,6 @@ class DigenRLTrainer:
 
     def finish(self) -> dict[str, Any]:
         """Trace, timeline, summary table; returns the summary."""
-        import ray
-
         trace = self.driver.trace
         trace.write_chrome(str(self.output_dir / "trace.json"))
         (self.output_dir / "schedule.txt").write_text(trace.to_text())
@@ -656,8 +639,6 @@ class DigenRLTrainer:
     def trainable_state(self, worker: str) -> dict[str, torch.Tensor]:
         """The whole trainable weights `worker` holds (CPU tensors). Sharded trainer ranks gather them together,
         so the call goes to every trainer rank and returns the asked one's answer."""
-        import ray
-
         if worker_pool(worker) == "trn" and self.run.train.sharding.sharded:
             ranks = sorted((w for w in self.workers if worker_pool(w) == "trn"), key=worker_rank)
             states = ray.get([self.workers[w].trainable_state.remote() for w in ranks])
@@ -666,9 +647,6 @@ class DigenRLTrainer:
 
     def worker_stats(self) -> dict[str, dict[str, Any]]:
         """checksum() of every worker; a dead worker reports version -1 and no memory figure."""
-        import ray
-        from ray.exceptions import RayActorError
-
         out = {}
         refs = {w: actor.checksum.remote() for w, actor in self.workers.items()}  # all first: a collective on FSDP2
         for w, ref in refs.items():
@@ -705,8 +683,6 @@ class DigenRLTrainer:
         return self.finish()
 
     def shutdown(self) -> None:
-        import ray
-
         for wg in self.worker_groups.values():
             for w in wg.workers:
                 ray.kill(w)

@@ -14,6 +14,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+import ray
+from verl import DataProto
+from verl.single_controller.base.decorator import DISPATCH_MODE_FN_REGISTRY, Dispatch, register_dispatch_mode
 
 Assignment = Sequence[Sequence[int]]
 
@@ -39,8 +42,6 @@ def split_by_assignment(data, assignment: Assignment) -> list:
 
 def gather_in_sample_order(parts: Sequence, assignment: Assignment):
     """Concatenate per-rank outputs and reorder rows by their original index (ascending)."""
-    from verl import DataProto
-
     nonempty = [(p, rows) for p, rows in zip(parts, assignment) if len(rows) > 0]
     if not nonempty:
         raise ValueError("nothing to gather: every rank's shard is empty")
@@ -71,16 +72,12 @@ class AssignedFuture:
         self.assignment = [list(r) for r in assignment]
 
     def get(self):
-        import ray
-
         return gather_in_sample_order(ray.get(self.refs), self.assignment)
 
 
 def _collect(worker_group, outputs):
     # The assignment travels with the call: `_dispatch` cannot hand it to `_collect` directly, so the
     # worker returns its own row indices in meta_info["digenrl_rows"].
-    import ray
-
     if outputs and isinstance(outputs[0], ray.ObjectRef):
         return outputs  # non-blocking call: the caller waits on the refs (see AssignedFuture)
     parts = list(outputs)
@@ -95,8 +92,6 @@ def assigned_dispatch_mode():
     """The verl `Dispatch` member for assigned shards (registered on first use, once per process)."""
     global _registered
     if _registered is None:
-        from verl.single_controller.base.decorator import DISPATCH_MODE_FN_REGISTRY, Dispatch, register_dispatch_mode
-
         existing = getattr(Dispatch, DISPATCH_MODE_NAME, None)
         if existing is not None and existing in DISPATCH_MODE_FN_REGISTRY:
             _registered = existing

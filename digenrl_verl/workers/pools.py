@@ -20,6 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from verl.single_controller.ray.base import RayResourcePool, RayWorkerGroup
+
 ROLES = ("generator", "trainer", "reward")
 
 
@@ -102,8 +106,6 @@ class PoolManager:
 
     def release(self) -> None:
         """Remove the placement groups (their CPUs/GPUs go back to the cluster)."""
-        from ray.util.placement_group import remove_placement_group
-
         for pool in self._pools.values():
             for pg in pool.pgs or []:
                 remove_placement_group(pg)
@@ -135,23 +137,16 @@ def pool_needs(spec: PoolSpec) -> dict[str, float]:
 
 def missing_resources(needs: Mapping[str, float]) -> list[tuple[str, float, float]]:
     """(resource, available, needed) for each resource of `needs` the Ray cluster has not that much of left now."""
-    import ray
-
     have = ray.available_resources()
     return [(r, have.get(r, 0.0), amount) for r, amount in needs.items() if have.get(r, 0.0) < amount]
 
 
 def make_ray_pool(spec: PoolSpec):
     """A verl `RayResourcePool` for `spec`, with custom resources added to its bundles when asked."""
-    from verl.single_controller.ray.base import RayResourcePool
-
     class _Pool(RayResourcePool):
         def get_placement_groups(self, strategy="STRICT_PACK", name=None, device_name="cuda"):
             if self.pgs is not None or (spec.custom_resource is None and spec.bundle().get("GPU", 1) == 1):
                 return super().get_placement_groups(strategy=strategy, name=name, device_name=device_name)
-            import ray
-            from ray.util.placement_group import placement_group
-
             bundle = spec.bundle()
             pgs = [
                 placement_group([dict(bundle) for _ in range(n)], strategy=strategy, name=f"{self.name_prefix}{i}")
@@ -179,8 +174,6 @@ def make_worker_group(resource_pool, ray_cls_with_init, *, name_prefix: str, dev
     verl's `RayWorkerGroup` takes `master_addr` / `master_port` keyword arguments but its base class's `__init__`
     resets both to None before the workers start, so verl always runs its port-finding task; this subclass keeps
     the given address."""
-    from verl.single_controller.ray.base import RayWorkerGroup
-
     class _WorkerGroup(RayWorkerGroup):
         def __init__(self, **kwargs) -> None:
             self._given_rendezvous = rendezvous  # before super().__init__: it starts the workers

@@ -159,19 +159,16 @@ def one_process_reference(model: str, overrides: list[str]) -> dict:
 
     t_proc = float(psutil.Process().create_time())
     t_imp0 = time.time()
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "LOCAL_RANK": "0"})
     from digenrl_verl.main import compose  # noqa: I001 (the imports are timed)
     from digenrl_verl.trainer.config import build_run
     from digenrl_verl.trainer.data import make_step_batch
     from digenrl_verl.trainer.ray_executor import RayExecutor
-    from digenrl_verl.weights.sync import CollectiveSpec
+    from digenrl_verl.weights.sync import CollectiveSpec, free_port
     from digenrl_verl.workers import roles
+
+    port = free_port()
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "LOCAL_RANK": "0"})
 
     t_imported = time.time()
     run = build_run(compose([f"actor_rollout_ref.model.path={model}", *overrides, "trainer.total_training_steps=1",

@@ -109,9 +109,10 @@ class RecipeKeys:
         """The value of `key`, not recorded as read (the key classes' own checks); when the config lacks `key`,
         `default`, by default the shipped files' value (None when they lack it too)."""
         value = OmegaConf.select(self.cfg, key, default=_ABSENT)
-        if value is _ABSENT:
-            value = default if default is not SHIPPED else OmegaConf.select(
-                _shipped(), key, default=None, throw_on_resolution_failure=False)
+        if value is _ABSENT and default is SHIPPED:  # the shipped value, its `${...}` resolved in this config
+            value = OmegaConf.select(OmegaConf.merge(shipped_defaults(), self.cfg), key, default=None)
+        elif value is _ABSENT:
+            value = default
         if isinstance(value, (DictConfig, ListConfig)):
             return OmegaConf.to_container(value, resolve=True)
         return value
@@ -531,14 +532,6 @@ def shipped_defaults() -> DictConfig:
                                for f in (VERL_OMNI_KEYS_FILE, CONFIG_FILE)))
     merged.pop("defaults", None)
     return merged
-
-
-@lru_cache(maxsize=1)
-def _shipped() -> DictConfig:
-    """`shipped_defaults`, read once and read-only (`RecipeKeys`' fallback)."""
-    cfg = shipped_defaults()
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
 
 
 def _unresolved(cfg: DictConfig, key: str) -> Any:
@@ -967,7 +960,7 @@ def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> Sharding
     FSDP2 applies to the trainer pool of a disaggregated run with more than one rank. A single trainer rank has
     nothing to shard with; colocated ranks sample their own micro-batches, which sharded forwards (collectives
     over all ranks) cannot do, so they keep a whole model each (the data-parallel baseline)."""
-    strategy = keys(STRATEGY_KEY, "fsdp")
+    strategy = keys(STRATEGY_KEY)
     if strategy not in STRATEGIES:
         raise ValueError(f"{STRATEGY_KEY}={strategy!r}; valid: {list(STRATEGIES)} (fsdp and fsdp2 both mean FSDP2 "
                          "fully_shard over the trainer pool; ddp keeps a whole model per trainer rank)")

@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import torch
+import torch.distributed as dist
 
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, Trajectory, rollout
@@ -750,8 +751,6 @@ class VllmOmniEngine:
     def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
         """Join the trainer -> generator group in this actor (torch.distributed is free here, unlike inside a
         vLLM worker); the engine's worker never joins."""
-        import torch.distributed as dist
-
         if dist.is_initialized() and self.collectives is None:
             raise RuntimeError("torch.distributed is already initialised in the vLLM-Omni generator actor: it would "
                                "join that world instead of the trainer -> generator group")

@@ -43,13 +43,13 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
     env = dict(WORKER_ENV, OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
     # gloo listens on the address this machine's name resolves to (a routable one on most hosts) unless told an
-    # interface; a one-node cluster's collectives stay on loopback too (a value the caller set is kept)
+    # interface; the workers of a one-node cluster keep their collectives on loopback too (the caller's value wins)
     gloo_ifname = os.environ.get("GLOO_SOCKET_IFNAME") or loopback_interface()
     if gloo_ifname:
         env["GLOO_SOCKET_IFNAME"] = gloo_ifname
-    for k, v in env.items():
-        os.environ.setdefault(k, v)
     # ray.init replaces the process's SIGTERM handler with one that aborts; keep the caller's (the trainer
     # checkpoints and flushes its outputs on SIGTERM).
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
+import os
 import socket
 from dataclasses import dataclass
 from typing import Mapping
@@ -170,21 +171,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an address or a name) is this machine's loopback, e.g. ``127.0.0.1``, ``::1``, ``localhost``."""
+def loopback_address(host: str) -> tuple[socket.AddressFamily, str] | None:
+    """(family, address) of `host` (an address or a name) when it is this machine's loopback (``127.0.0.1``,
+    ``::1``, ``localhost``), else None."""
     try:
-        return ipaddress.ip_address(socket.getaddrinfo(host, None)[0][4][0]).is_loopback
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0]
+        return (family, sockaddr[0]) if ipaddress.ip_address(sockaddr[0]).is_loopback else None
     except (OSError, ValueError):
-        return False
+        return None
 
 
 def tcp_store(host: str, port: int, is_master: bool, timeout: datetime.timedelta) -> dist.TCPStore:
     """The rendezvous store at ``host:port``; the master serves it. torch's server listens on every interface of its
     machine, whatever `host` is; on a loopback `host` (every one-node run the trainer starts) the master hands it a
-    socket bound to `host` instead, so nothing on the network can reach the store."""
-    listen_fd = None
-    if is_master and is_loopback(host):
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listen_fd = socket.create_server((host, port), family=family, backlog=128).detach()  # the store owns it
-    return dist.TCPStore(host, port, is_master=is_master, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=listen_fd)
+    socket bound to that address instead, so nothing on the network can reach the store."""
+    loopback = loopback_address(host) if is_master else None
+    if loopback is None:
+        return dist.TCPStore(host, port, is_master=is_master, timeout=timeout, wait_for_workers=False)
+    family, address = loopback
+    listen_fd = socket.create_server((address, port), family=family, backlog=128).detach()
+    try:
+        return dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False,
+                             master_listen_fd=listen_fd)  # the store owns the socket from here
+    except Exception:
+        os.close(listen_fd)
+        raise

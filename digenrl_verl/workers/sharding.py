@@ -28,9 +28,6 @@ from typing import Mapping, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 STRATEGY_KEY = "actor_rollout_ref.actor.strategy"
 STRATEGIES = ("ddp", "fsdp", "fsdp2")
@@ -106,6 +103,11 @@ class FullyShardedDataParallel:
 
     def __init__(self, module: nn.Module, blocks_root: nn.Module, group, spec: ShardingSpec,
                  device: torch.device) -> None:
+        # FSDP's modules load here, not at import: the config imports this module (STRATEGY_KEY, ShardingSpec), and
+        # torch.distributed.fsdp / .tensor add about a second to every config-only import (tests, the bridge)
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
         self.mesh = DeviceMesh.from_group(group, device.type)
         self.units = []
         for block in shard_blocks(blocks_root, spec):
@@ -121,9 +123,13 @@ class FullyShardedDataParallel:
         return None  # every backward already reduce-scattered its gradients into the shards
 
     def full(self, t: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
         return t.full_tensor() if isinstance(t, DTensor) else t
 
     def place(self, like: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
         value = value.to(device=like.device if not isinstance(like, DTensor) else like.to_local().device,
                          dtype=like.dtype)
         if not isinstance(like, DTensor):

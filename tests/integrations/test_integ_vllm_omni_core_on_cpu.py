@@ -4,13 +4,13 @@ versions. The parts that touch vLLM-Omni are held to the real package in tests/c
 
 from __future__ import annotations
 
+import ast
 import json
-from importlib.metadata import requires
+import re
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.requirements import Requirement
 
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
@@ -142,13 +142,21 @@ def test_isolate_master_port_sets_a_free_port(monkeypatch):
     assert os.environ["MASTER_PORT"] == str(port) and port != 29500
 
 
-def test_the_vllm_pins_are_spelled_alike_in_the_extra_the_hint_and_the_contract_venv():
-    """One vllm / vllm-omni pair: setup.py's `[vllm]` extra (as installed), the install hint (engines.base) and the
-    contract tier's default venv (scripts/contract_venv.sh) name the same versions."""
-    extra = {Requirement(r).name: str(Requirement(r).specifier) for r in requires("digenrl-verl")
-             if Requirement(r).marker is not None and Requirement(r).marker.evaluate({"extra": "vllm"})}
-    assert extra == {"vllm": f"=={base.VLLM_PIN}", "vllm-omni": f"=={base.VLLM_OMNI_PIN}"}
-    script = (Path(__file__).parents[2] / "scripts" / "contract_venv.sh").read_text()
+def test_the_vllm_pins_are_spelled_alike_in_the_extra_the_hint_the_contract_venv_and_the_docs():
+    """One vllm / vllm-omni pair: setup.py's `[vllm]` extra, the install hint (engines.base) and the contract tier's
+    default venv (scripts/contract_venv.sh) name the same versions; the docs name that pair or verl-omni's."""
+    root = Path(__file__).parents[2]
+    setup = ast.parse((root / "setup.py").read_text())
+    extras = next(ast.literal_eval(node.value) for node in ast.walk(setup) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "EXTRAS" for t in node.targets))
+    assert sorted(extras["vllm"]) == [f"vllm-omni=={base.VLLM_OMNI_PIN}", f"vllm=={base.VLLM_PIN}"]
+    script = (root / "scripts" / "contract_venv.sh").read_text()
     assert f'VLLM_VERSION="${{DIGENRL_CONTRACT_VLLM:-{base.VLLM_PIN}}}"' in script
     assert f'VLLM_OMNI_VERSION="${{DIGENRL_CONTRACT_VLLM_OMNI:-{base.VLLM_OMNI_PIN}}}"' in script
     assert base.VLLM_PIN.rsplit(".", 1)[0] == base.VLLM_OMNI_PIN.rsplit(".", 1)[0]  # vllm X.Y with vllm-omni X.Y
+    known = {("vllm", base.VLLM_PIN), ("vllm-omni", base.VLLM_OMNI_PIN), ("vllm", base.VERL_OMNI_VLLM_PIN),
+             ("vllm-omni", base.VERL_OMNI_VLLM_OMNI_PIN)}
+    mention = re.compile(r"\b(vllm(?:-omni)?)(?:==| )(\d+\.\d+\.\d+\w*)", re.IGNORECASE)
+    docs = [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "digenrl_verl/engines/vllm_omni.py"]
+    found = {(doc.name, name.lower(), version) for doc in docs for name, version in mention.findall(doc.read_text())}
+    assert found and not {f for f in found if f[1:] not in known}, found

@@ -106,3 +106,9 @@ def test_a_key_absent_from_the_config_reads_as_the_shipped_files_value():
     assert {"trainer.experiment_name", "trainer.no_such_key"} <= keys.read
     cfg = compose(["~actor_rollout_ref.actor.kl_loss_coef"])
     assert RecipeKeys(cfg).number("actor_rollout_ref.actor.kl_loss_coef") == 0.001
+    # a shipped `${...}` value resolves in the user's config, not in the shipped files
+    cfg = compose(["~trainer.default_local_dir", "~algorithm.adv_estimator", "trainer.digenrl.output_dir=/x/out",
+                   "actor_rollout_ref.model.algorithm=dance_grpo"])
+    assert RecipeKeys(cfg)("trainer.default_local_dir") == "/x/out/checkpoints"
+    assert RecipeKeys(cfg)("algorithm.adv_estimator") == "dance_grpo"
+    assert not OmegaConf.is_readonly(shipped_defaults())

@@ -3,13 +3,17 @@ other pair and the trainer world are left alone. Real processes, real gloo group
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing as mp
 import queue
+import socket
 
+import psutil
 import pytest
 import torch
 
-from digenrl_verl.weights.sync import CollectiveSpec, Collectives, free_port, state_checksum
+from digenrl_verl.weights.sync import (CollectiveSpec, Collectives, free_port, loopback_address, state_checksum,
+                                       tcp_store)
 
 
 def _weights(fill: float) -> dict[str, torch.Tensor]:
@@ -68,3 +72,39 @@ def test_a_replaced_generator_rejoins_under_a_new_epoch_and_receives_what_the_tr
     first, second = state_checksum(_weights(1.0)), state_checksum(_weights(2.0))
     assert got == {("trn", 1): first, ("gen:0@0", 0): first, ("gen:1@0", 0): first,
                    ("trn", 2): second, ("gen:0@0", 1): second, ("gen:1@1", 0): second}
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
+def test_a_loopback_store_listens_on_loopback_only(host):
+    """torch's store server listens on every interface ('::'); on a loopback rendezvous address the master serves it
+    from a socket bound to that address, and a client still reaches it."""
+    if host == "::1" and not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    family, address = loopback_address(host)
+    port = free_port(address) if family == socket.AF_INET else 0
+    if port == 0:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+            port = s.getsockname()[1]
+    timeout = datetime.timedelta(seconds=30)
+    master = tcp_store(host, port, True, timeout)
+    client = tcp_store(host, port, False, timeout)
+    client.set("k", "v")
+    assert master.get("k") == b"v"
+    listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    assert listening == {(address, port)}
+
+
+def test_only_loopback_hosts_are_loopback():
+    assert loopback_address("127.0.0.1") == (socket.AF_INET, "127.0.0.1")
+    assert loopback_address("192.0.2.7") is None and loopback_address("no-such-host.invalid") is None

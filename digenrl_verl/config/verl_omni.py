@@ -1,7 +1,7 @@
 """The verl-omni adapter: verl-omni's key layout → the plugin's typed component configs.
 
-This module is the one place that knows verl-omni's key names. Every key of the shipped config
-(`digenrl_trainer.yaml`, verl-omni's layout) is in exactly one of three classes:
+This module and its reward half (`config.verl_omni_reward`) are the one place that knows verl-omni's key names.
+Every key of the shipped config (`digenrl_trainer.yaml`, verl-omni's layout) is in exactly one of three classes:
 
 * implemented: read by one of the builders below (`RecipeKeys` records every read);
 * `NO_EFFECT`: accepted so verl-omni recipes parse; a value other than the shipped default warns, naming the key
@@ -15,7 +15,6 @@ config and that each no-effect key warns.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -42,20 +41,11 @@ from digenrl_verl.engines.base import ENGINES
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.registry import get_adapter_class, read_model_index
-from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, get_reward, reward_names
-from digenrl_verl.rewards.compose import RewardConfig
-from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
-from digenrl_verl.rewards.vlm_judge import (
-    JUDGE_BACKENDS, JUDGE_FUNCTION, JUDGE_REWARD, KEY_BACKEND, KEY_ENABLE, KEY_MODEL_PATH, KEY_POOL, KEY_TP,
-    VLLM_INSTALL_HINT, JudgeConfig, JudgePoolSpec, is_judge_function, judge_backend_unavailable, judge_family,
-    resolve_judge_path,
-)
 from digenrl_verl.schedule.config import verl_cut_keeps_groups
 from digenrl_verl.workers.sharding import STRATEGIES, STRATEGY_KEY, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
 
 ALGORITHMS = ("flow_grpo", "dance_grpo")
-DEFAULT_REWARD = {"brightness": 1.0}
 CONFIG_FILE = "digenrl_trainer.yaml"
 VERL_OMNI_KEYS_FILE = "verl_omni_keys.yaml"  # verl-omni's keys that we do not use (composed under CONFIG_FILE)
 A = "actor_rollout_ref"
@@ -473,7 +463,7 @@ NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.p
 def differences(keys: RecipeKeys) -> list[str]:
     """`key=ours (verl-omni: theirs)` for each key of VERL_OMNI_DEFAULTS left at the shipped default."""
     return [f"{key}={keys.peek(key)!r} (verl-omni: {theirs!r})" for key, theirs in VERL_OMNI_DEFAULTS.items()
-            if not _changed(keys, (key,))]
+            if not changed_keys(keys, (key,))]
 
 
 def leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
@@ -651,7 +641,7 @@ def build_layout(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:
     and a changed one warns), else derived from verl-omni's layout (`split_layout`) on `trainer.device`."""
     device = keys("trainer.device")
     layout = {key: keys(key) for key in LAYOUT_KEYS}
-    changed = _changed(keys, LAYOUT_KEYS)
+    changed = changed_keys(keys, LAYOUT_KEYS)
     if _pools_given(digenrl.pools):
         for key in changed:
             warnings.warn(f"{key}={layout[key]!r} has no effect in digenrl_verl: trainer.digenrl.pools is given and "
@@ -661,7 +651,7 @@ def build_layout(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:
         keys.decide("pools: as given in trainer.digenrl.pools"
                     + (f" ({', '.join(changed)} not used)" if changed else ""))
         return digenrl
-    counts = {key: _count(key, layout[key], low=1 if key.startswith("trainer.") else 0)
+    counts = {key: at_least(key, layout[key], low=1 if key.startswith("trainer.") else 0)
               for key in LAYOUT_KEYS if layout[key] is not None}
     use_gpu = DEVICES.get(device) == "cuda"
     pools = split_layout(digenrl.mode, use_gpu=use_gpu, nnodes=counts["trainer.nnodes"],
@@ -678,7 +668,7 @@ def build_layout(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:
         sources += f", {A}.rollout.nnodes={counts[f'{A}.rollout.nnodes']} (standalone rollout nodes)"
     split = " + ".join(f"{role} {pools[role].size}" for role in derived.roles)
     note = f"pools: {split} {unit}, from {sources} on trainer.device={device}"
-    if not use_gpu and not _changed(keys, ("trainer.device",)) and (
+    if not use_gpu and not changed_keys(keys, ("trainer.device",)) and (
             changed or counts["trainer.nnodes"] * counts["trainer.n_gpus_per_node"] > PoolsConfig().colocated.size):
         note += (" (trainer.device=cpu is this plugin's default, verl-omni's is cuda: the layout's GPUs became CPU "
                  "worker processes; set trainer.device=cuda to train on GPUs)")
@@ -696,13 +686,13 @@ def _pools_given(pools: PoolsConfig) -> bool:
                for f in POOL_SIZING)
 
 
-def _count(key: str, value: Any, low: int) -> int:
+def at_least(key: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{key}={value!r} must be an integer >= {low}")
     return value
 
 
-def _changed(keys: RecipeKeys, names: tuple[str, ...]) -> list[str]:
+def changed_keys(keys: RecipeKeys, names: tuple[str, ...]) -> list[str]:
     """The keys of `names` whose value differs from the shipped default (set by the user or the recipe)."""
     return [key for key in names if _unresolved(keys.cfg, key) != _unresolved(shipped_defaults(), key)]
 
@@ -710,7 +700,7 @@ def _changed(keys: RecipeKeys, names: tuple[str, ...]) -> list[str]:
 def _check_cpu_workers(digenrl: DigenRLConfig, source: str, fix: str) -> None:
     pools = [digenrl.pools[r] for r in digenrl.roles]
     if not any(p.use_gpu for p in pools):
-        _check_cpu_processes(sum(p.size for p in pools), source, fix)
+        check_cpu_processes(sum(p.size for p in pools), source, fix)
 
 
 def cpu_process_limit() -> int:
@@ -718,7 +708,7 @@ def cpu_process_limit() -> int:
     return max(4 * (os.cpu_count() or 1), 8)
 
 
-def _check_cpu_processes(total: int, source: str, fix: str) -> None:
+def check_cpu_processes(total: int, source: str, fix: str) -> None:
     """At most `cpu_process_limit()` CPU worker processes on this machine."""
     limit = cpu_process_limit()
     if total > limit:
@@ -726,7 +716,7 @@ def _check_cpu_processes(total: int, source: str, fix: str) -> None:
                          f"{limit}); {fix}")
 
 
-def _plan_for_cluster(keys: RecipeKeys, setting: str, what: str, why: str) -> None:
+def plan_for_cluster(keys: RecipeKeys, setting: str, what: str, why: str) -> None:
     """A dry run with a backend this machine cannot run (`why`): planned for the cluster, warned, a decision line."""
     note = (f"{setting}: this machine cannot run {what} ({why}); the dry run plans for the cluster, a real run here "
             "stops before any worker starts")
@@ -858,7 +848,7 @@ def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
     entry = ENGINES.entry(name)  # ValueError naming the key and the valid names
     why = entry.unavailable_reason() if digenrl.dry_run else None
     if why is not None:  # a dry run plans for the cluster; a real run is refused below, before any worker starts
-        _plan_for_cluster(keys, f"{A}.rollout.name={name}", entry.title or name, why)
+        plan_for_cluster(keys, f"{A}.rollout.name={name}", entry.title or name, why)
     dtype = keys(f"{A}.rollout.dtype")
     if dtype not in DTYPES:
         raise ValueError(f"{A}.rollout.dtype={dtype!r}; valid: {sorted(DTYPES)}")
@@ -1019,322 +1009,6 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
                      sharding=build_sharding(keys, digenrl, n))
 
 
-# verl-omni's multi-reward sentinel: reward.custom_reward_function.name when reward.reward_functions holds the files
-MULTI_REWARD_PLACEHOLDER = "_multi_reward_placeholder"
-_RF = KEY_REWARD_FUNCTIONS
-_ENTRY_KEYS = ("path", "name", "weight", "required")
-
-
-_RM = "reward.reward_model"
-#: `reward.reward_model.rollout.*` keys that set the vLLM judge's engine (`rewards.judge_vllm.engine_kwargs`)
-JUDGE_ENGINE_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager", "dtype", "max_model_len",
-                     "max_num_seqs", "max_num_batched_tokens", "prompt_length", "response_length")
-#: the keys that size the judge's own pool (`enable_resource_pool=True` only)
-JUDGE_POOL_KEYS = (f"{_RM}.n_gpus_per_node", f"{_RM}.nnodes")
-JUDGE_SERVING_KEYS = (KEY_BACKEND, KEY_POOL, *JUDGE_POOL_KEYS, *(f"{_RM}.rollout.{k}" for k in JUDGE_ENGINE_KEYS))
-
-
-def build_judge(keys: RecipeKeys, digenrl: DigenRLConfig) -> JudgeConfig | None:
-    """`reward.reward_model.*` → the VLM judge (None when disabled): the model path resolved now (a local directory
-    or a cached Hugging Face id) and its family checked, so a bad path fails before any worker starts; the backend
-    (`rollout.name`: vllm, or null = transformers) and its engine settings; with `enable_resource_pool=True` its own
-    pool of `n_gpus_per_node` x `nnodes` devices (`JudgePoolSpec`), its processes counted with the worker pools'."""
-    enable = bool(keys(KEY_ENABLE))
-    path = keys(KEY_MODEL_PATH)
-    serving = {key: keys(key) for key in JUDGE_SERVING_KEYS}
-    if not enable:
-        for key in ([KEY_MODEL_PATH] if path is not None else []) + _changed(keys, JUDGE_SERVING_KEYS):
-            warnings.warn(f"{key}={keys.peek(key)!r} has no effect: {KEY_ENABLE}=false", UserWarning, stacklevel=3)
-        return None
-    resolved = resolve_judge_path(path)
-    family = judge_family(resolved)
-    use_gpu = DEVICES.get(keys("trainer.device")) == "cuda"
-    backend = _judge_backend(keys, serving, use_gpu, digenrl.dry_run)
-    engine = _judge_engine(serving) if backend == "vllm" else {}
-    colocated = _colocated_judge(keys, serving, digenrl, use_gpu)
-    _warn_unused_judge_keys(keys, serving, backend, colocated is not None)
-    pool = colocated
-    if serving[KEY_POOL]:
-        pool = JudgePoolSpec(nnodes=serving[f"{_RM}.nnodes"], per_node=serving[f"{_RM}.n_gpus_per_node"],
-                             use_gpu=use_gpu, devices_per_replica=engine.get("tensor_parallel_size", 1) if use_gpu else 1)
-    if pool is not None:
-        _check_judge_processes(pool, digenrl)
-    judge = JudgeConfig(model_path=resolved, backend=backend, pool=pool, **engine).with_env_overrides()
-    if pool is not None:
-        keys.decide(_colocated_note(pool, judge) if pool.colocated else _pool_note(keys, pool))
-    where = ("in its own Ray pool (the reward pool)" if pool is not None and not pool.colocated else
-             "as replicas colocated on the worker pools' devices" if pool is not None else
-             "in-process in each scoring worker (the generators)")
-    shared = " of the GPU that holds the diffusion model" if pool is None else \
-        " of each GPU it shares" if pool.colocated else ""
-    how = (f"vLLM (tensor_parallel_size {judge.tensor_parallel_size}, gpu_memory_utilization "
-           f"{judge.gpu_memory_utilization}{shared}"
-           f", dtype {judge.dtype}, max_model_len {judge.max_model_len})"
-           if backend == "vllm" else f"transformers generate ({judge.micro_batch_size} images per call)")
-    keys.decide(f"{KEY_MODEL_PATH}={path!r}: a {family} judge ({resolved}) {where}, served by {how}; temperature "
-                f"{judge.temperature}, top_p {judge.top_p}, at most {judge.max_new_tokens} new tokens")
-    return judge
-
-
-def _warn_unused_judge_keys(keys: RecipeKeys, serving: dict[str, Any], backend: str, colocated: bool) -> None:
-    """Warn by name about the changed serving keys that the chosen serving does not use: the pool's size without
-    the pool, vLLM's engine settings with the transformers judge (chosen, or fallen back to; a colocated judge's
-    tensor_model_parallel_size still counts its replicas)."""
-    if not serving[KEY_POOL]:
-        where = "replicas colocated on the worker pools' devices" if colocated else "in each scoring worker"
-        for key in _changed(keys, JUDGE_POOL_KEYS):
-            warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_POOL}=false: the judge runs {where} "
-                          f"(set {KEY_POOL}=true to give it a pool of this size)", UserWarning, stacklevel=4)
-    if backend != "vllm":
-        fallback = " (fallen back to transformers)" if serving[KEY_BACKEND] == "vllm" else ""
-        engine_keys = [k for k in JUDGE_ENGINE_KEYS if not (colocated and k == "tensor_model_parallel_size")]
-        for key in _changed(keys, tuple(f"{_RM}.rollout.{k}" for k in engine_keys)):
-            warnings.warn(f"{key}={keys.peek(key)!r} has no effect with {KEY_BACKEND}={serving[KEY_BACKEND]}"
-                          f"{fallback}: the transformers judge holds one whole model per replica (vLLM engine "
-                          f"settings apply to {KEY_BACKEND}=vllm)", UserWarning, stacklevel=4)
-
-
-def _colocates(serving: dict[str, Any]) -> bool:
-    """Whether the judge's replicas are colocated on the worker pools' devices: a vLLM judge of
-    `tensor_model_parallel_size` > 1 (checked: an integer >= 1) without its own pool."""
-    return (not serving[KEY_POOL] and serving[KEY_BACKEND] == "vllm"
-            and _count(KEY_TP, serving[KEY_TP], low=1) > 1)
-
-
-def _colocated_judge(keys: RecipeKeys, serving: dict[str, Any], digenrl: DigenRLConfig,
-                     use_gpu: bool) -> JudgePoolSpec | None:
-    """A vLLM judge of `tensor_model_parallel_size` > 1 without its own pool (verl-omni's Qwen-Image OCR recipes:
-    `REWARD_TP=4` on the training GPUs): replicas colocated on the worker pools' devices, as verl-omni puts its reward
-    model on the `global_pool` (`devices // TP` replicas), on CPU too (transformers there: the same placement, one
-    process per replica); None otherwise. The pools' nodes: one-node pools that fit on one node of
-    `trainer.n_gpus_per_node` devices together share it (the derived single-node split), else each pool's nodes are
-    its own. ValueError naming the key, before any worker starts, when the pools share GPUs (`gpu_fraction` < 1),
-    their nodes differ in size, or a replica is wider than a node on GPUs; on CPU a replica wider than a node is
-    narrowed to the node (warned: there TP only counts the replicas)."""
-    if not _colocates(serving):
-        return None
-    tp = serving[KEY_TP]
-    pools = [digenrl.pools[role] for role in digenrl.roles]
-    shapes = ", ".join(f"{role} {digenrl.pools[role].nnodes} x {digenrl.pools[role].workers_per_node}"
-                       for role in digenrl.roles)
-    fix = f"set {KEY_POOL}=true (the judge's own pool: reward.reward_model.n_gpus_per_node / nnodes)"
-    if any(p.shares_a_device for p in pools):
-        raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: the judge's replicas would share the worker pools' "
-                         f"GPUs, and these pools share GPUs themselves (gpu_fraction < 1), so a node's distinct GPUs "
-                         f"are not known before they are placed; {fix}")
-    node_size = _count("trainer.n_gpus_per_node", keys("trainer.n_gpus_per_node"), low=1)
-    if all(p.nnodes == 1 for p in pools) and sum(p.workers_per_node for p in pools) <= node_size:
-        nodes = [sum(p.workers_per_node for p in pools)]
-    else:
-        nodes = [p.workers_per_node for p in pools for _ in range(p.nnodes)]
-    if len(set(nodes)) > 1:
-        raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: the judge's replicas would share the worker pools' "
-                         f"devices, whose nodes differ in size ({shapes}); give the pools nodes of one size, or {fix}")
-    per_node = nodes[0]
-    if tp > per_node and not use_gpu:
-        warnings.warn(f"{KEY_TP}={tp} with {KEY_POOL}=false on trainer.device=cpu: a replica would take {tp} of a "
-                      f"node's {per_node} CPU workers ({shapes}); on CPU the judge runs one replica per {per_node} "
-                      f"(the tensor-parallel degree only counts the replicas there); on GPUs it needs {tp} per node",
-                      UserWarning, stacklevel=4)
-        keys.decide(f"{KEY_TP}={tp} -> {per_node} on trainer.device=cpu: a colocated judge replica per node's "
-                    f"{per_node} CPU workers")
-        tp = per_node
-    if tp > per_node:
-        raise ValueError(f"{KEY_TP}={tp} with {KEY_POOL}=false: a judge replica takes {tp} GPUs of one node, and "
-                         f"the worker pools hold {per_node} per node ({shapes}); lower {KEY_TP} to at most {per_node}, "
-                         f"or {fix} with n_gpus_per_node >= {tp}")
-    return JudgePoolSpec(nnodes=len(nodes), per_node=per_node, use_gpu=use_gpu, devices_per_replica=tp,
-                         colocated=True)
-
-
-def _colocated_note(pool: JudgePoolSpec, judge: JudgeConfig) -> str:
-    """The plan's line for a judge colocated on the worker pools' devices: what it shares and what it costs."""
-    note = (f"judge replicas ({KEY_TP}={pool.devices_per_replica}, {KEY_POOL}=false): {pool.describe()}, as verl-omni "
-            "places its reward model on the training GPUs (global_pool); the scoring workers send the decoded images "
-            "to the replicas actor-to-actor (SCORE stays on the generators)")
-    if pool.use_gpu:
-        note += (f"; each replica's vLLM takes {_RM}.rollout.gpu_memory_utilization={judge.gpu_memory_utilization} of "
-                 "each of its GPUs next to the generators' and trainers' models, and computes beside them (it is not "
-                 "put to sleep while the trainer trains, unlike verl-omni's colocated reward model); it starts once "
-                 "the workers have joined, and vLLM stops at start-up when that much memory is not free then (memory "
-                 "the workers take later, such as optimizer state at the first step, is not seen): lower it, or set "
-                 f"{KEY_POOL}=true for GPUs of its own. A replica shares its node's fate: lost with the node, not "
-                 "restarted")
-    else:
-        note += (f"; on CPU each replica is a whole copy of the judge model (transformers) in its own process: "
-                 f"{pool.replicas} copies in memory")
-    return note
-
-
-def _pool_note(keys: RecipeKeys, pool: JudgePoolSpec) -> str:
-    """The plan's reward-pool line; on CPU it says how many copies of the judge model that is."""
-    note = (f"reward pool ({KEY_POOL}=True): {pool.describe()}, from {_RM}.n_gpus_per_node={pool.per_node} x "
-            f"{_RM}.nnodes={pool.nnodes} on trainer.device={keys.peek('trainer.device')}; the scoring workers send the "
-            "decoded images to the judge replicas actor-to-actor (SCORE stays on the generators)")
-    if not pool.use_gpu:
-        default = "" if _changed(keys, (f"{_RM}.n_gpus_per_node",)) else \
-            f" ({_RM}.n_gpus_per_node={pool.per_node} is the default)"
-        note += (f"; on CPU each replica is a whole copy of the judge model in its own process: {pool.replicas} "
-                 f"copies in memory{default}; lower {_RM}.n_gpus_per_node for fewer")
-    return note
-
-
-def _judge_backend(keys: RecipeKeys, serving: dict[str, Any], use_gpu: bool, dry_run: bool) -> str:
-    """`reward.reward_model.rollout.name` → the judge backend. vllm on trainer.device=cpu: the transformers backend
-    instead, whatever is installed (warned, in the plan); on cuda where vLLM cannot run: a ValueError naming the key
-    and the fix (a dry run plans for the cluster: a decision)."""
-    name = serving[KEY_BACKEND]
-    backend = "transformers" if name is None else str(name)
-    if backend not in JUDGE_BACKENDS:
-        raise ValueError(f"unknown {KEY_BACKEND}={backend!r}; valid: {list(JUDGE_BACKENDS)} (null: transformers; "
-                         "verl-omni's recipes serve the judge with vllm)")
-    if backend != "vllm":
-        return backend
-    if not use_gpu:
-        why = judge_backend_unavailable(backend) or "vLLM judges on CUDA only"
-        unused = f"vLLM's memory settings are not used; {KEY_TP} still counts the replicas colocated on the workers" \
-            if _colocates(serving) else f"{KEY_TP} and vLLM's memory settings are not used"
-        note = (f"{KEY_BACKEND}=vllm -> transformers: trainer.device=cpu ({why}); the judge runs with transformers' "
-                f"generate instead (same checkpoint, chat, sampling and score; one whole model per replica, so "
-                f"{unused}). Fix: trainer.device=cuda ({VLLM_INSTALL_HINT}), "
-                f"or set {KEY_BACKEND}=transformers to choose it")
-        warnings.warn(note, UserWarning, stacklevel=4)
-        keys.decide(note)
-        return "transformers"
-    why = judge_backend_unavailable(backend)
-    if why is not None and not dry_run:
-        raise ValueError(f"{KEY_BACKEND}=vllm cannot be used here: {why}. Fix: {VLLM_INSTALL_HINT}, or set "
-                         f"{KEY_BACKEND}=transformers (transformers' generate, CPU or GPU)")
-    if why is not None:
-        _plan_for_cluster(keys, f"{KEY_BACKEND}=vllm", "vLLM", why)
-    return backend
-
-
-def _judge_engine(serving: dict[str, Any]) -> dict[str, Any]:
-    """The vLLM judge's engine settings (`JudgeConfig` fields) from `reward.reward_model.rollout.*`; max_model_len
-    null is prompt_length + response_length, as verl's vLLM server sizes it."""
-    def rollout(name: str) -> Any:
-        return serving[f"{_RM}.rollout.{name}"]
-
-    max_len = rollout("max_model_len")
-    if max_len is None and rollout("prompt_length") and rollout("response_length"):
-        max_len = int(rollout("prompt_length")) + int(rollout("response_length"))
-    dtype = str(rollout("dtype") or "bfloat16")
-    if dtype not in DTYPES:
-        raise ValueError(f"{_RM}.rollout.dtype={dtype!r}; valid: {sorted(DTYPES)}")
-    memory = rollout("gpu_memory_utilization")
-    if isinstance(memory, bool) or not isinstance(memory, (int, float)):
-        raise ValueError(f"{_RM}.rollout.gpu_memory_utilization={memory!r} must be a number in (0, 1]: the share of "
-                         "each of its GPUs that the vLLM judge takes (verl's default 0.5)")
-    counts = {name: None if rollout(name) is None else _count(f"{_RM}.rollout.{name}", rollout(name), low=1)
-              for name in ("max_num_seqs", "max_num_batched_tokens")}
-    return {"tensor_parallel_size": _count(KEY_TP, serving[KEY_TP], low=1), "gpu_memory_utilization": float(memory),
-            "enforce_eager": bool(rollout("enforce_eager")), "dtype": DTYPES[dtype], "max_model_len": max_len, **counts}
-
-
-def _check_judge_processes(pool: JudgePoolSpec, digenrl: DigenRLConfig) -> None:
-    """The judge's CPU processes count with the CPU worker pools' against one limit (`_check_cpu_processes`)."""
-    if pool.use_gpu:
-        return
-    workers = sum(digenrl.pools[r].size for r in digenrl.roles if not digenrl.pools[r].use_gpu)
-    if pool.colocated:
-        sizing, fix = (f"{KEY_TP}={pool.devices_per_replica} with {KEY_POOL}=false on trainer.device=cpu: "
-                       f"{pool.replicas} judge processes colocated with the {workers} of the worker pools",
-                       f"set {KEY_TP}=1 (the judge then runs inside each scoring worker, no process of its own), "
-                       "lower trainer.n_gpus_per_node / trainer.nnodes, or set trainer.device=cuda")
-    else:
-        sizing, fix = (f"{KEY_POOL}=True on trainer.device=cpu: {_RM}.n_gpus_per_node={pool.per_node} x {_RM}.nnodes="
-                       f"{pool.nnodes} = {pool.replicas} judge processes + {workers} of the worker pools",
-                       f"lower {_RM}.n_gpus_per_node, or set trainer.device=cuda")
-    _check_cpu_processes(workers + pool.replicas, sizing, fix)
-
-
-def _function_entries(functions: dict) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
-    """`reward.reward_functions` → (name → weight, name → (file, function)): a number is a registered reward's
-    weight; a mapping is verl-omni's `{path, name, weight, required}` entry of a function in a file."""
-    weights: dict[str, Any] = {}
-    files: dict[str, tuple[str, str]] = {}
-    for name, entry in functions.items():
-        if not isinstance(entry, dict):
-            weights[name] = entry
-            continue
-        extra = sorted(set(entry) - set(_ENTRY_KEYS))
-        if extra:
-            raise ValueError(f"{_RF}.{name}: {extra} would be extra arguments of the function, which digenrl_verl does "
-                             f"not pass; remove them (an entry takes {list(_ENTRY_KEYS)})")
-        if not entry.get("path"):
-            raise ValueError(f"{_RF}.{name}.path is not set: give the file that defines the function")
-        weights[name] = float(entry.get("weight", 1.0))
-        files[name] = (str(entry["path"]), str(entry.get("name") or "compute_score"))
-    if files and not all(str(e.get("required", False)).lower() == "true" for e in functions.values()
-                         if isinstance(e, dict)):
-        warnings.warn(f"{_RF}.*.required: a reward function that raises fails its scoring task here (retried, then the "
-                      "run stops), as verl-omni's required=true; verl-omni's default required=false would score it 0",
-                      UserWarning, stacklevel=3)
-    return weights, files
-
-
-def _judge_note(where: str, function: str) -> str:
-    return (f"{where}:{function} (verl-omni's judge-backed OCR reward) is scored by digenrl_verl's VLM judge "
-            "(same instruction, sampling and Levenshtein score; the file is not loaded)")
-
-
-def build_reward(keys: RecipeKeys, digenrl: DigenRLConfig) -> RewardConfig:
-    """`reward.*` → the run's reward; `digenrl`: the section with its pools (the judge's process count, dry run)."""
-    custom = keys.section("reward.custom_reward_function", ("path", "name"))
-    functions = keys(_RF)
-    judge = build_judge(keys, digenrl)
-    files: dict[str, tuple[str, str]] = {}
-    if functions is not None:
-        functions, files = _function_entries(functions)
-    if files and custom.get("name") == MULTI_REWARD_PLACEHOLDER:
-        warnings.warn(f"reward.custom_reward_function {custom.get('path')}:{MULTI_REWARD_PLACEHOLDER} is verl-omni's "
-                      f"multi-reward placeholder: the reward is the weighted sum of {_RF} {sorted(files)}", UserWarning,
-                      stacklevel=2)
-        custom = {}
-    if judge is not None and custom.get("path"):
-        function = custom.get("name") or "compute_score"
-        if not is_judge_function(custom["path"], function):
-            raise ValueError(
-                f"{KEY_ENABLE}=True with reward.custom_reward_function {custom['path']}:{function}: verl-omni hands "
-                "such a function the address of its served reward model; digenrl_verl runs the judge itself and "
-                f"scores it as verl-omni's {':'.join(JUDGE_FUNCTION)} does: point reward.custom_reward_function at "
-                f"that function (or set {_RF}={{{JUDGE_REWARD}: 1.0}}), or set {KEY_ENABLE}=false")
-        warnings.warn(_judge_note(f"reward.custom_reward_function {custom['path']}", function) +
-                      f": reward {JUDGE_REWARD!r}", UserWarning, stacklevel=2)
-        custom = {}
-        functions = {**(functions or {}), JUDGE_REWARD: 1.0}
-    if functions is None:  # the YAML default (a dict default would be struct: no other name could be set)
-        functions = {} if custom.get("path") else dict(DEFAULT_REWARD)
-    reward = RewardConfig(reward_functions=dict(functions), aggregation=keys("reward.aggregation"),
-                          custom_reward_function_path=custom.get("path"),
-                          custom_reward_function_name=custom.get("name") or "compute_score", reward_model=judge,
-                          function_files=files)
-    judged = [name for name, f in files.items() if is_judge_function(*f)]
-    for name in judged:
-        warnings.warn(_judge_note(f"{_RF}.{name} {files[name][0]}", files[name][1]), UserWarning, stacklevel=2)
-    if judge is not None and JUDGE_REWARD not in reward.weights() and not judged:
-        warnings.warn(f"{KEY_ENABLE}=True has no effect: no reward uses the judge (add {JUDGE_REWARD} to {_RF})",
-                      UserWarning, stacklevel=2)
-    for name in reward.weights():
-        if name in ("custom", JUDGE_REWARD) or name in files:
-            continue
-        if name not in reward_names():
-            get_reward(name)  # ValueError listing the valid reward names
-        if name == "ocr" and _missing("rapidocr_onnxruntime"):  # checked without loading the OCR models
-            raise ValueError(f"{_RF} names 'ocr': {OCR_INSTALL_HINT}")
-    for name, (path, _) in files.items():
-        if name not in judged and not Path(path).is_file():
-            raise ValueError(f"{_RF}.{name}.path={path!r} is not a file")
-    if reward.custom_reward_function_path and not Path(reward.custom_reward_function_path).is_file():
-        raise ValueError(f"reward.custom_reward_function.path={reward.custom_reward_function_path!r} is not a file")
-    return reward
-
-
-def _missing(module: str) -> bool:
-    return importlib.util.find_spec(module) is None
-
-
 def build_advantage(keys: RecipeKeys, digenrl: DigenRLConfig) -> AdvantageConfig:
     global_std = bool(keys("algorithm.global_std"))
     if global_std and digenrl.mode == "disaggregated":
@@ -1385,7 +1059,7 @@ def build_validation(keys: RecipeKeys, data: DataSpec, rollout: RolloutConfig) -
                               before_train=keys("trainer.val_before_train"))
     if not when.enabled:
         values = {key: keys(key) for key in VAL_SAMPLING_KEYS}
-        for key in _changed(keys, VAL_SAMPLING_KEYS):
+        for key in changed_keys(keys, VAL_SAMPLING_KEYS):
             warnings.warn(f"{key}={values[key]!r} has no effect: validation is off (trainer.test_freq <= 0 and "
                           "trainer.val_before_train=false); set trainer.test_freq > 0 or trainer.val_before_train=true "
                           "to validate", UserWarning, stacklevel=3)
@@ -1420,7 +1094,7 @@ def _validation_sampling(keys: RecipeKeys, rollout: RolloutConfig) -> RolloutCon
     seed = keys(f"{v}.seed", VERL_OMNI_VAL_SEED)
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
         raise ValueError(f"{v}.algo.noise_level={noise!r} must be a number >= 0 (0: deterministic ODE samples)")
-    if noise == 0 and _changed(keys, (f"{v}.algo.sde_type",)):
+    if noise == 0 and changed_keys(keys, (f"{v}.algo.sde_type",)):
         warnings.warn(f"{v}.algo.sde_type={sde_type!r} has no effect with {v}.algo.noise_level=0: validation samples "
                       f"are deterministic (ODE); set {v}.algo.noise_level > 0 for {sde_type} samples", UserWarning,
                       stacklevel=4)

@@ -17,9 +17,10 @@ from omegaconf import DictConfig
 from digenrl_verl.config.digenrl import DigenRLConfig
 from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec, ValidationSpec
 from digenrl_verl.config.verl_omni import (RecipeKeys, build_advantage, build_checkpoint, build_data, build_digenrl,
-                                           build_layout, build_logging, build_model, build_policy, build_reward,
-                                           build_shape, build_train, build_validation, check_unsupported, differences,
+                                           build_layout, build_logging, build_model, build_policy, build_shape,
+                                           build_train, build_validation, check_unsupported, differences,
                                            warn_no_effect, warn_unknown)
+from digenrl_verl.config.verl_omni_reward import build_reward
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig

@@ -13,11 +13,12 @@ import ray
 import torch
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
-from digenrl_verl.config import verl_omni
+from digenrl_verl.config import verl_omni_reward
 from digenrl_verl.config.verl_omni import (
-    NO_EFFECT, UNSUPPORTED, RecipeKeys, build_digenrl, build_layout, build_reward, check_unsupported,
+    NO_EFFECT, UNSUPPORTED, RecipeKeys, build_digenrl, build_layout, check_unsupported,
     cpu_process_limit,
 )
+from digenrl_verl.config.verl_omni_reward import build_reward
 from digenrl_verl.main import compose
 from digenrl_verl.models.tiny import build_tiny_model_dir
 from digenrl_verl.rewards import JUDGE_REWARD, JudgeConfig, RewardConfig, VLMJudgeReward, build_reward as make_reward
@@ -58,7 +59,7 @@ def _judge(judge_dir, *overrides):
 @pytest.fixture
 def vllm_runs_here(monkeypatch):
     """The config adapter sees a machine where vLLM can judge (installed, CUDA), whatever this one has."""
-    monkeypatch.setattr(verl_omni, "judge_backend_unavailable", lambda name: None)
+    monkeypatch.setattr(verl_omni_reward, "judge_backend_unavailable", lambda name: None)
 
 
 def test_enable_resource_pool_gives_the_judge_its_own_pool_sized_like_verl_omnis_reward_pool(judge_dir):
@@ -123,10 +124,10 @@ def test_cpu_judge_processes_count_with_the_worker_processes_against_one_limit(j
 
 def test_the_reward_pool_line_says_how_many_copies_of_the_judge_a_cpu_pool_holds():
     keys = RecipeKeys(compose(POOL))
-    assert verl_omni._pool_note(keys, JudgePoolSpec(1, 8)).endswith(
+    assert verl_omni_reward._pool_note(keys, JudgePoolSpec(1, 8)).endswith(
         "8 copies in memory (reward.reward_model.n_gpus_per_node=8 is the default); lower "
         "reward.reward_model.n_gpus_per_node for fewer")
-    assert "copies" not in verl_omni._pool_note(keys, JudgePoolSpec(1, 8, use_gpu=True))
+    assert "copies" not in verl_omni_reward._pool_note(keys, JudgePoolSpec(1, 8, use_gpu=True))
 
 
 @pytest.mark.skipif(NO_VLLM is None, reason="vLLM can judge on this machine: no fall-back to test")
@@ -358,14 +359,14 @@ def test_pool_sizes_without_the_pool_warn_by_name(judge_dir):
 
 def test_the_dry_run_flag_comes_from_the_section(judge_dir, monkeypatch):
     """`build_judge` plans for the cluster when the `trainer.digenrl` section it is given is a dry run."""
-    monkeypatch.setattr(verl_omni, "judge_backend_unavailable", lambda name: "no CUDA device (test)")
+    monkeypatch.setattr(verl_omni_reward, "judge_backend_unavailable", lambda name: "no CUDA device (test)")
     keys = RecipeKeys(compose(["reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
                                "reward.reward_model.rollout.name=vllm", "trainer.device=cuda", *POOL]))
     with pytest.raises(ValueError, match=r"rollout\.name=vllm cannot be used here: no CUDA device \(test\)"):
-        verl_omni.build_judge(keys, _digenrl(keys))
+        verl_omni_reward.build_judge(keys, _digenrl(keys))
     with pytest.warns(UserWarning, match=r"rollout\.name=vllm: this machine cannot run vLLM \(no CUDA device "
                                          r"\(test\)\); the dry run plans for the cluster"):
-        judge = verl_omni.build_judge(keys, replace(_digenrl(keys), dry_run=True))
+        judge = verl_omni_reward.build_judge(keys, replace(_digenrl(keys), dry_run=True))
     assert judge.backend == "vllm" and any("the dry run plans for the cluster" in d for d in keys.decisions)
 
 

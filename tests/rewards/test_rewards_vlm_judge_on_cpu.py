@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from digenrl_verl.config.verl_omni import (
-    NO_EFFECT, UNSUPPORTED, RecipeKeys, build_digenrl, build_layout, build_reward, check_unsupported,
+    NO_EFFECT, UNSUPPORTED, RecipeKeys, build_digenrl, build_layout, check_unsupported,
 )
+from digenrl_verl.config.verl_omni_reward import build_reward
 from digenrl_verl.main import compose
 from digenrl_verl.rewards import JUDGE_REWARD, JudgeConfig, RewardConfig, VLMJudgeReward, build_reward as make_reward
 from digenrl_verl.rewards.ocr import levenshtein

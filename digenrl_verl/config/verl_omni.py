@@ -303,7 +303,8 @@ NO_EFFECT: dict[str, str] = {
 _LLM_ENGINE = "an LLM-engine setting of verl's rollout config; diffusion generation does not use it"
 _PROFILER = "profiling is not implemented; the run's timeline is trace.json (Perfetto) and timeline.png"
 _VEOMNI = "VeOmni engine settings; the trainer is FSDP2/ddp over torch (diffusion/model_engine=veomni_diffusion fails)"
-_MIRROR = ("verl-omni's model-side copy of the rollout's {}: the adapters read " + f"{A}.rollout." + "{} (set it there)")
+_MIRROR = ("verl-omni's model-side copy of the rollout's {}: the adapters read "
+           + f"{A}.rollout." + "{} (set it there)")
 _NO_DUMPS = "samples are not dumped to files; the run's trace and metrics are in trainer.digenrl.output_dir"
 
 UNSUPPORTED.update({
@@ -325,7 +326,8 @@ UNSUPPORTED.update({
     f"{A}.actor.optim.override_optimizer_config": (
         lambda v, keys: bool(v), "optimizer overrides are not supported: set actor.optim.lr/betas/eps/weight_decay"),
     f"{A}.model.target_parameters": (
-        lambda v, keys: v is not None, "LoRA on parameters is not supported: give model.target_modules; set it to null"),
+        lambda v, keys: v is not None,
+        "LoRA on parameters is not supported: give model.target_modules; set it to null"),
     f"{A}.rollout.quantization": (lambda v, keys: v is not None,
                                   "quantized generation is not implemented; set it to null"),
     f"{A}.rollout.multi_turn.enable": (True, "multi-turn rollouts do not apply to diffusion generation"),
@@ -456,8 +458,8 @@ VERL_OMNI_DEFAULTS: dict[str, Any] = {
 }
 # keys whose defaults differ by nature (names and paths) or only in form (null = the trainer's GPUs per node, which is
 # what verl-omni's interpolation resolves to), not listed as differences
-NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.path", "data.train_files", "data.val_files",
-                f"{A}.rollout.n_gpus_per_node")
+NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.path", "data.train_files",
+                "data.val_files", f"{A}.rollout.n_gpus_per_node")
 
 
 def differences(keys: RecipeKeys) -> list[str]:
@@ -630,7 +632,8 @@ def pools_from_layout(cfg: Any, mode: str) -> dict[str, dict[str, Any]]:
 
     per = int(sel("trainer.n_gpus_per_node", 8))
     pools = split_layout(mode, use_gpu=str(sel("trainer.device", "cuda")) != "cpu",
-                         nnodes=int(sel("trainer.nnodes", 1)), per_node=per, rollout_nnodes=int(sel(f"{A}.rollout.nnodes", 0)),
+                         nnodes=int(sel("trainer.nnodes", 1)), per_node=per,
+                         rollout_nnodes=int(sel(f"{A}.rollout.nnodes", 0)),
                          rollout_per_node=int(sel(f"{A}.rollout.n_gpus_per_node", per)))
     roles = ("colocated",) if mode == "colocated" else ("generator", "trainer")
     return {role: asdict(pools[role]) for role in roles}

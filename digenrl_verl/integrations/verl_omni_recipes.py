@@ -13,11 +13,11 @@ digenrl_verl does not implement, so that tests can show both halves of the contr
 * with the `blockers` switched to the value given here, the recipe validates (dry run), and with `tiny`
   appended as well it runs one real step on CPU with a tiny model directory.
 
-`blockers` are of two kinds: what cannot run here (the reward model's Hugging Face id, not in the local cache; verl-omni's
-v1 trainer selection; the vLLM-Omni backend on a machine without CUDA, a real run's blocker only: a dry run plans it
-for the cluster and says so), and batch layouts our schedule cannot express (a micro-batch smaller than one prompt
-group's share per trainer rank). Their ``ppo_mini_batch_size`` at half the batch (two optimizer steps per global step)
-and their validation settings (``trainer.test_freq``, ``rollout.val_kwargs``) are run as they set them.
+`blockers` are of two kinds: what cannot run here (the reward model's Hugging Face id, not in the local cache;
+verl-omni's v1 trainer selection; the vLLM-Omni backend on a machine without CUDA, a real run's blocker only: a dry
+run plans it for the cluster and says so), and batch layouts our schedule cannot express (a micro-batch smaller than
+one prompt group's share per trainer rank). Their ``ppo_mini_batch_size`` at half the batch (two optimizer steps per
+global step) and their validation settings (``trainer.test_freq``, ``rollout.val_kwargs``) are run as they set them.
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ QWEN_IMAGE_OCR_LORA = VerlOmniRecipe(
         "reward.custom_reward_function.path={reward_dir}/genrm_ocr.py",
         "reward.custom_reward_function.name=compute_score_ocr",
         "trainer.logger=[\"console\", \"wandb\"]", "trainer.project_name=flow_grpo",
-        "trainer.experiment_name=qwen_image_ocr_lora", "trainer.log_val_generations=8", "trainer.val_before_train=False",
+        "trainer.experiment_name=qwen_image_ocr_lora", "trainer.log_val_generations=8",
+        "trainer.val_before_train=False",
         "trainer.n_gpus_per_node=4", "trainer.nnodes=1", "trainer.save_freq=30", "trainer.test_freq=30",
         "trainer.total_epochs=15", "trainer.total_training_steps=300",
     ),
@@ -148,7 +149,8 @@ SD35_OCR_LORA_SEPARATE_ASYNC = VerlOmniRecipe(
         "data.seed=42",
         f"{A}.model.algorithm=flow_grpo", f"{A}.actor.diffusion_loss.clip_ratio=1e-5", f"{A}.model.path={{model}}",
         f"{A}.model.custom_chat_template={_USER_TEMPLATE}",
-        f"{A}.model.extra_tokenizers={{clip: {{path: tokenizer, max_length: 77}}, t5: {{path: tokenizer_3, max_length: 256}}}}",
+        f"{A}.model.extra_tokenizers={{clip: {{path: tokenizer, max_length: 77}}, "
+        f"t5: {{path: tokenizer_3, max_length: 256}}}}",
         f"{A}.model.attn_backend=native", f"{A}.rollout.rollout_attn_backend=TORCH_SDPA",
         f"{A}.model.lora_rank=32", f"{A}.model.lora_alpha=64",
         f"{A}.model.target_modules=['to_q','to_k','to_v','to_out.0','add_q_proj','add_k_proj','add_v_proj','to_add_out']",
@@ -174,7 +176,8 @@ SD35_OCR_LORA_SEPARATE_ASYNC = VerlOmniRecipe(
         "reward.reward_model.model_path=Qwen/Qwen2.5-VL-3B-Instruct", "reward.reward_model.rollout.name=vllm",
         "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1",
         "reward.reward_model.n_gpus_per_node=1", "reward.reward_model.rollout.gpu_memory_utilization=0.9",
-        "reward.reward_model.rollout.free_cache_engine=False", "reward.reward_model.rollout.tensor_model_parallel_size=1",
+        "reward.reward_model.rollout.free_cache_engine=False",
+        "reward.reward_model.rollout.tensor_model_parallel_size=1",
         "reward.reward_model.rollout.enforce_eager=False",
         "reward.custom_reward_function.path={reward_dir}/genrm_ocr.py",
         "reward.custom_reward_function.name=compute_score_ocr",
@@ -182,7 +185,8 @@ SD35_OCR_LORA_SEPARATE_ASYNC = VerlOmniRecipe(
         "trainer.experiment_name=sd35_medium_ocr_lora_v1_separate_async", "trainer.log_val_generations=8",
         "trainer.val_before_train=False", "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.save_freq=100",
         "trainer.test_freq=20", "trainer.total_epochs=15", "trainer.total_training_steps=100",
-        "trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.num_warmup_batches=0",
+        "trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async",
+        "trainer.v1.separate_async.num_warmup_batches=0",
         "trainer.v1.separate_async.parameter_sync_step=1", "trainer.v1.separate_async.sync_compatible=1",
         "trainer.v1.sampler.max_off_policy_threshold=1", "trainer.v1.sampler.max_off_policy_strategy=drop",
     ),
@@ -214,7 +218,8 @@ WAN22_DANCEGRPO = VerlOmniRecipe(
         f"{A}.rollout.name=vllm_omni", f"{A}.rollout.n=8", f"{A}.rollout.seed=42", f"{A}.rollout.agent.num_workers=8",
         f"{A}.rollout.rollout_attn_backend=TORCH_SDPA", f"{A}.rollout.load_format=safetensors",
         f"{A}.rollout.layered_summon=True",
-        f"{A}.rollout.pipeline.true_cfg_scale=5.0", f"{A}.rollout.pipeline.height=704", f"{A}.rollout.pipeline.width=1280",
+        f"{A}.rollout.pipeline.true_cfg_scale=5.0", f"{A}.rollout.pipeline.height=704",
+        f"{A}.rollout.pipeline.width=1280",
         f"{A}.rollout.pipeline.num_frames=8", f"{A}.rollout.pipeline.num_inference_steps=10",
         f"{A}.rollout.pipeline.guidance_scale=5.0", f"{A}.rollout.pipeline.max_sequence_length=1024",
         f"{A}.rollout.algo.noise_level=1.2", f'{A}.rollout.algo.sde_type="dance_sde"',

@@ -34,7 +34,8 @@ CLUSTERS = {
 }
 
 
-def hetero_report(scenario: str = SCENARIO, *, num_steps: int | None = None, costs: str = "calibrated") -> dict[str, Any]:
+def hetero_report(scenario: str = SCENARIO, *, num_steps: int | None = None,
+                  costs: str = "calibrated") -> dict[str, Any]:
     """Rows of {cluster, colocated_s (colocated-best), digenrl_s, gain} for the scenario and its variants."""
     base = get_scenario(scenario)
     if num_steps is not None:
@@ -64,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{report['scenario']} ({report['profile']}, {report['prompts_per_step']} prompts x n={report['n']}, "
           f"{report['num_steps']} steps, {report['costs']} costs) -- {report['note']}")
     for r in report["rows"]:
-        print(f"  {r['label']:<28} {r['cluster']:<28} colocated-best {r['colocated_s']:9.1f}s  DigenRL {r['digenrl_s']:9.1f}s"
-              f"  gain {r['gain_over_colocated']:.2f}x")
+        print(f"  {r['label']:<28} {r['cluster']:<28} colocated-best {r['colocated_s']:9.1f}s"
+              f"  DigenRL {r['digenrl_s']:9.1f}s  gain {r['gain_over_colocated']:.2f}x")
     if args.json:
         print(json.dumps(report))
     return 0

@@ -113,7 +113,8 @@ def from_step_times(name: str, *, fwd: float, fwdbwd: float, steps: int, timeste
         source={"fwd": fwd, "fwdbwd": fwdbwd, "steps": steps, "timestep_fraction": timestep_fraction,
                 "trained_timesteps": k, "decode": decode, "reward": reward, "loop_overhead": loop_overhead,
                 "tsp_factor": tsp_factor, "params_billion": params_billion,
-                "checkpoint_bytes_per_param": CHECKPOINT_BYTES_PER_PARAM, "checkpoint_write_gb_s": CHECKPOINT_WRITE_GB_S},
+                "checkpoint_bytes_per_param": CHECKPOINT_BYTES_PER_PARAM,
+                "checkpoint_write_gb_s": CHECKPOINT_WRITE_GB_S},
     )
 
 

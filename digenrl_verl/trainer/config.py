@@ -73,6 +73,11 @@ class RunSpec:
         pools = ", ".join(f"{role}: {p.size} worker(s){' on ' + p.placement if p.placement else ''}"
                           f"{f' at {p.gpu_fraction} GPU each' if p.shares_a_device else ''}"
                           for role, p in ((r, self.digenrl.pools[r]) for r in self.digenrl.roles))
+        engine = self.policy.engine
+        generation_dtype = self.policy.dtype if engine.name == "diffusers" else engine.dtype
+        trainer = (f"FSDP2 (fully_shard) over {self.digenrl.pools['trainer'].size} ranks" if self.train.sharding.sharded
+                   else "whole model per rank (ddp)")
+        custom = self.reward.custom_reward_function_path
         lines = [
             f"model: {self.policy.model_path} ({self.architecture}), "
             f"{'LoRA r=' + str(self.policy.lora.rank) if self.policy.lora.enabled else 'full fine-tune'}",
@@ -87,19 +92,17 @@ class RunSpec:
             f"max_stale_fraction={s.tcss.max_stale_fraction} max_gen_futures={s.tcss.max_gen_futures}",
             *([self._colocated_plan()] if s.mode == "colocated" else []),
             *([self._minibatch_plan()] if s.mini_batches_per_step > 1 else []),
-            f"engines: generation {self.policy.engine.name} ({self.policy.dtype if self.policy.engine.name == 'diffusers' else self.policy.engine.dtype}"
-            f" on {self.policy.device}); trainer "
-            f"{'FSDP2 (fully_shard) over ' + str(self.digenrl.pools['trainer'].size) + ' ranks' if self.train.sharding.sharded else 'whole model per rank (ddp)'}"
-            f", model dtype {self.policy.dtype}",
+            f"engines: generation {self.policy.engine.name} ({generation_dtype} on {self.policy.device}); "
+            f"trainer {trainer}, model dtype {self.policy.dtype}",
             f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}"
             f"{'; stale rows: ' + self._stale_objective() if s.tcss.staleness else ''}; lr={self.train.optim.lr}; "
             f"old log-probs: {'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}"
             f"{self._log_prob_micro()}",
-            f"reward: {self.reward.weights()}"
-            f"{' (custom: ' + str(self.reward.custom_reward_function_path) + ')' if self.reward.custom_reward_function_path else ''}",
+            f"reward: {self.reward.weights()}{f' (custom: {custom})' if custom else ''}",
             f"output: {self.output_dir}",
             *_block("decisions", self.decisions),
-            *_block("differences from verl-omni's defaults (keys at this plugin's default, which differs)", self.differences),
+            *_block("differences from verl-omni's defaults (keys at this plugin's default, which differs)",
+                    self.differences),
         ]
         return "\n".join(lines)
 

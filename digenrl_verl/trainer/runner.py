@@ -206,7 +206,8 @@ class DigenRLTrainer:
                                        use_gpu=d.pools[r].use_gpu, accelerator_type=d.pools[r].accelerator_type,
                                        custom_resource=d.pools[r].custom_resource,
                                        gpu_fraction=d.pools[r].gpu_fraction) for r in d.roles}
-        self.pool_manager = manager = PoolManager(specs, {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles})
+        names = {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles}
+        self.pool_manager = manager = PoolManager(specs, names)
         self.start_judge_pool(tuple(specs.values()))
         for role in d.roles:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
@@ -259,7 +260,8 @@ class DigenRLTrainer:
         names = list(self.workers)
         found = ray.get([self.workers[name].placement.remote() for name in names])
         use_gpu = self.judge_pool.cfg.pool.use_gpu
-        self.judge_pool.start_colocated([(node, gpus if use_gpu else [name]) for name, (node, gpus) in zip(names, found)])
+        self.judge_pool.start_colocated([(node, gpus if use_gpu else [name])
+                                         for name, (node, gpus) in zip(names, found)])
 
     # ---------------------------------------------------------------------------------- schedule
     def make_executor(self):
@@ -495,7 +497,8 @@ class DigenRLTrainer:
             want = getattr(self.run, key)
             if meta[key] != want:
                 raise ValueError(f"checkpoint {path} was written with {key}={meta[key]}, this run uses {want}; "
-                                 "resume with the same data.train_batch_size and rollout.n (or trainer.resume_mode=disable)")
+                                 "resume with the same data.train_batch_size and rollout.n "
+                                 "(or trainer.resume_mode=disable)")
         version = int(meta["policy_version"])
         refs = [a.load_checkpoint.remote(str(path), version) if w.startswith(("trn:", "col:"))
                 else a.load_weights.remote(str(path), version) for w, a in self.workers.items()]

@@ -3,7 +3,8 @@
 Components (schedule, diffusion, models, ...) check their own fields in `__post_init__` and know nothing of the
 YAML layout. A message names the field (`path`) and may mention other fields as `{field}` in its `fix`; the config
 layer (`digenrl_verl.config.verl_omni`) re-raises it with the keys as the user writes them (`keyed`), so every
-message names the key, the bad value and the fix while the key names live in one module.
+message names the key, the bad value and the fix while the key names live in the verl-omni adapter
+(`config.verl_omni`, `config.verl_omni_reward`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 This module and its reward half (`config.verl_omni_reward`) are the one place that knows verl-omni's key names.
 Every key of the shipped config (`digenrl_trainer.yaml`, verl-omni's layout) is in exactly one of three classes:
 
-* implemented: read by one of the builders below (`RecipeKeys` records every read);
+* implemented: read by one of the builders here or in `config.verl_omni_reward` (`RecipeKeys` records every read);
 * `NO_EFFECT`: accepted so verl-omni recipes parse; a value other than the shipped default warns, naming the key
   and the reason (nothing is ignored silently);
 * `UNSUPPORTED`: accepted so recipes parse; enabling the feature fails before any worker starts, naming the key

@@ -166,8 +166,9 @@ def one_process_reference(model: str, overrides: list[str]) -> dict:
     from digenrl_verl.weights.sync import CollectiveSpec, free_port
     from digenrl_verl.workers import roles
 
-    port = free_port()
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    addr = "127.0.0.1"
+    port = free_port(addr)
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": addr, "MASTER_PORT": str(port),
                        "LOCAL_RANK": "0"})
 
     t_imported = time.time()
@@ -175,7 +176,7 @@ def one_process_reference(model: str, overrides: list[str]) -> dict:
                              "trainer.digenrl.mode=colocated", "trainer.digenrl.pools.colocated.workers_per_node=1",
                              "trainer.digenrl.tsp.enabled=true", NO_RECOMPUTE]))
     worker = roles.ColocatedWorker(run.policy, run.train, run.reward, 1)
-    worker.join(CollectiveSpec("127.0.0.1", port, 1, 0, backend="gloo"))
+    worker.join(CollectiveSpec(addr, port, 1, 0, backend="gloo"))
     t_loaded = time.time()
     batch = make_step_batch(["a photo of a cat"] * run.prompts_per_step, ["t"] * run.prompts_per_step,
                             list(range(run.prompts_per_step)), run.n, 0)

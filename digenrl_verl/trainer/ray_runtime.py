@@ -11,6 +11,10 @@ import psutil
 import ray
 from ray._private import ray_constants
 
+#: The address every service of a trainer-started (one-node) Ray instance binds; `DigenRLTrainer.rendezvous` tells
+#: such a cluster by its node reporting this address.
+LOCAL_NODE_IP = "127.0.0.1"
+
 WORKER_ENV = {
     "TORCH_COMPILE_DISABLE": "1",
     "TORCHINDUCTOR_DISABLE": "1",
@@ -58,7 +62,7 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
         num_cpus=num_cpus,
         resources=resources,
         include_dashboard=dashboard,
-        _node_ip_address="127.0.0.1",
+        _node_ip_address=LOCAL_NODE_IP,
         runtime_env={"env_vars": env},
         log_to_driver=True,
         logging_level="WARNING",

@@ -43,7 +43,7 @@ from digenrl_verl.trainer.config import SCHEDULE_POOL_NAMES, RunSpec
 from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batch
 from digenrl_verl.trainer.elastic import ElasticRayExecutor, GeneratorSupervisor
 from digenrl_verl.trainer.ray_executor import RayExecutor
-from digenrl_verl.trainer.ray_runtime import init_local_ray
+from digenrl_verl.trainer.ray_runtime import LOCAL_NODE_IP, init_local_ray
 from digenrl_verl.trainer.reporting import RunReporter
 from digenrl_verl.viz.gantt import save_gantt
 from digenrl_verl.weights.sync import CollectiveSpec, free_port
@@ -181,9 +181,9 @@ class DigenRLTrainer:
         first bundle: one more worker process and round trip per pool at start-up). On a one-node cluster on this
         machine's loopback (every CPU run here) the driver picks a free loopback port itself."""
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        if len(nodes) != 1 or nodes[0].get("NodeManagerAddress") != "127.0.0.1":
+        if len(nodes) != 1 or nodes[0].get("NodeManagerAddress") != LOCAL_NODE_IP:
             return None
-        return "127.0.0.1", str(free_port())
+        return LOCAL_NODE_IP, str(free_port(LOCAL_NODE_IP))
 
     def worker_class(self, role: str):
         """The verl Worker class of a pool (one generator worker serves every `actor_rollout_ref.rollout.name`)."""

@@ -41,7 +41,7 @@ setup(
     version="0.1.0",
     description="DigenRL for verl: disaggregated Flow-GRPO / DanceGRPO training of diffusion models",
     packages=find_packages(include=["digenrl_verl", "digenrl_verl.*"]),
-    package_data={"digenrl_verl": ["config/*.yaml", "schedule/golden/*.txt", "data/*.txt"]},
+    package_data={"digenrl_verl": ["config/*.yaml", "config/preset/*.yaml", "schedule/golden/*.txt", "data/*.txt"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

@@ -31,6 +31,8 @@ from digenrl_verl.trainer.runner import DigenRLTrainer, NonFiniteError
 
 CONFIG_MODULE = "digenrl_verl.config"
 CONFIG_NAME = "digenrl_trainer"
+#: the CPU demo's preset (config/preset/tiny_cpu.yaml): its tiny values passed explicitly (the defaults: verl-omni's)
+TINY_CPU = "+preset=tiny_cpu"
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2  # interrupted: 128 + signal number (130 SIGINT, 143 SIGTERM)
 
@@ -87,9 +89,19 @@ def _raise_interrupt(signum, _frame):
     raise _Interrupted(signum)
 
 
+def keep_drawn_seeds(cfg: DictConfig, path) -> None:
+    """A resumed run whose seeds are null (drawn at start, as verl-omni leaves them unseeded) takes the seeds the
+    checkpoint's run drew, so the prompt order and the noise go on as they would have."""
+    for key, value in read_meta(path).get("seeds", {}).items():
+        if OmegaConf.select(cfg, key, default=0) is None:
+            OmegaConf.update(cfg, key, value, merge=False)
+
+
 def run(cfg: DictConfig) -> int:
     try:
         ckpt, start = resume_point(cfg)
+        if ckpt is not None:
+            keep_drawn_seeds(cfg, ckpt)
         spec = build_run(cfg, start_step=start)
         if ckpt is not None:
             check_resumable(ckpt, spec)
@@ -97,6 +109,7 @@ def run(cfg: DictConfig) -> int:
         print(f"digenrl: invalid config: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     print(spec.describe())
+    print(f"plan: {spec.write_plan()}")
     if ckpt is not None:
         print(f"resuming from {ckpt} (step {start})")
     if spec.digenrl.dry_run:

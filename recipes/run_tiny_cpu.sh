@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The README's main command: a short disaggregated Flow-GRPO run on CPU with a tiny FLUX model
-# (1 generator + 1 trainer worker, GAP + TSP + TAG(BTS), staleness 0, brightness reward).
+# (1 generator + 1 trainer worker, GAP + TSP + TAG(BTS), staleness 0, brightness reward). The package's defaults are
+# verl-omni's (512 px, 10 steps, bf16, cuda); +preset=tiny_cpu (digenrl_verl/config/preset/tiny_cpu.yaml) passes the
+# demo's tiny values explicitly.
 # Builds the tiny model directory if missing; outputs (metrics.jsonl, trace.json, timeline.png) go to
 # outputs/tiny_cpu_disaggregated/. Extra arguments are Hydra overrides.
 set -euo pipefail
@@ -11,7 +13,7 @@ export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 TORCH_COMPILE_DISABLE=1 MPLBAC
 MODEL="${MODEL:-$ROOT/outputs/models/tiny_flux}"
 [[ -f "$MODEL/model_index.json" ]] || "$VENV_PY" -m digenrl_verl.models.tiny FluxPipeline "$MODEL"
 MODE="${MODE:-disaggregated}"
-exec "$VENV_PY" -m digenrl_verl.main \
+exec "$VENV_PY" -m digenrl_verl.main +preset=tiny_cpu \
   actor_rollout_ref.model.path="$MODEL" \
   actor_rollout_ref.model.algorithm=flow_grpo \
   actor_rollout_ref.rollout.n=4 \

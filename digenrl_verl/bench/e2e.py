@@ -159,7 +159,7 @@ def one_process_reference(model: str, overrides: list[str]) -> dict:
 
     t_proc = float(psutil.Process().create_time())
     t_imp0 = time.time()
-    from digenrl_verl.main import compose  # noqa: I001 (the imports are timed)
+    from digenrl_verl.main import TINY_CPU, compose  # noqa: I001 (the imports are timed)
     from digenrl_verl.trainer.config import build_run
     from digenrl_verl.trainer.data import make_step_batch
     from digenrl_verl.trainer.ray_executor import RayExecutor
@@ -172,7 +172,8 @@ def one_process_reference(model: str, overrides: list[str]) -> dict:
                        "LOCAL_RANK": "0"})
 
     t_imported = time.time()
-    run = build_run(compose([f"actor_rollout_ref.model.path={model}", *overrides, "trainer.total_training_steps=1",
+    run = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={model}", *overrides,
+                             "trainer.total_training_steps=1",
                              "trainer.digenrl.mode=colocated", "trainer.digenrl.pools.colocated.workers_per_node=1",
                              "trainer.digenrl.tsp.enabled=true", NO_RECOMPUTE]))
     worker = roles.ColocatedWorker(run.policy, run.train, run.reward, 1)
@@ -268,7 +269,7 @@ def main(argv: list[str]) -> int:
     if args.steps <= args.warmup or args.warmup < 1:
         p.error("--steps must exceed --warmup, and --warmup must be >= 1")
 
-    from digenrl_verl.main import compose
+    from digenrl_verl.main import TINY_CPU, compose
     from digenrl_verl.models.tiny import build_tiny_model_dir
     from digenrl_verl.trainer.config import build_run
     from digenrl_verl.trainer.ray_runtime import init_local_ray
@@ -306,7 +307,7 @@ def main(argv: list[str]) -> int:
     # rows see the same spread of load (a row run R times in a row would see only the load of its own minutes)
     for rep in range(args.repeat):
         for name, overrides in ladder:
-            cfg = compose([*base, *overrides, f"trainer.digenrl.output_dir={tmp / name / str(rep)}",
+            cfg = compose([TINY_CPU, *base, *overrides, f"trainer.digenrl.output_dir={tmp / name / str(rep)}",
                            f"trainer.experiment_name=bench_{name}"])
             trainer = trainer_cls(build_run(cfg))
             load0, t0 = load_average(), time.perf_counter()

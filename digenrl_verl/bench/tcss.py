@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from digenrl_verl.bench.e2e import load_average
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.models.tiny import build_tiny_model_dir
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.ray_runtime import init_local_ray
@@ -60,7 +60,8 @@ def parse_pairs(text: str) -> list[tuple[int, int, int]]:
 def run_arm(model: str, out_dir: Path, prompts: int, n: int, seed: int, arm: str, steps: int) -> dict:
     t0 = time.perf_counter()
     overrides = [o.format(prompts=prompts, n=n, seed=seed, steps=steps) for o in COMMON]
-    cfg = compose([f"actor_rollout_ref.model.path={model}", f"trainer.digenrl.output_dir={out_dir}", *overrides,
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={model}", f"trainer.digenrl.output_dir={out_dir}",
+                   *overrides,
                    *ARMS[arm]])
     trainer = DigenRLTrainer(build_run(cfg))
     try:

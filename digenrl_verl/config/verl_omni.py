@@ -15,9 +15,11 @@ config and that each no-effect key warns.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import secrets
 import warnings
 from dataclasses import asdict, dataclass, replace
 from contextlib import contextmanager
@@ -90,6 +92,7 @@ class RecipeKeys:
         self.cfg = cfg
         self.read: set[str] = set()
         self.decisions: list[str] = []  # what the builders decided for the user (printed by the dry run's plan)
+        self.used: dict[str, Any] = {}  # keys whose value the run uses differs from the config's (`use`)
 
     def __call__(self, key: str, default: Any = SHIPPED) -> Any:
         self.read.add(key)
@@ -142,10 +145,48 @@ class RecipeKeys:
         """Record a decision taken for the user (a fall-back, a coercion, a derived value); the plan prints it."""
         self.decisions.append(text)
 
+    def use(self, key: str, value: Any, why: str) -> Any:
+        """Record that the run uses `value` for `key` (the config's value, e.g. null, means it), as a decision
+        that says how to repeat it; returns `value`."""
+        self.used[key] = value
+        self.decide(f"{key}={self.peek(key)!r}: {why}; this run uses {value!r} (set {key}={value!r} to repeat it)")
+        return value
+
+    def resolved(self) -> dict[str, Any]:
+        """Every key a builder read, as flat dotted names, with the value the run uses (`used` over the config's)."""
+        out: dict[str, Any] = {}
+        for key in sorted(self.read):
+            value = self.peek(key)
+            if isinstance(value, dict) and value:
+                out.update({f"{key}.{k}": v for k, v in _flat(value).items()})
+            else:
+                out[key] = value
+        out.update(self.used)
+        return out
+
     def section(self, prefix: str, names: tuple[str, ...]) -> dict[str, Any]:
         """The keys `prefix.<name>` that are set (not None), as a dict name → value."""
         values = {name: self(f"{prefix}.{name}") for name in names}
         return {k: v for k, v in values.items() if v is not None}
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+#: why a null seed is drawn: verl-omni samples unseeded then (rollout.seed) and shuffles unseeded (data.seed)
+NULL_SEED = "unseeded, as in verl-omni: a seed was drawn at start"
+
+
+def drawn_seed() -> int:
+    """A fresh seed for a key left null (verl-omni draws unseeded noise / an unseeded shuffle then)."""
+    return secrets.randbelow(2**31)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -197,10 +238,6 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
         lambda v, keys: v is not None, f"give {A}.rollout.pipeline.height/width instead"),
     f"{A}.rollout.pipeline.output_type": (
         lambda v, keys: v not in _PIXEL_OUTPUTS, f"rewards score decoded pixels; valid: {list(_PIXEL_OUTPUTS)}"),
-    "algorithm.rollout_correction.bypass_mode": (
-        lambda v, keys: v not in (None, True), "verl-omni's rollout correction (importance weights between the "
-        "rollout and the trainer's old policy) is not implemented: old log-probs come from the rollout or are "
-        "recomputed (actor_rollout_ref.rollout.recompute_old_log_probs); leave bypass_mode at null/true"),
 }
 
 # Keys accepted with no effect here: a value other than the shipped default warns once per run.
@@ -289,7 +326,6 @@ NO_EFFECT: dict[str, str] = {
                                                      "the worker pools' devices, or the scoring worker's process): "
                                                      "nothing is freed between steps",
     "trainer.log_val_generations": "validation samples are scored, not logged as images",
-    "trainer.total_epochs": "the run length is trainer.total_training_steps",
     "trainer.v1": "verl-omni's v1 trainer modes do not apply (trainer.digenrl.mode selects the layout)",
     "trainer.trainer_class": "selects an external trainer on verl-omni's entry points (patches/verl-omni-a1139baf; "
                              "trainer.trainer_class=digenrl hands the run to this package); this entry point is "
@@ -424,48 +460,30 @@ NO_EFFECT.update({
 })
 
 # ---------------------------------------------------------------------------------------------------------
-# verl-omni's defaults (a1139baf) where the shipped config's differ, for the keys that change a run: a key left at
-# our default is printed by the plan as a difference (`differences`). tests/verl_omni checks this table against
-# verl-omni's own composed config (every differing key that is not no-effect is here, with verl-omni's value).
+# The shipped defaults are verl-omni's (a1139baf, its composed diffusion_trainer config) for every key the two share,
+# except the few below, where the plugin cannot follow: key -> (verl-omni's value, why). A run that leaves such a key
+# at the shipped default is told so in its plan (`differences`); tests/verl_omni holds every other shared default to
+# verl-omni's composed config, key by key, and this table's values to verl-omni's. Resolution, steps, dtypes, device,
+# run length, LR, weight decay, LoRA targets, seeds and advantage normalisation are never on it.
 # ---------------------------------------------------------------------------------------------------------
-VERL_OMNI_DEFAULTS: dict[str, Any] = {
-    f"{A}.rollout.pipeline.height": 512,
-    f"{A}.rollout.pipeline.width": 512,
-    f"{A}.rollout.pipeline.num_inference_steps": 10,
-    f"{A}.rollout.val_kwargs.pipeline.num_inference_steps": 50,
-    f"{A}.rollout.pipeline.max_sequence_length": 512,
-    f"{A}.rollout.pipeline.video_flow_shift": 12.0,
-    f"{A}.rollout.algo.noise_level": 1.0,
-    f"{A}.rollout.n": 1,
-    f"{A}.rollout.seed": None,
-    f"{A}.rollout.dtype": "bfloat16",
-    f"{A}.rollout.tensor_model_parallel_size": 2,
-    f"{A}.model.target_modules": "all-linear",
-    f"{A}.model.fsdp_layer_prefixes": ["transformer_blocks."],
-    f"{A}.actor.optim.lr": 1e-6,
-    f"{A}.actor.optim.weight_decay": 0.01,
-    f"{A}.actor.ppo_mini_batch_size": 256,
-    "data.train_batch_size": 1024,
-    "data.seed": None,
-    "algorithm.global_std": True,
-    "algorithm.timestep_fraction": 1.0,
-    "reward.reward_functions": {},
-    "trainer.n_gpus_per_node": 8,
-    "trainer.device": "cuda",
-    "trainer.val_before_train": True,
-    "trainer.total_training_steps": None,
-    "trainer.logger": ["console", "wandb"],
+NOT_VERL_OMNI_DEFAULTS: dict[str, tuple[Any, str]] = {
+    f"{A}.model.path": ("~/models/Qwen/Qwen-Image", "a run names its model directory (required here)"),
+    "data.train_files": ("~/data/rlhf/gsm8k/train.parquet", "verl's GSM8K example file is no prompt set for a "
+                         "diffusion model; null = the package's built-in prompts"),
+    "data.val_files": ("~/data/rlhf/gsm8k/test.parquet", "null = the training prompts"),
+    f"{A}.rollout.name": ("???", "verl-omni requires it (its scripts set vllm_omni, CUDA only); the default here is "
+                          "the package's diffusers generator, which runs on CPU and GPU"),
+    f"{A}.rollout.tensor_model_parallel_size": (2, "each generator rank holds a whole model: tensor-parallel "
+                                                "generation comes with verl-omni's rollout replicas (not yet used)"),
+    f"{A}.rollout.pipeline.video_flow_shift": (12.0, "the flow shift is the model's scheduler_config.json value; "
+                                               "verl-omni applies 12.0 in its Wan pipelines"),
 }
-# keys whose defaults differ by nature (names and paths) or only in form (null = the trainer's GPUs per node, which is
-# what verl-omni's interpolation resolves to), not listed as differences
-NOT_DEFAULTS = ("trainer.project_name", "trainer.experiment_name", f"{A}.model.path", "data.train_files",
-                "data.val_files", f"{A}.rollout.n_gpus_per_node")
 
 
 def differences(keys: RecipeKeys) -> list[str]:
-    """`key=ours (verl-omni: theirs)` for each key of VERL_OMNI_DEFAULTS left at the shipped default."""
-    return [f"{key}={keys.peek(key)!r} (verl-omni: {theirs!r})" for key, theirs in VERL_OMNI_DEFAULTS.items()
-            if not changed_keys(keys, (key,))]
+    """`key=ours (verl-omni: theirs): why` for each NOT_VERL_OMNI_DEFAULTS key left at the shipped default."""
+    return [f"{key}={keys.peek(key)!r} (verl-omni: {theirs!r}): {why}"
+            for key, (theirs, why) in NOT_VERL_OMNI_DEFAULTS.items() if not changed_keys(keys, (key,))]
 
 
 def leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
@@ -800,7 +818,36 @@ def _mini_batches(keys: RecipeKeys, prompts: int) -> int:
     return prompts // mini
 
 
-def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
+def run_length(keys: RecipeKeys, prompts: int, dataset_prompts: int) -> int:
+    """Global steps, as verl-omni counts them: `trainer.total_epochs` x the steps of an epoch (its dataloader drops
+    the last partial batch: `dataset_prompts // data.train_batch_size`), or `trainer.total_training_steps` when set
+    (verl-omni stops at the last epoch's end too, so at most the epochs' steps)."""
+    epochs = keys.integer("trainer.total_epochs")
+    total = keys("trainer.total_training_steps")
+    if epochs < 1:
+        raise ValueError(f"trainer.total_epochs={epochs} must be >= 1")
+    per_epoch = dataset_prompts // prompts
+    if per_epoch < 1:
+        where = " (null: the package's built-in prompts)" if keys("data.train_files") is None else ""
+        raise ValueError(f"data.train_batch_size={prompts} is larger than the {dataset_prompts} prompts of "
+                         f"data.train_files{where}: an epoch has no full batch (verl-omni's dataloader drops the "
+                         "partial one); lower data.train_batch_size or give more prompts")
+    if total is None:
+        keys.decide(f"trainer.total_training_steps=null: trainer.total_epochs={epochs} x {per_epoch} step(s) per "
+                    f"epoch ({dataset_prompts} prompts // data.train_batch_size={prompts}) = {epochs * per_epoch}")
+        return epochs * per_epoch
+    total = keys.integer("trainer.total_training_steps")
+    if total < 1:
+        raise ValueError(f"trainer.total_training_steps={total} must be a positive number of global steps, or null "
+                         "(trainer.total_epochs of the prompts)")
+    if total > epochs * per_epoch:
+        keys.decide(f"trainer.total_training_steps={total} is past trainer.total_epochs={epochs} x {per_epoch} "
+                    f"step(s) per epoch: the run ends after {epochs * per_epoch} steps, as verl-omni's epoch loop")
+        return epochs * per_epoch
+    return total
+
+
+def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig, dataset_prompts: int) -> Shape:
     n, prompts = keys(f"{A}.rollout.n"), keys("data.train_batch_size")
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"{A}.rollout.n={n!r}: group-relative advantages need at least 2 samples per prompt; set "
@@ -818,9 +865,7 @@ def build_shape(keys: RecipeKeys, digenrl: DigenRLConfig) -> Shape:
         raise ValueError(f"{A}.actor.ppo_micro_batch_size_per_gpu={micro} is smaller than one prompt group's share "
                          f"per {role} rank (ceil(rollout.n={n} / {ranks} ranks) = {share}): a micro-batch is one "
                          f"group; raise it to >= {share} or null")
-    total = keys("trainer.total_training_steps")
-    if not isinstance(total, int) or total < 1:
-        raise ValueError(f"trainer.total_training_steps={total!r} must be a positive number of global steps")
+    total = run_length(keys, prompts, dataset_prompts)
     _check_pool_sizes(digenrl, prompts * n)
     mini_batches = _mini_batches(keys, prompts)
     if not verl_cut_keeps_groups(prompts, mini_batches, ranks):
@@ -899,18 +944,18 @@ def _build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
     window_size = keys(f"{algo}.sde_window_size")
     steps_key, seed_key = f"{A}.rollout.pipeline.num_inference_steps", f"{A}.rollout.seed"
     steps, seed = keys(steps_key), keys(seed_key)
+    default_steps = _unresolved(shipped_defaults(), steps_key)
     if steps is None:
-        keys.decide(f"{steps_key}=null: {VERL_OMNI_DEFAULTS[steps_key]} sampling steps (verl-omni's default)")
-    if seed is None:
-        keys.decide(f"{seed_key}=null: seed 0, every run samples the same noise (set a seed to choose another)")
+        keys.decide(f"{steps_key}=null: {default_steps} sampling steps (verl-omni's default)")
+    seed = keys.use(seed_key, drawn_seed(), NULL_SEED) if seed is None else keys.integer(seed_key)
     cfg = RolloutConfig(
-        num_inference_steps=VERL_OMNI_DEFAULTS[steps_key] if steps is None else keys.integer(steps_key),
+        num_inference_steps=default_steps if steps is None else keys.integer(steps_key),
         sde_type=keys(f"{algo}.sde_type"), noise_level=keys.number(f"{algo}.noise_level"),
         timestep_selection=keys(f"{algo}.timestep_selection") or auto_selection(algorithm, window_size),
         timestep_fraction=keys.number("algorithm.timestep_fraction"),
         sde_window_size=0 if window_size is None else keys.integer(f"{algo}.sde_window_size"),
         sde_window_range=tuple(window) if window is not None else None,
-        seed=0 if seed is None else keys.integer(seed_key),
+        seed=seed,
         init_same_noise=bool(keys(f"{algo}.init_same_noise")),
     )
     if cfg.num_train_steps < 1:
@@ -942,9 +987,15 @@ def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorit
     model_dtype = keys(f"{A}.actor.fsdp_config.model_dtype")
     if model_dtype not in DTYPES:
         raise ValueError(f"{A}.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(DTYPES)}")
+    engine = build_engine(keys, digenrl)
+    if engine.name == "diffusers" and engine.dtype != DTYPES[model_dtype]:
+        keys.decide(f"{A}.rollout.dtype={engine.dtype} (verl-omni's rollout samples in it): the diffusers generator "
+                    f"samples in the trained model's dtype, {A}.actor.fsdp_config.model_dtype={DTYPES[model_dtype]} "
+                    "(its weights arrive from the trainer in that dtype); generating in rollout.dtype comes with "
+                    "verl-omni's rollout replicas")
     return PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=build_rollout(keys, algorithm),
                       dtype=DTYPES[model_dtype], start_version=start_version, device=build_device(keys, digenrl),
-                      engine=build_engine(keys, digenrl))
+                      engine=engine)
 
 
 def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> ShardingSpec:
@@ -1002,6 +1053,11 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
     recompute = keys(f"{A}.rollout.recompute_old_log_probs")
     if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics
         recompute = policy.engine.name != "diffusers" or policy.dtype != "float32"
+        if keys("algorithm.rollout_correction.bypass_mode") is False and not recompute:
+            keys.decide("algorithm.rollout_correction.bypass_mode=False (verl-omni: the trainer recomputes the old "
+                        "log-probs): the generator's log-probs are used, the same numbers on this path (diffusers "
+                        f"engine, {policy.dtype}, the weights the trainer holds); {A}.rollout.recompute_old_log_probs="
+                        "true recomputes them anyway")
     log_prob_micro = keys(f"{A}.rollout.log_prob_micro_batch_size_per_gpu")
     if log_prob_micro is not None and (isinstance(log_prob_micro, bool) or not isinstance(log_prob_micro, int)
                                        or log_prob_micro < 1):
@@ -1012,31 +1068,36 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
                      sharding=build_sharding(keys, digenrl, n))
 
 
-def build_advantage(keys: RecipeKeys, digenrl: DigenRLConfig) -> AdvantageConfig:
-    global_std = bool(keys("algorithm.global_std"))
-    if global_std and digenrl.mode == "disaggregated":
-        if digenrl.pipeline:
-            global_std = False
-            why = ("algorithm.global_std=True -> False (each prompt group's own std): with trainer.digenrl.pipeline="
-                   "true a group is updated as soon as it is scored, before the step's other groups have rewards, so "
-                   "the step's std is not known yet; the advantage stays group-relative (group mean, group std). "
-                   "verl-omni's batch std: trainer.digenrl.pipeline=false (updates wait for the whole step) or "
-                   "trainer.digenrl.mode=colocated")
-            keys.decide(why)
-            warnings.warn(why, UserWarning, stacklevel=3)
-        else:
-            keys.decide("algorithm.global_std=True kept: trainer.digenrl.pipeline=false, so every group of a step is "
-                        "scored before its first update")
+def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:
+    """`algorithm.global_std=True` (verl-omni's default) normalises by the std of the whole step's rewards, known only
+    once the step's last group is scored: a disaggregated step's updates then wait for its last reward (GAP
+    pipelining off: `pipeline=False`; TCSS may still generate the next step meanwhile), said in the plan with the
+    switch that allows pipelining. Colocated steps score everything before updating anyway."""
+    if not keys("algorithm.global_std") or digenrl.mode != "disaggregated" or not digenrl.pipeline:
+        return digenrl
+    keys.decide("algorithm.global_std=True (verl-omni's default): advantages use the std of the whole step's rewards, "
+                "so a step's updates wait for its last reward (GAP pipelining off for the updates; TCSS may still "
+                "generate the next step meanwhile); algorithm.global_std=false (each prompt group's own std) lets "
+                "updates start as soon as a group is scored")
+    return replace(digenrl, pipeline=False)
+
+
+def build_advantage(keys: RecipeKeys) -> AdvantageConfig:
     with user_keys(ADVANTAGE_KEYS):
-        return AdvantageConfig(global_std=global_std,
+        return AdvantageConfig(global_std=bool(keys("algorithm.global_std")),
                                norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo")),
                                adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max"))
+
+
+def _data_seed(keys: RecipeKeys) -> int:
+    seed = keys("data.seed")
+    return keys.use("data.seed", drawn_seed(), NULL_SEED) if seed is None else keys.integer("data.seed")
 
 
 def build_data(keys: RecipeKeys) -> DataSpec:
     try:
         return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key"),
-                        seed=int(keys("data.seed") or 0), shuffle=bool(keys("data.shuffle")),
+                        seed=_data_seed(keys), shuffle=bool(keys("data.shuffle")),
                         val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples"))
     except ConfigError as e:
         raise e.under("data") from None
@@ -1116,10 +1177,26 @@ def _validation_sampling(keys: RecipeKeys, rollout: RolloutConfig) -> RolloutCon
 
 
 def build_logging(keys: RecipeKeys) -> LoggingSpec:
+    """verl's Tracking backends (`trainer.logger`; verl-omni's default is [console, wandb]); a backend whose package
+    is missing fails here, naming the key, rather than after the workers started."""
     loggers = keys("trainer.logger")
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
+    for name in loggers:
+        package = LOGGER_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            raise ValueError(f"trainer.logger={loggers}: {name} needs the {package!r} package, which is not installed; "
+                             f"install it, or drop {name} (e.g. trainer.logger=[console,tensorboard])")
+    if "wandb" in loggers:
+        keys.decide("trainer.logger has wandb (verl-omni's default): wandb.init needs a login (WANDB_API_KEY) or "
+                    "WANDB_MODE=offline")
     return LoggingSpec(project_name=str(keys("trainer.project_name")),
                        experiment_name=str(keys("trainer.experiment_name")),
-                       loggers=tuple([loggers] if isinstance(loggers, str) else loggers))
+                       loggers=tuple(loggers))
+
+
+#: trainer.logger backends -> the package verl's Tracking imports for them
+LOGGER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "swanlab": "swanlab",
+                   "vemlp_wandb": "volcengine_ml_platform", "clearml": "clearml", "trackio": "trackio"}
 
 
 def build_checkpoint(keys: RecipeKeys) -> CheckpointSpec:

@@ -22,7 +22,9 @@ from digenrl_verl.rewards.vlm_judge import (
     resolve_judge_path,
 )
 
-DEFAULT_REWARD = {"brightness": 1.0}  # reward.reward_functions when none is given
+#: reward.reward_functions when none is given and no custom file: verl-omni's default_compute_score_image scores
+#: the data source `jpeg_compressibility` (the one it has without a served model)
+DEFAULT_REWARD = {"jpeg_compressibility": 1.0}
 
 # verl-omni's multi-reward sentinel: reward.custom_reward_function.name when reward.reward_functions holds the files
 MULTI_REWARD_PLACEHOLDER = "_multi_reward_placeholder"
@@ -310,8 +312,10 @@ def build_reward(keys: RecipeKeys, digenrl: DigenRLConfig) -> RewardConfig:
                       f": reward {JUDGE_REWARD!r}", UserWarning, stacklevel=2)
         custom = {}
         functions = {**(functions or {}), JUDGE_REWARD: 1.0}
-    if functions is None:  # the YAML default (a dict default would be struct: no other name could be set)
-        functions = {} if custom.get("path") else dict(DEFAULT_REWARD)
+    if not functions and not custom.get("path"):  # the YAML default, {} as verl-omni's
+        functions = dict(DEFAULT_REWARD)
+        keys.decide(f"{_RF}={{}} and no custom reward file: verl-omni's default reward, {DEFAULT_REWARD}")
+    functions = functions or {}
     reward = RewardConfig(reward_functions=dict(functions), aggregation=keys("reward.aggregation"),
                           custom_reward_function_path=custom.get("path"),
                           custom_reward_function_name=custom.get("name") or "compute_score", reward_model=judge,

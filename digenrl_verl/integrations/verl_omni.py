@@ -39,7 +39,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from digenrl_verl import main as entry
 from digenrl_verl.config.digenrl import SECTION, schema_node
-from digenrl_verl.config.verl_omni import VERL_OMNI_DEFAULTS
+from digenrl_verl.config.verl_omni import NOT_VERL_OMNI_DEFAULTS
+from digenrl_verl.config.verl_omni_reward import DEFAULT_REWARD
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
@@ -75,14 +76,12 @@ _HANDOVER_KEYS = {
 # carries these keys only when the user set them to something else, so that an explicit request still fails
 # clearly (config/verl_omni.py UNSUPPORTED) while verl-omni's defaults do not.
 _THEIR_DEFAULTS_NOT_OURS: dict[str, Any] = {
-    **{key: VERL_OMNI_DEFAULTS[key] for key in ("actor_rollout_ref.rollout.tensor_model_parallel_size",
-                                                "actor_rollout_ref.rollout.pipeline.video_flow_shift",
-                                                "trainer.val_before_train")},
+    **{key: NOT_VERL_OMNI_DEFAULTS[key][0] for key in ("actor_rollout_ref.rollout.tensor_model_parallel_size",
+                                                       "actor_rollout_ref.rollout.pipeline.video_flow_shift")},
     "trainer.use_v1": None,  # always ours (false): the mode is trainer.digenrl.mode after translation
     "trainer.digenrl": None,  # our section: carried whole when present (see translate_config)
     "reward.reward_functions": None,  # handled in translate_config (verl-omni's default reward)
 }
-VERL_OMNI_DEFAULT_REWARD = "jpeg_compressibility"  # verl-omni's default_compute_score_image
 
 
 class VerlOmniNotInstalled(ImportError):
@@ -181,7 +180,7 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
         elif custom:
             ours.reward.reward_functions = {}
         else:
-            ours.reward.reward_functions = {VERL_OMNI_DEFAULT_REWARD: 1.0}
+            ours.reward.reward_functions = dict(DEFAULT_REWARD)
     return ours
 
 

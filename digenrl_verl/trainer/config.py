@@ -9,8 +9,10 @@ runs exactly this and prints the resolved plan and pools.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
@@ -19,12 +21,14 @@ from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec, V
 from digenrl_verl.config.verl_omni import (RecipeKeys, build_advantage, build_checkpoint, build_data, build_digenrl,
                                            build_layout, build_logging, build_model, build_policy, build_shape,
                                            build_train, build_validation, check_unsupported, differences,
+                                           honour_global_std,
                                            warn_no_effect, warn_unknown)
 from digenrl_verl.config.verl_omni_reward import build_reward
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig
 from digenrl_verl.schedule.plan import planner_for, step_microbatches
+from digenrl_verl.trainer.data import load_prompts
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
 
 # the schedule's pool names per role of `trainer.digenrl.pools`
@@ -42,7 +46,8 @@ class RunSpec:
         prompts_per_step, n: step batch shape; num_steps: global steps to run from `start_step`.
         architecture: the model's `_class_name`.
         decisions: what the config layer decided for the user (fall-backs, coercions, derived pools), printed.
-        differences: `key=ours (verl-omni: theirs)` for the keys left at a default that differs from verl-omni's.
+        differences: `key=ours (verl-omni: theirs): why` for the keys left at a default that differs from verl-omni's.
+        resolved: every config key the run uses (flat dotted names), with the value it uses (`plan()`, plan.json).
     """
 
     digenrl: DigenRLConfig
@@ -62,6 +67,7 @@ class RunSpec:
     validation: ValidationSpec = ValidationSpec()
     decisions: tuple[str, ...] = ()
     differences: tuple[str, ...] = ()
+    resolved: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def output_dir(self) -> Path:
@@ -106,6 +112,28 @@ class RunSpec:
         ]
         return "\n".join(lines)
 
+    def plan(self) -> dict[str, Any]:
+        """The machine-readable plan (`plan.json`): the resolved keys, the pools, the schedule, the decisions and the
+        differences from verl-omni's defaults."""
+        pools = {role: {"size": self.digenrl.pools[role].size, "placement": self.digenrl.pools[role].placement,
+                        "use_gpu": self.digenrl.pools[role].use_gpu} for role in self.digenrl.roles}
+        return {"config": {k: _jsonable(v) for k, v in self.resolved.items()}, "pools": pools,
+                "schedule": {"mode": self.schedule.mode, "num_steps": self.num_steps, "start_step": self.start_step,
+                             "prompts_per_step": self.prompts_per_step, "n": self.n,
+                             "mini_batches_per_step": self.schedule.mini_batches_per_step,
+                             "gap": self.schedule.gap, "pipeline": self.schedule.pipeline,
+                             "tsp": self.schedule.tsp.enabled, "tag": self.schedule.tag.policy,
+                             "staleness": self.schedule.tcss.staleness},
+                "architecture": self.architecture, "decisions": list(self.decisions),
+                "differences_from_verl_omni": list(self.differences)}
+
+    def write_plan(self, path: str | Path | None = None) -> Path:
+        """Write `plan()` as JSON (default: `<output_dir>/plan.json`); returns the path."""
+        path = Path(path) if path is not None else self.output_dir / PLAN_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.plan(), indent=1, sort_keys=True) + "\n")
+        return path
+
     def _minibatch_plan(self) -> str:
         s = self.schedule
         ranks = s.minibatch_dp_ranks
@@ -139,6 +167,21 @@ class RunSpec:
         return f" in micro-batches of {size} sample(s) per rank"
 
 
+PLAN_FILE = "plan.json"
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        value = asdict(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
 def _block(title: str, items: tuple[str, ...]) -> list[str]:
     return [f"{title}:", *(f"  - {item}" for item in items)] if items else []
 
@@ -155,15 +198,15 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     keys = RecipeKeys(cfg)
     check_unsupported(keys)
     warn_no_effect(keys)
-    digenrl = build_layout(keys, build_digenrl(keys))
+    digenrl = honour_global_std(keys, build_layout(keys, build_digenrl(keys)))
     model = build_model(keys)
     policy = build_policy(keys, digenrl, path=model.path, algorithm=model.algorithm, start_version=start_step)
-    shape = build_shape(keys, digenrl)
+    data = build_data(keys)
+    shape = build_shape(keys, digenrl, len(load_prompts(data.train_files, data.prompt_key)[0]))
     train = build_train(keys, digenrl, policy, shape.n)
     reward = build_reward(keys, digenrl)
-    advantage = build_advantage(keys, digenrl)
+    advantage = build_advantage(keys)
     checkpoint = build_checkpoint(keys)
-    data = build_data(keys)
     validation = build_validation(keys, data, policy.rollout)
     num_steps = shape.total_steps - start_step
     if num_steps < 1:
@@ -178,4 +221,5 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     return RunSpec(digenrl=digenrl, schedule=schedule, policy=policy, train=train, reward=reward, advantage=advantage,
                    data=data, logging=logging, checkpoint=checkpoint, validation=validation,
                    prompts_per_step=shape.prompts, n=shape.n, num_steps=num_steps, architecture=model.architecture,
-                   start_step=start_step, decisions=tuple(keys.decisions), differences=tuple(differences(keys)))
+                   start_step=start_step, decisions=tuple(keys.decisions), differences=tuple(differences(keys)),
+                   resolved=keys.resolved())

@@ -485,6 +485,8 @@ class DigenRLTrainer:
             "cost_profile": self.driver.profiler.snapshot() if self.driver is not None else {},
             "generators": len(self.generator_ids()),
             "architecture": self.run.architecture,
+            # the seeds the run used (drawn at start for keys left null): a resume with null seeds takes these
+            "seeds": {"data.seed": self.run.data.seed, "actor_rollout_ref.rollout.seed": self.run.policy.rollout.seed},
         }
         path = writer.commit(tmp, version, meta)
         self.last_checkpoint = path

@@ -122,7 +122,7 @@ def test_nccl_weight_sync_between_two_gpus():
 def test_one_disaggregated_step_with_gpu_pools(gpu_tiny_dirs, tmp_path):
     import ray
 
-    from digenrl_verl.main import compose
+    from digenrl_verl.main import TINY_CPU, compose
     from digenrl_verl.trainer.config import build_run
     from digenrl_verl.trainer.ray_runtime import init_local_ray
     from digenrl_verl.trainer.runner import DigenRLTrainer
@@ -132,7 +132,7 @@ def test_one_disaggregated_step_with_gpu_pools(gpu_tiny_dirs, tmp_path):
             "trainer.digenrl.pools.trainer.use_gpu=true"] if gpus >= 2 else [
         "trainer.digenrl.mode=colocated", "trainer.digenrl.pools.colocated.workers_per_node=1",
         "trainer.digenrl.pools.colocated.use_gpu=true"]
-    cfg = compose([f"actor_rollout_ref.model.path={gpu_tiny_dirs['FluxPipeline']}", "trainer.device=cuda",
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={gpu_tiny_dirs['FluxPipeline']}", "trainer.device=cuda",
                    "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16", "data.train_batch_size=2",
                    "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1", "trainer.logger=[console]",
                    f"trainer.digenrl.output_dir={tmp_path}", *mode])
@@ -157,12 +157,12 @@ SHARE_ONE_GPU = ("trainer.digenrl.pools.generator.gpu_fraction=0.5", "trainer.di
 def _gpu_run(gpu_tiny_dirs, tmp_path, *overrides):
     import ray
 
-    from digenrl_verl.main import compose
+    from digenrl_verl.main import TINY_CPU, compose
     from digenrl_verl.trainer.config import build_run
     from digenrl_verl.trainer.ray_runtime import init_local_ray
     from digenrl_verl.trainer.runner import DigenRLTrainer
 
-    cfg = compose([f"actor_rollout_ref.model.path={gpu_tiny_dirs['FluxPipeline']}", "trainer.device=cuda",
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={gpu_tiny_dirs['FluxPipeline']}", "trainer.device=cuda",
                    "trainer.digenrl.mode=disaggregated", "trainer.digenrl.pools.generator.use_gpu=true",
                    "trainer.digenrl.pools.trainer.use_gpu=true", "data.train_batch_size=2",
                    "trainer.total_training_steps=1", "trainer.logger=[console]",

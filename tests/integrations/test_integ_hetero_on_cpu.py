@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.trainer.config import build_run
 
 PROBE = Path(__file__).with_name("hetero_placement_probe.py")
@@ -35,13 +35,13 @@ def test_pools_are_placed_by_custom_resources():
 
 
 def test_pool_placement_keys_reach_the_run_spec(tiny_dirs):
-    spec = build_run(compose([
+    spec = build_run(compose([TINY_CPU,
         f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}", "trainer.digenrl.mode=disaggregated",
         "trainer.digenrl.pools.generator.custom_resource=kind_a",
         "trainer.digenrl.pools.trainer.custom_resource=kind_b"]))
     assert spec.digenrl.pools["generator"].custom_resource == "kind_a"
     assert {name: p.worker_class for name, p in spec.schedule.pools.items()} == {"gen": "kind_a", "trn": "kind_b"}
     with pytest.raises(ValueError, match=r"pools\.generator\.accelerator_type='A800' is invalid: needs use_gpu=true"):
-        build_run(compose([f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}",
+        build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}",
                            "trainer.digenrl.mode=disaggregated",
                            "trainer.digenrl.pools.generator.accelerator_type=A800"]))

@@ -9,7 +9,9 @@ rewrites them, and the diff goes into review.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -44,14 +46,29 @@ SHELL_RECIPES = {
 }
 
 
+#: a seed drawn for a key left null (verl-omni's default): different in every run
+_DRAWN = re.compile(r"this run uses \d+ \(set (\S+)=\d+ to repeat it\)")
+#: the verl-omni script whose plan.json is kept as a golden file too
+PLAN_JSON_RECIPE = "qwen_image_flowgrpo_lora"
+
+
 def _normalise(text: str, **paths: str) -> str:
     for name, path in paths.items():
         text = text.replace(path, f"<{name.upper()}>")
-    return text.strip() + "\n"
+    return _DRAWN.sub(r"this run uses <DRAWN> (set \1=<DRAWN> to repeat it)", text).strip() + "\n"
 
 
-def _check(name: str, plan: str) -> None:
-    golden = GOLDEN / f"{name}.txt"
+def _normalise_plan(plan: dict, spec, **paths: str) -> str:
+    """plan.json as text, with paths and drawn seeds replaced (`_normalise`)."""
+    config = plan["config"]
+    for key in ("data.seed", "actor_rollout_ref.rollout.seed"):
+        if any(d.startswith(f"{key}=None") for d in spec.decisions):
+            config[key] = "<DRAWN>"
+    return _normalise(json.dumps(plan, indent=1, sort_keys=True), **paths)
+
+
+def _check(name: str, plan: str, suffix: str = ".txt") -> None:
+    golden = GOLDEN / f"{name}{suffix}"
     if UPDATE:
         GOLDEN.mkdir(exist_ok=True)
         golden.write_text(plan)
@@ -85,5 +102,8 @@ def test_verl_omni_recipe_plan_matches_golden(name, tiny_dirs, reward_dir, data_
     cfg = compose(recipe.render(model, reward_dir, data_dir, switch_off=True, extra=[DIGENRL_FLAG]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        plan = build_run(cfg).describe()
-    _check(f"verl_omni_{name}", _normalise(plan, model=model, reward_dir=reward_dir, data_dir=data_dir))
+        spec = build_run(cfg)
+    paths = dict(model=model, reward_dir=reward_dir, data_dir=data_dir)
+    _check(f"verl_omni_{name}", _normalise(spec.describe(), **paths))
+    if name == PLAN_JSON_RECIPE:  # the machine-readable plan (plan.json) of one verl-omni script
+        _check(f"verl_omni_{name}", _normalise_plan(spec.plan(), spec, **paths), suffix=".plan.json")

@@ -97,7 +97,7 @@ def test_translation_takes_their_values_and_mode_and_derives_pools(tiny_dirs):
     assert spec.n == 2 and spec.prompts_per_step == 4 and spec.num_steps == 3
     assert spec.policy.rollout.noise_level == pytest.approx(0.9) and spec.policy.rollout.num_inference_steps == 4
     assert spec.train.optim.lr == pytest.approx(3e-5) and spec.policy.pipeline.height == 64
-    assert spec.reward.weights() == {vo.VERL_OMNI_DEFAULT_REWARD: 1.0}  # verl-omni's default reward
+    assert spec.reward.weights() == {"jpeg_compressibility": 1.0}  # verl-omni's default reward
     pools = {r: (spec.digenrl.pools[r].size, spec.digenrl.pools[r].use_gpu) for r in spec.digenrl.roles}
     assert pools == {"generator": (1, False), "trainer": (1, False)}
     sync = vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__v1__trainer_mode="sync"))

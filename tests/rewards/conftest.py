@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.models.tiny import build_tiny_model_dir
 from digenrl_verl.rewards.tiny_judge import build_tiny_judge_dir
 from digenrl_verl.trainer.config import build_run
@@ -27,7 +27,7 @@ def judge_step_run(tmp_path, monkeypatch):
     monkeypatch.setenv("GENRM_OCR_MAX_TOKENS", "4")  # verl-omni's override of the judge's 4096 new tokens
 
     def build(*overrides: str):
-        cfg = compose([
+        cfg = compose([TINY_CPU,
             f"actor_rollout_ref.model.path={flux}", "trainer.digenrl.mode=disaggregated", f"data.train_files={prompts}",
             "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1",
             f"trainer.digenrl.output_dir={tmp_path / 'run'}", "trainer.logger=[console]",

@@ -19,7 +19,7 @@ from digenrl_verl.config.verl_omni import (
     cpu_process_limit,
 )
 from digenrl_verl.config.verl_omni_reward import build_reward
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.models.tiny import build_tiny_model_dir
 from digenrl_verl.rewards import JUDGE_REWARD, JudgeConfig, RewardConfig, VLMJudgeReward, build_reward as make_reward
 from digenrl_verl.rewards.tiny_judge import build_tiny_judge_dir
@@ -50,7 +50,8 @@ def _digenrl(keys):
 
 
 def _judge(judge_dir, *overrides):
-    keys = RecipeKeys(compose(["reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
+    keys = RecipeKeys(compose([TINY_CPU, "reward.reward_model.enable=True",
+                               f"reward.reward_model.model_path={judge_dir}",
                                "reward.reward_functions={genrm_ocr: 1.0}", *overrides]))
     check_unsupported(keys)
     return build_reward(keys, _digenrl(keys)).reward_model, keys
@@ -104,7 +105,7 @@ def test_bad_pool_sizes_fail_naming_the_key(judge_dir):
 
 def test_cpu_judge_processes_count_with_the_worker_processes_against_one_limit(judge_dir):
     """The judge's CPU processes and the worker pools' share the machine: one limit for their sum."""
-    digenrl = _digenrl(RecipeKeys(compose([])))
+    digenrl = _digenrl(RecipeKeys(compose([TINY_CPU, ])))
     workers = sum(digenrl.pools[r].size for r in digenrl.roles)
     room = cpu_process_limit() - workers  # judge processes that still fit
     judge, _ = _judge(judge_dir, *POOL, f"reward.reward_model.n_gpus_per_node={room}")
@@ -123,7 +124,7 @@ def test_cpu_judge_processes_count_with_the_worker_processes_against_one_limit(j
 
 
 def test_the_reward_pool_line_says_how_many_copies_of_the_judge_a_cpu_pool_holds():
-    keys = RecipeKeys(compose(POOL))
+    keys = RecipeKeys(compose([TINY_CPU, *POOL]))
     assert verl_omni_reward._pool_note(keys, JudgePoolSpec(1, 8)).endswith(
         "8 copies in memory (reward.reward_model.n_gpus_per_node=8 is the default); lower "
         "reward.reward_model.n_gpus_per_node for fewer")
@@ -162,7 +163,7 @@ def test_judge_backend_names_and_unused_engine_settings(judge_dir):
     assert judge.backend == "transformers" and judge.tensor_parallel_size == 1
     with pytest.warns(UserWarning, match=r"reward\.reward_model\.enable_resource_pool=True has no effect: "
                                          r"reward\.reward_model\.enable=false"):
-        keys = RecipeKeys(compose(["reward.reward_model.enable_resource_pool=True"]))
+        keys = RecipeKeys(compose([TINY_CPU, "reward.reward_model.enable_resource_pool=True"]))
         build_reward(keys, _digenrl(keys))
     assert NO_EFFECT["reward.reward_model.rollout.free_cache_engine"].startswith("the judge stays resident")
     with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2: the transformers judge"):
@@ -171,7 +172,7 @@ def test_judge_backend_names_and_unused_engine_settings(judge_dir):
 
 def test_the_dry_run_plan_prints_the_reward_pool(judge_dir, flux_dir):
     ocr = [f"reward.custom_reward_function.path={GENRM}", "reward.custom_reward_function.name=compute_score_ocr"]
-    cfg = compose([f"actor_rollout_ref.model.path={flux_dir}", "trainer.digenrl.mode=disaggregated",
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={flux_dir}", "trainer.digenrl.mode=disaggregated",
                    "reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}", *ocr,
                    *POOL, "reward.reward_model.n_gpus_per_node=2"])
     with warnings.catch_warnings():
@@ -360,8 +361,9 @@ def test_pool_sizes_without_the_pool_warn_by_name(judge_dir):
 def test_the_dry_run_flag_comes_from_the_section(judge_dir, monkeypatch):
     """`build_judge` plans for the cluster when the `trainer.digenrl` section it is given is a dry run."""
     monkeypatch.setattr(verl_omni_reward, "judge_backend_unavailable", lambda name: "no CUDA device (test)")
-    keys = RecipeKeys(compose(["reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
-                               "reward.reward_model.rollout.name=vllm", "trainer.device=cuda", *POOL]))
+    keys = RecipeKeys(compose([TINY_CPU, "reward.reward_model.enable=True",
+                               f"reward.reward_model.model_path={judge_dir}", "reward.reward_model.rollout.name=vllm",
+                               "trainer.device=cuda", *POOL]))
     with pytest.raises(ValueError, match=r"rollout\.name=vllm cannot be used here: no CUDA device \(test\)"):
         verl_omni_reward.build_judge(keys, _digenrl(keys))
     with pytest.warns(UserWarning, match=r"rollout\.name=vllm: this machine cannot run vLLM \(no CUDA device "

@@ -16,7 +16,7 @@ from digenrl_verl.config.verl_omni import (
     NO_EFFECT, UNSUPPORTED, RecipeKeys, build_digenrl, build_layout, check_unsupported,
 )
 from digenrl_verl.config.verl_omni_reward import build_reward
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.rewards import JUDGE_REWARD, JudgeConfig, RewardConfig, VLMJudgeReward, build_reward as make_reward
 from digenrl_verl.rewards.ocr import levenshtein
 from digenrl_verl.rewards.tiny_judge import TINY_FAMILIES, build_tiny_judge_dir
@@ -158,12 +158,12 @@ def _build_reward(keys):
 
 
 def _reward(*overrides):
-    return _build_reward(RecipeKeys(compose(list(overrides))))
+    return _build_reward(RecipeKeys(compose([TINY_CPU, *overrides])))
 
 
 def test_verl_omni_ocr_recipe_keys_build_the_judge(judge_dir, monkeypatch):
     monkeypatch.setenv("GENRM_OCR_MAX_TOKENS", "12")
-    keys = RecipeKeys(compose([
+    keys = RecipeKeys(compose([TINY_CPU,
         "reward.reward_model.enable=True", f"reward.reward_model.model_path={judge_dir}",
         "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.tensor_model_parallel_size=4",
         "trainer.digenrl.mode=disaggregated", "trainer.n_gpus_per_node=4",  # the Qwen-Image OCR scripts' layout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
@@ -22,7 +22,8 @@ def train_run(ray_session, tiny_flux_dir, tmp_path):
     made = []
 
     def run(*overrides, trainer_cls=DigenRLTrainer, name="run"):
-        cfg = compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path / name}",
+        cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                       f"trainer.digenrl.output_dir={tmp_path / name}",
                        "trainer.logger=[console]", *overrides])
         trainer = trainer_cls(build_run(cfg))
         made.append(trainer)

@@ -35,7 +35,7 @@ import psutil  # noqa: E402
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from digenrl_verl.main import compose  # noqa: E402
+from digenrl_verl.main import TINY_CPU, compose  # noqa: E402
 from digenrl_verl.schedule.types import Task, TaskKind  # noqa: E402
 from digenrl_verl.trainer.checkpoint import read_meta  # noqa: E402
 from digenrl_verl.trainer.config import build_run  # noqa: E402
@@ -163,7 +163,7 @@ def _report(trainer, t0: float) -> dict:
 
 
 def _run(trainer_cls, model: str, out: Path, name: str, *extra: str) -> dict:
-    cfg = compose([f"actor_rollout_ref.model.path={model}", f"trainer.digenrl.output_dir={out / name}",
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={model}", f"trainer.digenrl.output_dir={out / name}",
                    f"trainer.default_local_dir={out / name / 'ckpt'}", *COMMON, *extra])
     trainer = trainer_cls(build_run(cfg))
     t0 = time.monotonic()

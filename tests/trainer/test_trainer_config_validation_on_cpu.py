@@ -7,12 +7,12 @@ import warnings
 
 import pytest
 
-from digenrl_verl.main import compose, main
+from digenrl_verl.main import TINY_CPU, compose, main
 from digenrl_verl.trainer.config import build_run
 
 
 def _build(model_dir, *overrides):
-    return build_run(compose([f"actor_rollout_ref.model.path={model_dir}", *overrides]))
+    return build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={model_dir}", *overrides]))
 
 
 DISAGG = "trainer.digenrl.mode=disaggregated"

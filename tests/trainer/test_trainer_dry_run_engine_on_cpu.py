@@ -10,7 +10,7 @@ import pytest
 
 from digenrl_verl import main as entry
 from digenrl_verl.engines.base import VLLM_OMNI
-from digenrl_verl.main import EXIT_BAD_CONFIG, EXIT_OK, compose
+from digenrl_verl.main import EXIT_BAD_CONFIG, EXIT_OK, TINY_CPU, compose
 from digenrl_verl.trainer.config import build_run
 
 A = "actor_rollout_ref"
@@ -26,7 +26,7 @@ class _NoTrainer:
 
 
 def test_the_dry_run_plans_for_the_cluster_and_says_this_machine_cannot_run_it(tiny_flux_dir):
-    cfg = compose([f"{A}.model.path={tiny_flux_dir}", *ARGS, "trainer.digenrl.dry_run=true"])
+    cfg = compose([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", *ARGS, "trainer.digenrl.dry_run=true"])
     with pytest.warns(UserWarning, match=r"rollout\.name=vllm_omni: this machine cannot run vLLM-Omni"):
         spec = build_run(cfg)
     assert spec.policy.engine.name == "vllm_omni" and not spec.policy.engine.runs_here

@@ -7,7 +7,7 @@ import json
 import pytest
 import ray
 
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.trainer.checkpoint import read_meta
 from digenrl_verl.trainer.config import build_run
@@ -161,7 +161,8 @@ def test_resume_with_a_different_generator_count_reaches_the_same_weights(train_
     want = ray.get(first.workers["trn:0"].trainable_state.remote())
     ckpt = ckpt_root / "global_step_2"
     assert read_meta(ckpt)["generators"] == 1
-    overrides = [f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path / 'two'}",
+    overrides = [TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                 f"trainer.digenrl.output_dir={tmp_path / 'two'}",
                  f"trainer.default_local_dir={tmp_path / 'ckpt2'}", "trainer.logger=[console]", *common,
                  "trainer.digenrl.pools.generator.workers_per_node=2"]
     resumed = DigenRLTrainer(build_run(compose(overrides), start_step=2))

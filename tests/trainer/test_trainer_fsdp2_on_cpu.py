@@ -75,7 +75,7 @@ def test_fsdp2_trainer_gives_the_ddp_weights_and_syncs_whole_weights(train_run):
 
 
 def test_fsdp2_checkpoint_resume_reaches_the_uninterrupted_weights(train_run, tiny_flux_dir, tmp_path):
-    from digenrl_verl.main import compose
+    from digenrl_verl.main import TINY_CPU, compose
     from digenrl_verl.trainer.checkpoint import checkpoint_dir, read_meta
     from digenrl_verl.trainer.config import build_run
 
@@ -93,7 +93,8 @@ def test_fsdp2_checkpoint_resume_reaches_the_uninterrupted_weights(train_run, ti
     straight.shutdown()
 
     # one evaluation prompt for two sharded ranks: rank 1's empty share still takes part in the forwards
-    overrides = [f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path / 'resumed'}",
+    overrides = [TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                 f"trainer.digenrl.output_dir={tmp_path / 'resumed'}",
                  "trainer.logger=[console]", "trainer.digenrl.final_eval_prompts=1", *fsdp]
     resumed = DigenRLTrainer(build_run(compose(overrides), start_step=1))
     try:

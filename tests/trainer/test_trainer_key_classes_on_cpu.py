@@ -13,7 +13,7 @@ from digenrl_verl.config.digenrl import DigenRLConfig
 from digenrl_verl.config.verl_omni import NO_EFFECT, UNSUPPORTED, RecipeKeys, covered_by, leaf_keys, shipped_defaults
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.models.config import LoraConfig
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.trainer import config as trainer_config
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.workers.specs import OptimSpec
@@ -31,7 +31,8 @@ def _keys_read_by_build_run(model_dir, monkeypatch) -> set[str]:
     monkeypatch.setattr(trainer_config, "RecipeKeys", recording)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        build_run(compose([f"actor_rollout_ref.model.path={model_dir}", "trainer.digenrl.mode=disaggregated"]))
+        build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={model_dir}",
+                           "trainer.digenrl.mode=disaggregated"]))
     return seen[0].read
 
 
@@ -60,7 +61,7 @@ def test_each_no_effect_key_warns_by_name(key, tiny_flux_dir):
         override = f"{key}=probe_value"
     if isinstance(default, DictConfig) and len(default) == 0:
         override = f"+{key}.digenrl_probe=1"
-    cfg = compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", override])
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", override])
     with pytest.warns(UserWarning, match=key.replace(".", r"\.") + ".*has no effect"):
         build_run(cfg)
 
@@ -68,7 +69,7 @@ def test_each_no_effect_key_warns_by_name(key, tiny_flux_dir):
 def test_the_shipped_yaml_has_no_plugin_section_and_agrees_with_dataclass_defaults():
     yaml = shipped_defaults()
     assert "digenrl" not in yaml.trainer, "trainer.digenrl's defaults live only in Python (config/digenrl.py)"
-    composed = compose([])
+    composed = compose([TINY_CPU, ])
     assert DigenRLConfig.from_node(composed.trainer.digenrl) == dataclasses.replace(
         DigenRLConfig(), output_dir=f"outputs/{composed.trainer.experiment_name}")
     a = "actor_rollout_ref"
@@ -85,9 +86,15 @@ def test_the_shipped_yaml_has_no_plugin_section_and_agrees_with_dataclass_defaul
     assert list(OmegaConf.select(yaml, f"{a}.actor.optim.betas")) == list(OptimSpec().betas)
 
 
-def test_an_unsupported_key_that_verl_omni_sets_fails_by_name_not_by_hydra(tiny_flux_dir):
-    cfg = compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", "algorithm.rollout_correction.bypass_mode=false"])
-    with pytest.raises(ValueError, match=r"algorithm\.rollout_correction\.bypass_mode=False is not supported"):
+def test_verl_omnis_rollout_correction_default_is_accepted_and_said(tiny_flux_dir):
+    """bypass_mode=false (verl-omni's default: the trainer recomputes old log-probs) is what the diffusers fp32 path
+    computes anyway: accepted, with a decision; an importance-sampling correction still fails by name."""
+    spec = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                              "algorithm.rollout_correction.bypass_mode=false"]))
+    assert any(d.startswith("algorithm.rollout_correction.bypass_mode=False") for d in spec.decisions)
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                   "algorithm.rollout_correction.rollout_is=token"])
+    with pytest.raises(ValueError, match=r"algorithm\.rollout_correction\.rollout_is='token' is not supported"):
         build_run(cfg)
 
 
@@ -104,11 +111,11 @@ def test_a_key_absent_from_the_config_reads_as_the_shipped_files_value():
     assert keys("trainer.project_name") is None
     assert keys("trainer.no_such_key") is None
     assert {"trainer.experiment_name", "trainer.no_such_key"} <= keys.read
-    cfg = compose(["~actor_rollout_ref.actor.kl_loss_coef"])
+    cfg = compose([TINY_CPU, "~actor_rollout_ref.actor.kl_loss_coef"])
     assert RecipeKeys(cfg).number("actor_rollout_ref.actor.kl_loss_coef") == 0.001
     # a shipped `${...}` value resolves in the user's config, not in the shipped files
-    cfg = compose(["~trainer.default_local_dir", "~algorithm.adv_estimator", "trainer.digenrl.output_dir=/x/out",
+    cfg = compose([TINY_CPU, "~trainer.default_local_dir", "~algorithm.adv_estimator", "trainer.project_name=p",
                    "actor_rollout_ref.model.algorithm=dance_grpo"])
-    assert RecipeKeys(cfg)("trainer.default_local_dir") == "/x/out/checkpoints"
+    assert RecipeKeys(cfg)("trainer.default_local_dir") == "checkpoints/p/tiny"
     assert RecipeKeys(cfg)("algorithm.adv_estimator") == "dance_grpo"
     assert not OmegaConf.is_readonly(shipped_defaults())

@@ -10,7 +10,7 @@ import ray
 import torch
 
 from digenrl_verl.diffusion.advantages import AdvantageConfig
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.types import Task, TaskKind
 from digenrl_verl.trainer.config import build_run
@@ -23,7 +23,7 @@ DISAGG = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=true", "tra
 
 
 def _build(model_dir, *overrides):
-    return build_run(compose([f"{A}.model.path={model_dir}", *overrides]))
+    return build_run(compose([TINY_CPU, f"{A}.model.path={model_dir}", *overrides]))
 
 
 @pytest.mark.parametrize("mode", [["trainer.digenrl.mode=colocated"], DISAGG])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from digenrl_verl import main as entry
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 
 
 class FakeTrainer:
@@ -32,7 +32,7 @@ def test_ray_address_makes_the_entry_point_join_that_cluster(address, tiny_flux_
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
     else:
         monkeypatch.setenv("RAY_ADDRESS", address)
-    cfg = compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path}",
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path}",
                    f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.digenrl.torch_threads=2"])
     assert entry.run(cfg) == entry.EXIT_OK
     if address is None:  # the trainer starts its own local instance (runner.start_ray)

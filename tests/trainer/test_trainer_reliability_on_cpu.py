@@ -18,7 +18,7 @@ import torch
 from ray._private import worker as ray_worker
 
 from digenrl_verl import main as entry
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.schedule.types import ScheduleError, TaskKind
 from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
 from digenrl_verl.trainer.config import build_run
@@ -101,7 +101,8 @@ def test_trainer_failure_is_reported_and_resume_reaches_the_uninterrupted_weight
     want = ray.get(straight.workers["trn:0"].trainable_state.remote())
 
     ckpt_root = tmp_path / "ckpt"
-    overrides = [f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path / 'broken'}",
+    overrides = [TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                 f"trainer.digenrl.output_dir={tmp_path / 'broken'}",
                  f"trainer.default_local_dir={ckpt_root}", *common]
     broken = killing_trainer(TaskKind.UPDATE, 3, "trn:0")(build_run(compose(overrides)))
     with pytest.raises(ScheduleError, match="trn:0"):
@@ -222,7 +223,7 @@ def test_a_second_signal_during_the_shutdown_is_ignored():
 def test_the_checkpoint_on_interrupt_is_bounded_in_time(tiny_flux_dir, monkeypatch):
     """An interrupt mid-run saves the last state with a time bound (a hung collective cannot block the exit), then
     flushes the outputs and re-raises; a failed save is reported, not raised over the interrupt."""
-    run = build_run(compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", *SMALL, *DISAGG]))
+    run = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", *SMALL, *DISAGG]))
     trainer = DigenRLTrainer(run)
     saves, finished = [], []
 

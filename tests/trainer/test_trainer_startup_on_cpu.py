@@ -18,14 +18,14 @@ import textwrap
 import pytest
 
 from digenrl_verl.bench import e2e
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.runner import DigenRLTrainer
 from digenrl_verl.workers import roles
 
 
 def test_startup_phases_from_driver_and_worker_marks(tiny_flux_dir, tmp_path):
-    cfg = compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path}",
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={tmp_path}",
                    "trainer.digenrl.mode=disaggregated"])
     trainer = DigenRLTrainer(build_run(cfg))
     p = roles.process_start()

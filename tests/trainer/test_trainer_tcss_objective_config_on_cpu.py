@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.trainer.config import build_run
 
 TCSS = ("trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=1")
 
 
 def _build(model_dir, *overrides):
-    return build_run(compose([f"actor_rollout_ref.model.path={model_dir}", *overrides]))
+    return build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={model_dir}", *overrides]))
 
 
 def test_the_objective_reaches_the_loss_and_the_plan(tiny_flux_dir):

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.runner import validation_metrics
 
@@ -21,7 +21,7 @@ VALIDATE = ["trainer.test_freq=2"]
 
 
 def _build(model_dir, *overrides):
-    return build_run(compose([f"{A}.model.path={model_dir}", *overrides]))
+    return build_run(compose([TINY_CPU, f"{A}.model.path={model_dir}", *overrides]))
 
 
 def test_defaults_are_verl_omnis_deterministic_sample_with_its_seed(tiny_flux_dir):

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from digenrl_verl.main import compose
+from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
@@ -17,7 +17,7 @@ DISAGG = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=
 def _build(model_dir, *overrides):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return build_run(compose([f"actor_rollout_ref.model.path={model_dir}", *overrides]))
+        return build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={model_dir}", *overrides]))
 
 
 def test_validation_keys_reach_the_run_and_the_schedule(tiny_flux_dir, tmp_path):

@@ -9,9 +9,9 @@ import warnings
 import pytest
 
 from digenrl_verl.config.digenrl import PoolConfig, PoolsConfig
-from digenrl_verl.config.verl_omni import VERL_OMNI_DEFAULTS, pools_from_layout, split_layout
+from digenrl_verl.config.verl_omni import NOT_VERL_OMNI_DEFAULTS, pools_from_layout, split_layout
 from digenrl_verl.engines.base import EngineEntry
-from digenrl_verl.main import compose, main
+from digenrl_verl.main import TINY_CPU, compose, main
 from digenrl_verl.trainer.config import build_run
 
 DISAGG = "trainer.digenrl.mode=disaggregated"
@@ -21,7 +21,7 @@ A = "actor_rollout_ref"
 def _build(model_dir, *overrides):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return build_run(compose([f"{A}.model.path={model_dir}", *overrides]))
+        return build_run(compose([TINY_CPU, f"{A}.model.path={model_dir}", *overrides]))
 
 
 def _decision(spec, needle: str) -> str:
@@ -45,18 +45,24 @@ def test_vllm_omni_keeps_the_default_tag_through_the_trainers_own_engine(tiny_fl
 
 
 # ------------------------------------------------------------------------------ b. algorithm.global_std=True
-def test_global_std_is_coerced_with_a_printed_reason_when_updates_pipeline(tiny_flux_dir):
-    with pytest.warns(UserWarning, match=r"algorithm\.global_std=True -> False"):
-        spec = build_run(compose([f"{A}.model.path={tiny_flux_dir}", DISAGG, "algorithm.global_std=true"]))
-    assert spec.advantage.global_std is False
-    assert "trainer.digenrl.pipeline=false" in _decision(spec, "algorithm.global_std")
+def test_global_std_is_honoured_updates_wait_for_the_steps_last_reward(tiny_flux_dir):
+    """verl-omni's default (the step's std) is kept exactly: the updates of a disaggregated step wait for its last
+    reward (pipeline off), and the plan says so, naming the switch that allows pipelining."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a decision, not a coercion warned about
+        spec = build_run(compose([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", DISAGG, "algorithm.global_std=true"]))
+    assert spec.advantage.global_std is True and spec.schedule.pipeline is False
+    text = _decision(spec, "algorithm.global_std")
+    assert "wait for its last reward" in text and "algorithm.global_std=false" in text
+    piped = _build(tiny_flux_dir, DISAGG, "algorithm.global_std=false")
+    assert piped.schedule.pipeline is True and piped.advantage.global_std is False
 
 
 @pytest.mark.parametrize("overrides", [[DISAGG, "trainer.digenrl.pipeline=false"], ["trainer.digenrl.mode=colocated"]])
-def test_global_std_is_kept_where_every_group_is_scored_before_the_first_update(tiny_flux_dir, overrides):
+def test_global_std_needs_no_decision_where_every_group_is_scored_before_the_first_update(tiny_flux_dir, overrides):
     spec = _build(tiny_flux_dir, *overrides, "algorithm.global_std=true")
     assert spec.advantage.global_std is True
-    assert not [d for d in spec.decisions if "-> False" in d]
+    assert not [d for d in spec.decisions if "algorithm.global_std" in d]
 
 
 # ------------------------------------------------------------------------------ c. pools from verl-omni's layout
@@ -99,7 +105,7 @@ def test_a_gpu_layout_on_the_cpu_default_becomes_cpu_workers_only_with_the_chang
 
 
 def test_given_pools_win_and_the_layout_keys_warn_by_name(tiny_flux_dir):
-    cfg = compose([f"{A}.model.path={tiny_flux_dir}", DISAGG, "trainer.n_gpus_per_node=8",
+    cfg = compose([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", DISAGG, "trainer.n_gpus_per_node=8",
                    "trainer.digenrl.pools.generator.workers_per_node=3"])
     with pytest.warns(UserWarning, match=r"trainer\.n_gpus_per_node=8 has no effect.*trainer\.digenrl\.pools is given"):
         spec = build_run(cfg)
@@ -118,20 +124,46 @@ def test_pools_from_layout_reads_a_verl_omni_config():
 
 
 # ------------------------------------------------------------------------------ d. verl-omni's defaults
-def test_the_plan_prints_each_default_that_differs_from_verl_omnis(tiny_flux_dir):
-    spec = _build(tiny_flux_dir)
+def test_without_the_preset_a_run_takes_verl_omnis_defaults(tiny_flux_dir):
+    """No preset: the plan is verl-omni's run (512 px, 10 steps, cuda, 30 epochs, its LR and std); only the
+    NOT_VERL_OMNI_DEFAULTS keys differ, each printed with verl-omni's value and why."""
+    spec = _build_plain(tiny_flux_dir, f"{A}.rollout.n=8", "trainer.digenrl.dry_run=true",
+                        "data.train_batch_size=4", f"{A}.actor.ppo_mini_batch_size=4")
+    pipe, roll = spec.policy.pipeline, spec.policy.rollout
+    assert (pipe.height, pipe.width, pipe.max_sequence_length, roll.num_inference_steps) == (512, 512, 512, 10)
+    assert (roll.noise_level, roll.timestep_fraction, spec.policy.device) == (1.0, 1.0, "cuda")
+    assert (spec.train.optim.lr, spec.train.optim.weight_decay, spec.advantage.global_std) == (1e-6, 0.01, True)
+    assert spec.num_steps == 30 * (8 // 4)  # total_epochs x the built-in prompts' batches
+    assert spec.reward.weights() == {"jpeg_compressibility": 1.0}
     text = spec.describe()
-    assert "differences from verl-omni's defaults" in text
-    for key, theirs in VERL_OMNI_DEFAULTS.items():
-        assert f"{key}=" in text and f"(verl-omni: {theirs!r})" in text, key
-    recipe = _build(tiny_flux_dir, f"{A}.rollout.pipeline.height=64", f"{A}.rollout.pipeline.width=48",
-                    f"{A}.rollout.pipeline.num_inference_steps=10", f"{A}.rollout.pipeline.max_sequence_length=77")
-    kept = recipe.policy.pipeline
-    assert (kept.height, kept.width, kept.max_sequence_length) == (64, 48, 77)
-    assert recipe.policy.rollout.num_inference_steps == 10
-    assert not [d for d in recipe.differences
-                if d.startswith((f"{A}.rollout.pipeline.height=", f"{A}.rollout.pipeline.num_inference_steps="))]
-    assert [d for d in recipe.differences if ".pipeline.video_flow_shift=" in d]  # still at ours
+    for key, (theirs, why) in NOT_VERL_OMNI_DEFAULTS.items():
+        assert f"{key}=" in text and f"(verl-omni: {theirs!r}): {why}" in text, key
+    assert len(spec.differences) == len(NOT_VERL_OMNI_DEFAULTS)
+    given = _build_plain(tiny_flux_dir, f"{A}.rollout.n=8", "trainer.digenrl.dry_run=true", "data.train_batch_size=4",
+                         f"{A}.actor.ppo_mini_batch_size=4", f"{A}.rollout.tensor_model_parallel_size=1")
+    assert not [d for d in given.differences if "tensor_model_parallel_size" in d]
+
+
+def _build_plain(model_dir, *overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return build_run(compose([f"{A}.model.path={model_dir}", *overrides]))
+
+
+def test_null_seeds_are_drawn_and_said_and_a_run_length_follows_the_epochs(tiny_flux_dir):
+    a = _build(tiny_flux_dir, f"{A}.rollout.seed=null", "data.seed=null", "trainer.total_training_steps=null",
+               "trainer.total_epochs=3")
+    b = _build(tiny_flux_dir, f"{A}.rollout.seed=null", "data.seed=null")
+    assert (a.policy.rollout.seed, a.data.seed) != (b.policy.rollout.seed, b.data.seed)  # drawn (2**-62 to fail)
+    text = _decision(a, f"{A}.rollout.seed=None")
+    assert f"set {A}.rollout.seed={a.policy.rollout.seed}" in text
+    assert a.resolved[f"{A}.rollout.seed"] == a.policy.rollout.seed and a.resolved["data.seed"] == a.data.seed
+    assert a.num_steps == 3 * (8 // 4)
+    assert "total_epochs=3 x 2 step(s)" in _decision(a, "trainer.total_training_steps=null")
+    capped = _build(tiny_flux_dir, "trainer.total_training_steps=9", "trainer.total_epochs=2")
+    assert capped.num_steps == 4 and "ends after 4 steps" in _decision(capped, "total_training_steps=9")
+    with pytest.raises(ValueError, match=r"data\.train_batch_size=16 is larger than the 8 prompts"):
+        _build(tiny_flux_dir, "data.train_batch_size=16")
 
 
 # ------------------------------------------------------------------------------ e. Hugging Face model ids
@@ -164,24 +196,32 @@ def test_an_uncached_hugging_face_model_id_is_rejected_by_name_with_the_fix(tmp_
 
 
 # ------------------------------------------------------------------------------ g. the dry run prints it all
-def test_the_dry_run_prints_decisions_and_differences(tiny_flux_dir, capsys):
-    assert main([f"{A}.model.path={tiny_flux_dir}", DISAGG, "trainer.digenrl.dry_run=true",
-                 "algorithm.global_std=true", f"{A}.rollout.pipeline.height=64"]) == 0
+def test_the_dry_run_prints_decisions_and_differences_and_writes_plan_json(tiny_flux_dir, tmp_path, capsys):
+    import json
+
+    assert main([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", DISAGG, "trainer.digenrl.dry_run=true",
+                 "algorithm.global_std=true", f"{A}.rollout.pipeline.height=64",
+                 f"trainer.digenrl.output_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "decisions:\n  - pools: generator 1 + trainer 1 CPU worker process(es)" in out
-    assert "  - algorithm.global_std=True -> False" in out
+    assert "  - algorithm.global_std=True (verl-omni's default)" in out
     assert "differences from verl-omni's defaults (keys at this plugin's default, which differs):" in out
-    assert f"  - {A}.rollout.pipeline.width=32 (verl-omni: 512)" in out and ".pipeline.height=" not in out
+    assert f"  - {A}.rollout.tensor_model_parallel_size=1 (verl-omni: 2)" in out
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["config"][f"{A}.rollout.pipeline.height"] == 64 and plan["config"]["algorithm.global_std"] is True
+    assert plan["schedule"]["pipeline"] is False and plan["pools"]["trainer"]["size"] == 1
+    assert plan["decisions"] and len(plan["differences_from_verl_omni"]) == len(NOT_VERL_OMNI_DEFAULTS)
 
 
 @pytest.mark.parametrize("setting", ["gap=false", "pipeline=false"])
 def test_gap_and_pipeline_warn_by_name_in_colocated_mode(tiny_flux_dir, setting):
-    cfg = compose([f"{A}.model.path={tiny_flux_dir}", "trainer.digenrl.mode=colocated", f"trainer.digenrl.{setting}"])
+    cfg = compose([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", "trainer.digenrl.mode=colocated",
+                   f"trainer.digenrl.{setting}"])
     name = setting.split("=")[0]
     with pytest.warns(UserWarning, match=rf"trainer\.digenrl\.{name} has no effect in .*mode=colocated"):
         spec = build_run(cfg)
     _decision(spec, f"trainer.digenrl.{name}")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        build_run(compose([f"{A}.model.path={tiny_flux_dir}", DISAGG, f"trainer.digenrl.{setting}"]))
+        build_run(compose([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", DISAGG, f"trainer.digenrl.{setting}"]))
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from digenrl_verl.config.verl_omni import (MODEL_ENGINES, NO_EFFECT, UNSUPPORTED, RecipeKeys,  # noqa: E402
                                           covered_by, leaf_keys)
-from digenrl_verl.main import compose  # noqa: E402
+from digenrl_verl.main import TINY_CPU, compose  # noqa: E402
 from digenrl_verl.trainer import config as trainer_config  # noqa: E402
 from digenrl_verl.trainer.config import build_run  # noqa: E402
 
@@ -63,7 +63,8 @@ def read_keys(tiny_flux_dir) -> set[str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            build_run(compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", "trainer.digenrl.mode=disaggregated"]))
+            build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                               "trainer.digenrl.mode=disaggregated"]))
     finally:
         mp.undo()
     return seen[0].read | ENTRY_POINT_KEYS
@@ -71,7 +72,7 @@ def read_keys(tiny_flux_dir) -> set[str]:
 
 @pytest.mark.parametrize("engine", MODEL_ENGINES)
 def test_every_verl_omni_key_composes_on_our_entry_point(engine):
-    ours = compose([f"diffusion/model_engine={engine}"])
+    ours = compose([TINY_CPU, f"diffusion/model_engine={engine}"])
     theirs = leaf_keys(verl_omni_config(engine))
     missing = [k for k in theirs if not has(ours, k)]
     assert not missing, f"verl-omni keys our config lacks (a recipe setting one gets Hydra's '+' advice): {missing}"
@@ -96,7 +97,8 @@ def test_every_verl_omni_key_is_implemented_no_effect_or_unsupported(engine, rea
 
 
 def test_the_veomni_engine_is_rejected_by_name(tiny_flux_dir):
-    cfg = compose([f"actor_rollout_ref.model.path={tiny_flux_dir}", "diffusion/model_engine=veomni_diffusion"])
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                   "diffusion/model_engine=veomni_diffusion"])
     with pytest.raises(ValueError, match=r"model_engine='veomni_diffusion' is not supported"):
         build_run(cfg)
 

@@ -19,8 +19,8 @@ __all__ = ["OptimSpec", "PolicySpec", "RolloutEngineSpec", "TrainSpec"]
 class OptimSpec:
     """AdamW and gradient clipping (`actor_rollout_ref.actor.optim.*`, `actor.grad_clip`)."""
 
-    lr: float = 1e-4
-    weight_decay: float = 1e-4
+    lr: float = 1e-6  # verl-omni's default (the shipped config's)
+    weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     grad_clip: float | None = 1.0

@@ -40,7 +40,7 @@ def test_the_dry_run_exits_0_and_prints_the_plan_with_that_line(tiny_flux_dir, c
     monkeypatch.setattr(entry, "DigenRLTrainer", _NoTrainer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        code = entry.main([f"{A}.model.path={tiny_flux_dir}", *ARGS, "trainer.digenrl.dry_run=true"])
+        code = entry.main([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", *ARGS, "trainer.digenrl.dry_run=true"])
     out = capsys.readouterr().out
     assert code == EXIT_OK, out
     assert "engines: generation vllm_omni" in out and f"  - {LINE}" in out
@@ -52,7 +52,7 @@ def test_a_real_run_stops_naming_the_key_before_any_worker_starts(tiny_flux_dir,
     monkeypatch.setattr(entry, "connect_ray", _NoTrainer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        code = entry.main([f"{A}.model.path={tiny_flux_dir}", *ARGS])
+        code = entry.main([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", *ARGS])
     err = capsys.readouterr().err
     assert code == EXIT_BAD_CONFIG
     assert err.startswith(f"digenrl: invalid config: {A}.rollout.name=vllm_omni cannot be used here: {WHY}"), err

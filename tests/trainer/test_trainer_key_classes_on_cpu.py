@@ -69,7 +69,7 @@ def test_each_no_effect_key_warns_by_name(key, tiny_flux_dir):
 def test_the_shipped_yaml_has_no_plugin_section_and_agrees_with_dataclass_defaults():
     yaml = shipped_defaults()
     assert "digenrl" not in yaml.trainer, "trainer.digenrl's defaults live only in Python (config/digenrl.py)"
-    composed = compose([TINY_CPU, ])
+    composed = compose([TINY_CPU])
     assert DigenRLConfig.from_node(composed.trainer.digenrl) == dataclasses.replace(
         DigenRLConfig(), output_dir=f"outputs/{composed.trainer.experiment_name}")
     a = "actor_rollout_ref"

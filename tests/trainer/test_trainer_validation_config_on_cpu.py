@@ -65,7 +65,7 @@ def test_a_missing_validation_file_fails_naming_the_key_before_any_worker(tiny_f
 
 def test_validation_prompts_default_to_the_training_prompts_and_are_capped(tiny_flux_dir, tmp_path):
     train = tmp_path / "train.txt"
-    train.write_text("one\ntwo\nthree\n")
+    train.write_text("one\ntwo\nthree\nfour\n")
     run = _build(tiny_flux_dir, "trainer.test_freq=1", f"data.train_files={train}", "data.val_max_samples=2",
                  f"trainer.digenrl.output_dir={tmp_path / 'out'}")
     assert DigenRLTrainer(run)._val == (["one", "two"], ["train.txt", "train.txt"], [{}, {}])

@@ -10,6 +10,7 @@
 #   REWARD       the reward function name (recipes name a default; a custom file: append
 #                reward.custom_reward_function.path=... and REWARD=custom)
 #   ROLLOUT      generator backend: diffusers (default) | vllm_omni (GPU only, untested: see docs/verl_omni.md)
+#   TRAIN_FILES  the prompts (.txt or .parquet; unset: the 8 built-in prompts, too few for a batch of more than 8)
 #   DRY_RUN=1    compose, validate, print the plan and pools, start no worker (what CI runs)
 # Extra arguments of a recipe are Hydra overrides appended last (they win).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +34,10 @@ digenrl_pools() {
     [[ -n "$acc" ]] && POOLS+=("trainer.digenrl.pools.$role.accelerator_type=$acc")
     return 0
   }
-  POOLS=("trainer.digenrl.mode=$MODE" "trainer.device=cuda" "actor_rollout_ref.rollout.name=$ROLLOUT")
+  # the recipes' choices where verl-omni's defaults would differ: one optimizer step per global step (verl-omni's
+  # ppo_mini_batch_size=256 divides none of these batches), the run length being total_training_steps
+  POOLS=("trainer.digenrl.mode=$MODE" "trainer.device=cuda" "actor_rollout_ref.rollout.name=$ROLLOUT"
+         "actor_rollout_ref.actor.ppo_mini_batch_size=null" "trainer.total_epochs=1000")
   case "$MODE" in
     colocated) _pool colocated "$ngpus" "" ;;
     disaggregated)

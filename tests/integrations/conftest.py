@@ -44,10 +44,10 @@ def data_dir(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("integ_data")
     words = ["HELLO", "RL", "DIFFUSION", "GPU", "SCHEDULE", "PIPELINE"]
-    # 64 prompts: verl-omni's dataloader drops a partial batch, so an epoch needs data.train_batch_size prompts (the
-    # transcribed recipes take up to 64)
-    rows = [{"prompt": [{"role": "user", "content": f'A sign that reads "{w} {i}"'}], "data_source": "ocr",
-             "reward_model": {"ground_truth": f"{w} {i}", "style": "rule"}} for i in range(11) for w in words][:64]
+    # 1024 prompts: verl-omni's dataloader drops a partial batch (an epoch needs data.train_batch_size prompts) and
+    # the run length is the epochs' steps at most (the recipes' total_training_steps must fit in their epochs)
+    rows = [{"prompt": [{"role": "user", "content": f'A sign that reads "{w}"'}], "data_source": "ocr",
+             "reward_model": {"ground_truth": w, "style": "rule"}} for _ in range(171) for w in words][:1024]
     for name in ("train", "test"):
         pd.DataFrame(rows).to_parquet(d / f"{name}.parquet")
     return str(d)

@@ -71,7 +71,7 @@ def _verl_omni_like(**over):
         "data": {"train_batch_size": 4},
         "actor_rollout_ref": {
             "model": {"path": over.pop("path"), "algorithm": "flow_grpo", "lora_rank": 0},
-            "actor": {"optim": {"lr": 3e-5}},
+            "actor": {"optim": {"lr": 3e-5}, "ppo_mini_batch_size": 4},
             "rollout": {"name": "diffusers", "n": 2, "tensor_model_parallel_size": 2, "nnodes": 0,
                         "n_gpus_per_node": 8, "pipeline": {"height": 64, "width": 64, "num_inference_steps": 4,
                                                            "video_flow_shift": 12, "frame_rate": 24},

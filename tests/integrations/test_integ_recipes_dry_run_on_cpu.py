@@ -3,10 +3,12 @@ has a colocated twin; the knobs fail clearly."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,9 +33,17 @@ ARCH = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def _prompts() -> str:
+    """64 prompts: verl-omni's epoch rule needs a batch's worth (the GPU recipes take up to 32; 8 are built in)."""
+    path = Path(tempfile.mkdtemp()) / "prompts.txt"
+    path.write_text("".join(f"a sign that reads {i}\n" for i in range(64)))
+    return str(path)
+
+
 def _env(model: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MODE", "NGPUS", "GEN_SHARE", "GEN_ACCEL", "TRN_ACCEL")}
-    return {**env, "VENV_PY": sys.executable, "MODEL_PATH": model, "DRY_RUN": "1", **extra}
+    return {**env, "VENV_PY": sys.executable, "MODEL_PATH": model, "DRY_RUN": "1", "TRAIN_FILES": _prompts(), **extra}
 
 
 def test_every_gpu_recipe_has_a_colocated_twin_and_is_covered():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from digenrl_verl.integrations.verl_omni_recipes import DIGENRL_FLAG, RECIPES
-from digenrl_verl.main import compose, run
+from digenrl_verl.main import TINY_CPU, compose, run
 from digenrl_verl.trainer.config import build_run
 
 torch.set_num_threads(1)
@@ -119,13 +119,14 @@ UNSUPPORTED_CASES = [
 
 @pytest.mark.parametrize("override,key", UNSUPPORTED_CASES, ids=[c[0] for c in UNSUPPORTED_CASES])
 def test_unsupported_feature_fails_naming_the_key(override, key, tiny_dirs):
-    cfg = compose([f"{A}.model.path={tiny_dirs['FluxPipeline']}", override])
+    cfg = compose([TINY_CPU, f"{A}.model.path={tiny_dirs['FluxPipeline']}", override])
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         build_run(cfg)
 
 
 def test_verl_omni_pipeline_keys_are_accepted_at_their_defaults(tiny_dirs):
-    spec = build_run(compose([f"{A}.model.path={tiny_dirs['WanPipeline']}", f"{A}.rollout.pipeline.frame_rate=16",
+    spec = build_run(compose([TINY_CPU, f"{A}.model.path={tiny_dirs['WanPipeline']}",
+                              f"{A}.rollout.pipeline.frame_rate=16",
                               f"{A}.rollout.pipeline.output_type=video", f"{A}.rollout.nnodes=1", DIGENRL_FLAG]))
     assert spec.policy.pipeline.num_inference_steps == 6  # PipelineConfig built without the verl-omni-only keys
 
@@ -156,7 +157,8 @@ def test_tiny_recipe_runs_one_real_step_on_cpu(name, ray_session, tiny_dirs, rew
 
     recipe = RECIPES[name]
     cfg = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=True, extra=[
-        DIGENRL_FLAG, *recipe.tiny, f"trainer.digenrl.output_dir={tmp_path / name}", "trainer.logger=[console]"]))
+        DIGENRL_FLAG, *recipe.tiny, f"trainer.digenrl.output_dir={tmp_path / name}", "trainer.logger=[console]",
+        f"trainer.default_local_dir={tmp_path / name / 'checkpoints'}"]))
     summary, stats = _fit_one_step(DigenRLTrainer(_quiet_build(cfg)))
     _check_step(summary, stats, recipe)
 
@@ -173,6 +175,7 @@ def test_tiny_v1_recipe_runs_one_step_through_the_verl_omni_trainer_mode(ray_ses
     blockers = [k for k in recipe.blockers if k != "trainer.use_v1"]
     source = compose(recipe.render(tiny_dirs[recipe.architecture], reward_dir, data_dir, switch_off=blockers, extra=[
         "trainer.v1.trainer_mode=digenrl", *recipe.tiny, f"trainer.digenrl.output_dir={tmp_path / 'v1'}",
+        f"trainer.default_local_dir={tmp_path / 'v1' / 'checkpoints'}",
         "trainer.logger=[console]"]))
     assert source.trainer.use_v1 is True
     mode = DigenRLDiffusionTrainer(config=source)

@@ -221,7 +221,8 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     argv = recipe.render(str(model), str(tmp_path), str(tmp_path),
                          switch_off=[k for k in recipe.blockers if k not in keep_on],
                          extra=[*recipe.tiny, "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
-                                "actor_rollout_ref.rollout.nnodes=0", f"trainer.digenrl.output_dir={out}", SELECT])
+                                "actor_rollout_ref.rollout.nnodes=0", f"trainer.digenrl.output_dir={out}",
+                                f"trainer.default_local_dir={out}/checkpoints", SELECT])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", entry, *argv, f"hydra.run.dir={tmp_path / 'hydra'}"]

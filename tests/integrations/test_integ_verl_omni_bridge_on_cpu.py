@@ -129,7 +129,8 @@ def test_handover_passes_the_users_overrides_less_the_selection_and_our_entry_po
     point, less the keys that selected DigenRL, plus the mode, each said; the pools then come from verl-omni's
     layout keys as on our own entry point."""
     model = f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}"
-    shape = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    shape = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=4",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
     given = [model, "trainer.trainer_class=digenrl", "trainer.use_v1=true", "trainer.device=cpu",
              "trainer.n_gpus_per_node=4", "trainer.digenrl.dry_run=true", *shape]
     out, notes = vo.handover_overrides(vo.DigenRLDiffusionTrainer.config_section(), given)

@@ -17,6 +17,7 @@ from digenrl_verl.trainer.runner import DigenRLTrainer
 pytestmark = pytest.mark.slow  # every test here trains on Ray workers
 
 SMALL = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4"]
+BRIGHTNESS = "reward.reward_functions={brightness: 1.0}"  # the learning checks' reward (as recipes/run_tiny_cpu.sh)
 DISAGG = ["trainer.digenrl.mode=disaggregated", "trainer.digenrl.gap=true", "trainer.digenrl.tsp.enabled=true",
           "trainer.digenrl.tag.policy=bts", "trainer.digenrl.tcss.staleness=0"]
 
@@ -117,7 +118,7 @@ def test_on_policy_modes_accumulate_the_per_timestep_colocated_gradient(train_ru
 
 def test_disaggregated_reward_rises_weights_stay_in_sync_and_outputs_are_written(train_run):
     t = train_run(*SMALL, *DISAGG, "trainer.total_training_steps=14", "actor_rollout_ref.actor.optim.lr=3e-3",
-                  trainer_cls=SyncCheckingTrainer, name="learn")
+                  BRIGHTNESS, trainer_cls=SyncCheckingTrainer, name="learn")
     rewards = [h["reward/mean"] for h in t.reporter.history]
     # step means of 8 samples scatter by ~0.003 at this size, so 0.01 between 3-step means is > 5 sigma
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.01, rewards
@@ -146,7 +147,7 @@ def test_tcss_run_keeps_its_invariants_and_still_learns(train_run):
     t = train_run(*SMALL, "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=1",
                   "trainer.digenrl.tag.policy=off",
                   "trainer.digenrl.tcss.guard=false", "trainer.digenrl.tcss.max_stale_fraction=0.5",
-                  "trainer.total_training_steps=16", "actor_rollout_ref.actor.optim.lr=3e-3",
+                  "trainer.total_training_steps=16", "actor_rollout_ref.actor.optim.lr=3e-3", BRIGHTNESS,
                   # written when stale rows were clipped against the behaviour policy (tcss.objective=clip, where
                   # Flow-GRPO's 1e-4 zeroes about half of them); the default decoupled objective does not clip
                   # stale rows, the recipes' clip is tested in test_trainer_tcss_learning_on_cpu.py

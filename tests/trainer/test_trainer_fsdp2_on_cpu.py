@@ -79,7 +79,8 @@ def test_fsdp2_checkpoint_resume_reaches_the_uninterrupted_weights(train_run, ti
     from digenrl_verl.trainer.checkpoint import checkpoint_dir, read_meta
     from digenrl_verl.trainer.config import build_run
 
-    fsdp = [*RUN, "actor_rollout_ref.actor.strategy=fsdp2", "trainer.digenrl.tag.policy=off"]
+    fsdp = [*RUN, "actor_rollout_ref.actor.strategy=fsdp2", "trainer.digenrl.tag.policy=off",
+            "reward.reward_functions={brightness: 1.0}"]  # a score in [0, 1], checked below
     ckpt_root = tmp_path / "ckpt"
     straight = train_run(*fsdp, "trainer.save_freq=1", f"trainer.default_local_dir={ckpt_root}", name="straight")
     want = _state(straight, "trn:1")

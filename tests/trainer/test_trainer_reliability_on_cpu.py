@@ -261,7 +261,7 @@ def test_no_unsafe_deserialisation_in_the_package():
 @pytest.mark.slow
 def test_sigterm_flushes_outputs_checkpoints_and_exits_interrupted(tiny_flux_dir, tmp_path):
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    cmd = [sys.executable, "-m", "digenrl_verl.main", f"actor_rollout_ref.model.path={tiny_flux_dir}",
+    cmd = [sys.executable, "-m", "digenrl_verl.main", TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
            f"trainer.digenrl.output_dir={out}", f"trainer.default_local_dir={ckpt}", *SMALL, *DISAGG,
            "trainer.total_training_steps=400", "trainer.logger=[console]"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0")

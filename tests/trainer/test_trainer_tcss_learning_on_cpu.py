@@ -37,7 +37,7 @@ COMMON = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.d
           "trainer.digenrl.tag.policy=off", "trainer.digenrl.tcss.guard=false", "trainer.total_training_steps=12",
           "actor_rollout_ref.actor.optim.lr=3e-3",  # recipes/run_tiny_cpu.sh
           "actor_rollout_ref.actor.diffusion_loss.clip_ratio=1e-4",  # the shipped default, said explicitly
-          "trainer.digenrl.final_eval_prompts=0"]
+          "trainer.digenrl.final_eval_prompts=0", "reward.reward_functions={brightness: 1.0}"]
 # "matches": the last-3-step mean reward within 0.01 of the on-policy run's. Step means of 8 samples scatter by
 # ~0.003, so 0.01 is > 3 sigma of a 3-step mean; the seed-to-seed spread of the on-policy gain itself is larger
 # (+0.003 … +0.046 above), which is why the comparison is paired (same rollout.seed, same prompts, same noise).

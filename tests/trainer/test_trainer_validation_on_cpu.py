@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow  # trains on Ray workers
 
 TINY = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=4",
         "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tcss.staleness=0", "trainer.digenrl.tag.policy=off",
-        "actor_rollout_ref.actor.optim.lr=3e-3", "trainer.digenrl.final_eval_prompts=0"]
+        "actor_rollout_ref.actor.optim.lr=3e-3", "trainer.digenrl.final_eval_prompts=0",
+        "reward.reward_functions={brightness: 1.0}"]  # the tiny demo's reward (as recipes/run_tiny_cpu.sh)
 
 
 def _weights(trainer) -> dict[str, torch.Tensor]:
@@ -35,7 +36,8 @@ def test_validation_at_steps_0_2_4_does_not_perturb_training(train_run, tmp_path
     assert t.summary[key] == t.validations[4][key] and key in t.summary_text
     # deterministic: validating the same weights twice gives the same score
     prompts = val.read_text().splitlines()
-    again = t.ode_rewards(prompts, ["val.txt"] * 3, [{}] * 3).to(torch.float64).mean()
+    again = t.ode_rewards(prompts, ["val.txt"] * 3, [{}] * 3, sampling=t.run.validation.rollout).to(torch.float64)
+    again = again.mean()
     assert float(again) == t.validations[4][key]
     plain = train_run(*TINY, name="plain")
     assert plain.validations == {}

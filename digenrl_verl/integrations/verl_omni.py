@@ -40,7 +40,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from digenrl_verl import main as entry
 from digenrl_verl.config.digenrl import SECTION, schema_node
 from digenrl_verl.config.verl_omni import NOT_VERL_OMNI_DEFAULTS
-from digenrl_verl.config.verl_omni_reward import DEFAULT_REWARD
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
@@ -76,11 +75,10 @@ _HANDOVER_KEYS = {
 # carries these keys only when the user set them to something else, so that an explicit request still fails
 # clearly (config/verl_omni.py UNSUPPORTED) while verl-omni's defaults do not.
 _THEIR_DEFAULTS_NOT_OURS: dict[str, Any] = {
-    **{key: NOT_VERL_OMNI_DEFAULTS[key][0] for key in ("actor_rollout_ref.rollout.tensor_model_parallel_size",
-                                                       "actor_rollout_ref.rollout.pipeline.video_flow_shift")},
+    **{key: theirs for key, (theirs, _why) in NOT_VERL_OMNI_DEFAULTS.items()},
     "trainer.use_v1": None,  # always ours (false): the mode is trainer.digenrl.mode after translation
     "trainer.digenrl": None,  # our section: carried whole when present (see translate_config)
-    "reward.reward_functions": None,  # handled in translate_config (verl-omni's default reward)
+    "reward.reward_functions": None,  # carried when set (translate_config); else the reward builder's default
 }
 
 
@@ -174,13 +172,8 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
             ours.trainer.digenrl = OmegaConf.merge(ours.trainer.digenrl, mine)
         ours.trainer.digenrl.mode = mode
         functions = _dig(src, "reward.reward_functions")
-        custom = _dig(src, "reward.custom_reward_function.path")
-        if functions:
+        if functions:  # verl-omni's {} stays our null: verl-omni's default reward unless a custom file is set
             ours.reward.reward_functions = dict(functions)
-        elif custom:
-            ours.reward.reward_functions = {}
-        else:
-            ours.reward.reward_functions = dict(DEFAULT_REWARD)
     return ours
 
 

@@ -242,7 +242,7 @@ def startup(tmp: Path, repeat: int) -> dict:
             "ratio_demo_vs_reference": med(demo, "time_to_first_step_s") / med(ref, "time_to_first_step_s")}
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m digenrl_verl.bench e2e", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--steps", type=int, default=8)
@@ -259,39 +259,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-startup", action="store_true", help="skip the start-up measurement")
     p.add_argument("--startup-only", action="store_true", help="only the start-up measurement (no ladder)")
     p.add_argument("--one-process-reference", metavar="MODEL", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.one_process_reference:
-        print(json.dumps(one_process_reference(args.one_process_reference, DEMO)))
-        return 0
-    if args.startup_only and args.no_startup:
-        p.error("--startup-only and --no-startup exclude each other")
-    if args.steps <= args.warmup or args.warmup < 1:
-        p.error("--steps must exceed --warmup, and --warmup must be >= 1")
+    return p
 
-    from digenrl_verl.main import TINY_CPU, compose
-    from digenrl_verl.models.tiny import build_tiny_model_dir
-    from digenrl_verl.trainer.config import build_run
-    from digenrl_verl.trainer.ray_runtime import init_local_ray
 
-    tmp = Path(tempfile.mkdtemp(prefix="digenrl_bench_e2e_"))
-    out: dict = {"bench": "e2e", "load_average_start": load_average()}
-    if not args.no_startup:  # first, before this process starts Ray: the demo starts its own
-        out["startup"] = startup(tmp, args.startup_repeat)
-        s = out["startup"]
-        print(f"start-up: demo {s['demo_median'].get('time_to_first_step_s', float('nan')):.1f} s to the first step, "
-              f"one-process reference {s['reference_median']['time_to_first_step_s']:.1f} s", flush=True)
-    if args.startup_only:
-        out["load_average_end"] = load_average()
-        if args.json:
-            print(json.dumps(out))
-        return 0
-    model = build_tiny_model_dir("FluxPipeline", tmp / "flux_bench", seed=0, size="bench")
-    import ray
-
-    if not ray.is_initialized():  # (tests run it on their shared Ray instance)
-        init_local_ray(num_cpus=2, torch_threads=1)
-    base = [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.pipeline.height=128",
+def _ladder_base(model: Path, args: argparse.Namespace) -> list[str]:
+    """The overrides every row of the ladder shares (the rows add theirs)."""
+    return [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.pipeline.height=128",
             "actor_rollout_ref.rollout.pipeline.width=128",
             f"actor_rollout_ref.rollout.pipeline.num_inference_steps={args.num_inference_steps}",
             f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
@@ -300,8 +273,15 @@ def main(argv: list[str]) -> int:
             "actor_rollout_ref.actor.optim.lr=1e-3", "trainer.digenrl.final_eval_prompts=0",
             "trainer.digenrl.pools.colocated.workers_per_node=2", "trainer.digenrl.pools.generator.workers_per_node=1",
             "trainer.digenrl.pools.trainer.workers_per_node=1"]
+
+
+def _run_ladder(ladder: list[tuple[str, list[str]]], base: list[str], tmp: Path,
+                args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Each row `args.repeat` times; the measured runs per row."""
+    from digenrl_verl.main import TINY_CPU, compose
+    from digenrl_verl.trainer.config import build_run
+
     trainer_cls = _make_trainer_cls(args.warmup)
-    ladder = [(name, overrides) for name, overrides in LADDER if not args.only or name in args.only]
     runs: dict[str, list[dict]] = {name: [] for name, _ in ladder}
     # repeats outermost: every row's k-th run comes from the same pass over the ladder, so on a shared machine the
     # rows see the same spread of load (a row run R times in a row would see only the load of its own minutes)
@@ -320,17 +300,24 @@ def main(argv: list[str]) -> int:
             r = runs[name][-1]
             print(f"pass {rep + 1}/{args.repeat} {name:>22}: {r['samples_per_s']:7.2f} samples/s  busy "
                   f"{r['busy_utilisation']:.1%}  load {load0:.1f}->{r['load_average_end']:.1f}", flush=True)
-    rows = []
-    for name, _ in ladder:
-        med = _median_run(runs[name])
-        loads = [x for r in runs[name] for x in (r["load_average_start"], r["load_average_end"])]
-        row = {"config": name, "samples_per_s": statistics.median(r["samples_per_s"] for r in runs[name]),
-               **{k: med[k] for k in ("busy_utilisation", "samples_per_worker_s", "reward_mean", "trace_utilisation",
-                                      "window_s", "steps_measured", "tag_microbatches", "stale_samples")},
-               "samples_per_s_runs": [r["samples_per_s"] for r in runs[name]],
-               "reward_mean_runs": [r["reward_mean"] for r in runs[name]],
-               "load_average_min": min(loads), "load_average_max": max(loads), "runs": runs[name]}
-        rows.append(row)
+    return runs
+
+
+def _row(name: str, runs: list[dict]) -> dict:
+    """One row of the report: the median run's figures, every run kept."""
+    med = _median_run(runs)
+    loads = [x for r in runs for x in (r["load_average_start"], r["load_average_end"])]
+    return {"config": name, "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
+            **{k: med[k] for k in ("busy_utilisation", "samples_per_worker_s", "reward_mean", "trace_utilisation",
+                                   "window_s", "steps_measured", "tag_microbatches", "stale_samples")},
+            "samples_per_s_runs": [r["samples_per_s"] for r in runs],
+            "reward_mean_runs": [r["reward_mean"] for r in runs],
+            "load_average_min": min(loads), "load_average_max": max(loads), "runs": runs}
+
+
+def _report_ladder(out: dict, runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    """Rows, the run's settings and the RATIOS into `out`, printed as a table."""
+    rows = [_row(name, row_runs) for name, row_runs in runs.items()]
     by = {r["config"]: r for r in rows}
     out.update(rows=rows, config={
         "model": "FluxPipeline bench size (2+2 blocks, 64 tokens)", "workers": 2, "prompts_per_step": args.prompts,
@@ -350,6 +337,40 @@ def main(argv: list[str]) -> int:
         if k in out:
             print(f"{k}: {out[k]:.3f} (medians); per pass {', '.join(f'{x:.3f}' for x in out[f'{k}_per_pass'])}, "
                   f"their median {out[f'{k}_paired_median']:.3f}")
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.one_process_reference:
+        print(json.dumps(one_process_reference(args.one_process_reference, DEMO)))
+        return 0
+    if args.startup_only and args.no_startup:
+        p.error("--startup-only and --no-startup exclude each other")
+    if args.steps <= args.warmup or args.warmup < 1:
+        p.error("--steps must exceed --warmup, and --warmup must be >= 1")
+
+    from digenrl_verl.models.tiny import build_tiny_model_dir
+    from digenrl_verl.trainer.ray_runtime import init_local_ray
+
+    tmp = Path(tempfile.mkdtemp(prefix="digenrl_bench_e2e_"))
+    out: dict = {"bench": "e2e", "load_average_start": load_average()}
+    if not args.no_startup:  # first, before this process starts Ray: the demo starts its own
+        out["startup"] = startup(tmp, args.startup_repeat)
+        s = out["startup"]
+        print(f"start-up: demo {s['demo_median'].get('time_to_first_step_s', float('nan')):.1f} s to the first step, "
+              f"one-process reference {s['reference_median']['time_to_first_step_s']:.1f} s", flush=True)
+    if not args.startup_only:
+        model = build_tiny_model_dir("FluxPipeline", tmp / "flux_bench", seed=0, size="bench")
+        import ray
+
+        if not ray.is_initialized():  # (tests run it on their shared Ray instance)
+            init_local_ray(num_cpus=2, torch_threads=1)
+        ladder = [(name, overrides) for name, overrides in LADDER if not args.only or name in args.only]
+        _report_ladder(out, _run_ladder(ladder, _ladder_base(model, args), tmp, args), args)
+    else:
+        out["load_average_end"] = load_average()
     if args.json:
         print(json.dumps(out))
     return 0

@@ -251,41 +251,51 @@ def policy_loss(
         # ρ = π_θ/π_prox is 1 in value (inside the clip, which is then inactive); its gradient is ρ·∇logp_θ
         rho = torch.exp(log_prob - log_prob.detach())
         pg = torch.where(st, -adv * w * rho, pg)
-    rows = pg
-    kl = None
-    if cfg.kl_coef > 0:
-        if mean is None or ref_mean is None:
-            raise ValueError(f"kl_coef={cfg.kl_coef} needs the policy and reference step means")
-        denom = kl_denominator(cfg.kl_type, sde_type, std_dev_t, std)
-        if bool((denom <= 0).any()):
-            raise ValueError(f"kl_type={cfg.kl_type!r}: the KL denominator is 0 on some rows (a deterministic "
-                             "step, e.g. cps at σ'=0); exclude those steps from training")
-        kl = kl_to_reference(mean, ref_mean, denom.to(mean))
-        rows = rows + cfg.kl_coef * kl
+    kl = _kl_rows(cfg, mean, ref_mean, std_dev_t, std, sde_type) if cfg.kl_coef > 0 else None
+    rows = pg if kl is None else pg + cfg.kl_coef * kl
     loss = rows.sum() / loss_denominator
     with torch.no_grad():
-        r = ratio.detach()
-        clipped = (r - 1).abs() > cfg.clip_ratio
-        zero_grad = ((adv > 0) & (r > 1 + cfg.clip_ratio)) | ((adv < 0) & (r < 1 - cfg.clip_ratio))
-        st = torch.zeros_like(clipped) if st is None else st
-        if cfg.stale_is_cap is not None:  # stale rows: no clip; only the rows over the cap add no policy gradient
-            zero_grad = torch.where(st, capped, zero_grad)
-        stats = LossStats(
-            rows=float(r.numel()),
-            pg_sum=float(pg.sum()),
-            kl_sum=float(kl.sum()) if kl is not None else 0.0,
-            clipped=float(clipped.sum()),
-            sq_log_ratio_sum=float((log_ratio.detach() ** 2).sum()),
-            ratio_sum=float(r.sum()),
-            ratio_min=float(r.min()) if r.numel() else float("inf"),
-            ratio_max=float(r.max()) if r.numel() else float("-inf"),
-            loss_sum=float(loss),
-            zero_grad=float(zero_grad.sum()),
-            stale_rows=float(st.sum()),
-            stale_clipped=float((clipped & st).sum()),
-            stale_zero_grad=float((zero_grad & st).sum()),
-            stale_is_weight_sum=float(is_weight[st].sum()),
-            stale_is_weight_max=float(is_weight[st].max()) if bool(st.any()) else float("-inf"),
-            stale_is_capped=float(capped.sum()),
-        )
+        stats = _loss_stats(cfg, loss, pg, kl, ratio.detach(), log_ratio.detach(), adv, st, is_weight, capped)
     return loss, stats
+
+
+def _kl_rows(cfg: LossConfig, mean: torch.Tensor | None, ref_mean: torch.Tensor | None,
+             std_dev_t: torch.Tensor | None, std: torch.Tensor | None,
+             sde_type: str | StepKind | None) -> torch.Tensor:
+    """The KL term of each row (`kl_to_reference` with the `cfg.kl_type` denominator). Returns [R]."""
+    if mean is None or ref_mean is None:
+        raise ValueError(f"kl_coef={cfg.kl_coef} needs the policy and reference step means")
+    denom = kl_denominator(cfg.kl_type, sde_type, std_dev_t, std)
+    if bool((denom <= 0).any()):
+        raise ValueError(f"kl_type={cfg.kl_type!r}: the KL denominator is 0 on some rows (a deterministic "
+                         "step, e.g. cps at σ'=0); exclude those steps from training")
+    return kl_to_reference(mean, ref_mean, denom.to(mean))
+
+
+def _loss_stats(cfg: LossConfig, loss: torch.Tensor, pg: torch.Tensor, kl: torch.Tensor | None, r: torch.Tensor,
+                log_ratio: torch.Tensor, adv: torch.Tensor, st: torch.Tensor | None, is_weight: torch.Tensor,
+                capped: torch.Tensor) -> LossStats:
+    """The stats of `policy_loss` (no gradient): `r` the detached ratio, `st` the stale rows (None: none)."""
+    clipped = (r - 1).abs() > cfg.clip_ratio
+    zero_grad = ((adv > 0) & (r > 1 + cfg.clip_ratio)) | ((adv < 0) & (r < 1 - cfg.clip_ratio))
+    st = torch.zeros_like(clipped) if st is None else st
+    if cfg.stale_is_cap is not None:  # stale rows: no clip; only the rows over the cap add no policy gradient
+        zero_grad = torch.where(st, capped, zero_grad)
+    return LossStats(
+        rows=float(r.numel()),
+        pg_sum=float(pg.sum()),
+        kl_sum=float(kl.sum()) if kl is not None else 0.0,
+        clipped=float(clipped.sum()),
+        sq_log_ratio_sum=float((log_ratio ** 2).sum()),
+        ratio_sum=float(r.sum()),
+        ratio_min=float(r.min()) if r.numel() else float("inf"),
+        ratio_max=float(r.max()) if r.numel() else float("-inf"),
+        loss_sum=float(loss),
+        zero_grad=float(zero_grad.sum()),
+        stale_rows=float(st.sum()),
+        stale_clipped=float((clipped & st).sum()),
+        stale_zero_grad=float((zero_grad & st).sum()),
+        stale_is_weight_sum=float(is_weight[st].sum()),
+        stale_is_weight_max=float(is_weight[st].max()) if bool(st.any()) else float("-inf"),
+        stale_is_capped=float(capped.sum()),
+    )

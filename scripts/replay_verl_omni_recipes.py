@@ -19,6 +19,11 @@ commit the project targets; 29 scripts):
    a tiny random judge of its family, the data files at a local prompt file, and
    `trainer.digenrl.mode=disaggregated trainer.digenrl.dry_run=true` appended, goes to `python -m digenrl_verl.main`.
 
+For an accepted script, the plan's `plan.json` (every key the run uses, with the value it uses) is compared with
+verl-omni's composed config key by key (the keys both have): `differs` lists each key whose value is not verl-omni's,
+but the stand-ins (model, judge, data files), seeds verl-omni leaves null (the plan draws one and prints it) and the
+keys of `config.verl_omni.SAME_MEANING` (the same meaning in another form).
+
 Result per script: `accepted` (the dry run validates), `rejected: <key>` (our message names the key or model),
 `hydra error` (composition failed) or `traceback` (anything else). Exit status 1 if any hydra error or traceback.
 
@@ -77,6 +82,7 @@ class Replay:
     result: str = ""
     detail: str = ""
     dropped: str = ""  # --drop-unsupported: the overrides dropped or switched
+    differs: str = ""  # accepted: the plan's keys whose value is not verl-omni's (`compare`), "; "-separated
 
 
 def extract(archive: Path, into: Path) -> Path:
@@ -199,19 +205,63 @@ def drop_unsupported(overrides: list[str]) -> tuple[list[str], list[str]]:
     return [*kept, *HERE], notes
 
 
-def upstream_compose(overrides: list[str], config_dir: Path) -> str:
+def upstream_compose(overrides: list[str], config_dir: Path) -> tuple[str, object]:
+    """(ok / the error, verl-omni's composed config or None)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            compose(config_name="diffusion_trainer", overrides=overrides)
-        return "ok"
+            return "ok", compose(config_name="diffusion_trainer", overrides=overrides)
     except Exception as e:  # noqa: BLE001 - reported, not handled
-        return str(e).splitlines()[0][:160]
+        return str(e).splitlines()[0][:160], None
     finally:
         GlobalHydra.instance().clear()
+
+
+#: keys the replay points at local stand-ins (model, judge, prompt files): their values differ by construction
+STAND_INS = (f"{A}.model.path", "reward.reward_model.model_path", "data.train_files", "data.val_files")
+#: seeds verl-omni leaves null (unseeded); the plan draws one and prints it
+NULL_SEEDS = (f"{A}.rollout.seed", "data.seed")
+_ABSENT = object()
+
+
+def compare(plan: dict, theirs) -> list[str]:
+    """`key: ours (verl-omni: theirs)` for each key of plan.json's `config` that verl-omni's composed config has with
+    another value, but the stand-ins and drawn seeds."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    from digenrl_verl.config.verl_omni import SAME_MEANING
+
+    out = []
+    for key, ours in sorted(plan["config"].items()):
+        value = OmegaConf.select(theirs, key, default=_ABSENT, throw_on_resolution_failure=False)
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        if value is _ABSENT or key in STAND_INS or (key in NULL_SEEDS and value is None):
+            continue
+        same = _same_number(ours, value) or _same_list_text(ours, value) or SAME_MEANING.get(key) == (ours, value)
+        if ours != value and not same:
+            out.append(f"{key}: {ours!r} (verl-omni: {value!r})")
+    return out
+
+
+def _same_number(a, b) -> bool:
+    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+        and not isinstance(b, bool) and float(a) == float(b)
+
+
+def _same_list_text(a, b) -> bool:
+    """verl-omni's scripts quote some lists (`sde_window_range="[0,5]"`): the text and the list mean the same."""
+    texts = [x for x in (a, b) if isinstance(x, str)]
+    lists = [x for x in (a, b) if isinstance(x, list)]
+    if len(texts) != 1 or len(lists) != 1:
+        return False
+    try:
+        return json.loads(texts[0]) == lists[0]
+    except json.JSONDecodeError:
+        return False
 
 
 def classify(proc: subprocess.CompletedProcess) -> tuple[str, str]:
@@ -255,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         repo = extract(args.archive, work / "src")
         config_dir = repo / "verl_omni" / "trainer" / "config"
         prompts = work / "prompts.txt"
-        prompts.write_text("a red apple on a table\na photo of the word \"hello\"\n")
+        # 1024 prompts: verl-omni's dataloader drops a partial batch, so an epoch needs a batch's worth
+        prompts.write_text("".join(f'a photo of the word "hello {i}"\n' for i in range(1024)))
         scripts = sorted(p for t in TRAINERS for p in (repo / "examples" / t).rglob("*.sh"))
         if args.only:
             scripts = [s for s in scripts if args.only in str(s)]
@@ -269,9 +320,10 @@ def main(argv: list[str] | None = None) -> int:
             entry, overrides = calls[0][1], calls[0][2:]
             arch, tiny, model_path = model_of(overrides)
             row = Replay(rel, arch or "(not diffusers)", entry=entry.rsplit(".", 1)[-1])
-            row.upstream = upstream_compose(overrides, config_dir)
+            row.upstream, theirs = upstream_compose(overrides, config_dir)
             model_dir = stand_in_model(arch, tiny, work / "models")
-            ours = localise(overrides, model_path, model_dir, prompts)
+            out_dir = work / "out" / str(len(rows))
+            ours = [*localise(overrides, model_path, model_dir, prompts), f"trainer.digenrl.output_dir={out_dir}"]
             if args.drop_unsupported:
                 ours, notes = drop_unsupported(ours)
                 row.dropped = "; ".join(notes)
@@ -280,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600, check=False)
             row.result, row.detail = classify(proc)
             row.detail = row.detail.replace(str(work), "<work>")  # the replay's temporary directory
+            if row.result == "accepted" and theirs is not None:
+                row.differs = "; ".join(compare(json.loads((out_dir / "plan.json").read_text()), theirs))
             rows.append(row)
             print(f"{row.result:12s} {rel}: {row.detail.splitlines()[0][:120] if row.detail else ''}", file=sys.stderr,
                   flush=True)
@@ -304,6 +358,8 @@ def print_table(rows: list[Replay], markdown: bool, dropped: bool = False) -> No
                 res = f"rejected: {r.detail.splitlines()[0][:150].replace('|', '/')}"
             if r.result in ("hydra error", "traceback"):
                 res += f": {r.detail}"
+            if r.result == "accepted":
+                res += f"; differs from verl-omni: {r.differs.replace('|', '/')}" if r.differs else "; plan = verl-omni"
             up = "yes" if r.upstream == "ok" else f"no: {r.upstream}"
             cell = f" {', '.join(f'`{n}`' for n in r.dropped.split('; ') if n)} |" if dropped else ""
             print(f"| `{r.script}` | {r.entry} | {r.architecture} | {up} |{cell} {res} |")
@@ -311,7 +367,8 @@ def print_table(rows: list[Replay], markdown: bool, dropped: bool = False) -> No
         for r in rows:
             what = named_keys(r.detail) if r.result == "rejected" else r.detail[:150]
             print(f"{r.script:70s} {r.architecture:28s} {r.result:12s} {what}"
-                  + (f"\n{'':70s} dropped: {r.dropped}" if dropped and r.dropped else ""))
+                  + (f"\n{'':70s} dropped: {r.dropped}" if dropped and r.dropped else "")
+                  + (f"\n{'':70s} differs: {r.differs}" if r.differs else ""))
     print(f"\n{len(rows)} scripts: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 
 

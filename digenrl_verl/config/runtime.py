@@ -23,6 +23,7 @@ class DataSpec:
     shuffle: bool = True
     val_files: Optional[str] = None
     val_max_samples: int = -1
+    source_key: str = "data_source"  # the parquet column of a prompt's data source (data.reward_fn_key)
 
     def __post_init__(self) -> None:
         n = self.val_max_samples

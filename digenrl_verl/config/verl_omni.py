@@ -301,7 +301,6 @@ NO_EFFECT: dict[str, str] = {
     "data.train_max_samples": "every prompt of data.train_files is used",
     "data.max_prompt_length": f"the text length is {A}.rollout.pipeline.max_sequence_length",
     "data.max_response_length": "diffusion samples have no response length",
-    "data.reward_fn_key": "the reward's data source is the data_source column",
     "data.truncation": f"prompts are cut at {A}.rollout.pipeline.max_sequence_length tokens",
     "data.filter_overlong_prompts": f"prompts are cut at {A}.rollout.pipeline.max_sequence_length tokens",
     "data.return_raw_chat": "chat prompts become their user text",
@@ -477,6 +476,12 @@ NOT_VERL_OMNI_DEFAULTS: dict[str, tuple[Any, str]] = {
                                                 "generation comes with verl-omni's rollout replicas (not yet used)"),
     f"{A}.rollout.pipeline.video_flow_shift": (12.0, "the flow shift is the model's scheduler_config.json value; "
                                                "verl-omni applies 12.0 in its Wan pipelines"),
+}
+
+
+#: keys whose shipped default differs from verl-omni's in form only, the same meaning: key -> (ours, verl-omni's)
+SAME_MEANING: dict[str, tuple[Any, Any]] = {
+    "reward.reward_functions": (None, {}),  # no reward function given (a struct {} would take no names from Hydra)
 }
 
 
@@ -1098,7 +1103,8 @@ def build_data(keys: RecipeKeys) -> DataSpec:
     try:
         return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key"),
                         seed=_data_seed(keys), shuffle=bool(keys("data.shuffle")),
-                        val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples"))
+                        val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples"),
+                        source_key=str(keys("data.reward_fn_key")))
     except ConfigError as e:
         raise e.under("data") from None
 

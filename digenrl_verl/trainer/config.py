@@ -202,7 +202,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     model = build_model(keys)
     policy = build_policy(keys, digenrl, path=model.path, algorithm=model.algorithm, start_version=start_step)
     data = build_data(keys)
-    shape = build_shape(keys, digenrl, len(load_prompts(data.train_files, data.prompt_key)[0]))
+    shape = build_shape(keys, digenrl, len(load_prompts(data.train_files, data.prompt_key)[0]))  # verl's epochs
     train = build_train(keys, digenrl, policy, shape.n)
     reward = build_reward(keys, digenrl)
     advantage = build_advantage(keys)

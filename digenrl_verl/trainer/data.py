@@ -7,7 +7,8 @@ DataProto keys made here (B = prompts_per_step × n rows):
 - non_tensor_batch["raw_prompt"]: object [B], the prompt text.
 - non_tensor_batch["uid"]: object [B], one id per prompt group (the same for the n samples of a prompt).
 - non_tensor_batch["sample_index"]: int64 [B], index of the sample inside its group (0 … n−1).
-- non_tensor_batch["data_source"]: object [B], the file (or "builtin") the prompt came from.
+- non_tensor_batch["data_source"]: object [B], the prompt's `data.reward_fn_key` column (verl's `data_source`) of a
+  parquet file that has it, as verl-omni's dataset gives it; else the file (or "builtin") the prompt came from.
 - non_tensor_batch["reward_model"], ["extra_info"]: object [B] of dicts, only when the prompt file has those
   columns (verl-style parquet: `reward_model.ground_truth` reaches the reward functions).
 - meta_info["global_step"]: the global step the batch belongs to.
@@ -33,9 +34,10 @@ def builtin_prompts() -> list[str]:
 
 
 def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", *, with_extras: bool = False,
-                 key: str = "data.train_files"):
+                 key: str = "data.train_files", source_key: str = "data_source"):
     """(prompts, data_source per prompt) from text files (one prompt per line) or parquet files; errors name `key`
-    (the setting the files came from).
+    (the setting the files came from). A parquet file's data source is its `source_key` column (verl-omni's
+    `data.reward_fn_key`), where it has one; otherwise the file's name.
 
     With `with_extras`, also a dict per prompt holding its `reward_model` / `extra_info` columns (empty for
     text files and files without them)."""
@@ -58,11 +60,12 @@ def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", 
                 raise ValueError(f"data.prompt_key={prompt_key!r} is not a column of {f}; columns: {list(df.columns)}")
             col = [str(x) if not isinstance(x, (list, np.ndarray)) else _chat_text(x) for x in df[prompt_key]]
             extras += [{c: _plain(row[c]) for c in EXTRA_COLUMNS if c in df.columns} for _, row in df.iterrows()]
+            sources += [str(x) for x in df[source_key]] if source_key in df.columns else [path.name] * len(col)
         else:
             col = [line.strip() for line in path.read_text().splitlines() if line.strip()]
             extras += [{} for _ in col]
+            sources += [path.name] * len(col)
         prompts += col
-        sources += [path.name] * len(col)
     if not prompts:
         raise ValueError(f"{key}={files!r} holds no prompts")
     return (prompts, sources, extras) if with_extras else (prompts, sources)

@@ -114,12 +114,14 @@ class DigenRLTrainer:
         self.run = run
         self.output_dir = run.output_dir
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        prompts, sources, extras = load_prompts(run.data.train_files, run.data.prompt_key, with_extras=True)
+        prompts, sources, extras = load_prompts(run.data.train_files, run.data.prompt_key, with_extras=True,
+                                                source_key=run.data.source_key)
         self._prompts, self._sources, self._extras = prompts, sources, extras
         self._val: tuple[list, list, list] = ([], [], [])  # validation prompts, data sources, extras
         if run.validation.enabled:
-            val = load_prompts(run.data.val_files, run.data.prompt_key, with_extras=True, key="data.val_files") \
-                if run.data.val_files is not None else (prompts, sources, extras)
+            val = load_prompts(run.data.val_files, run.data.prompt_key, with_extras=True, key="data.val_files",
+                               source_key=run.data.source_key) if run.data.val_files is not None \
+                else (prompts, sources, extras)
             k = len(val[0]) if run.data.val_max_samples < 0 else run.data.val_max_samples
             self._val = (val[0][:k], val[1][:k], val[2][:k])
         self.validations: dict[int, dict[str, float]] = {}  # policy version -> its validation metrics

@@ -14,6 +14,17 @@ def test_text_and_parquet_files(tmp_path):
     assert sources == ["p.txt", "p.txt", "p.parquet", "p.parquet"]
 
 
+def test_a_parquet_data_source_column_is_the_data_source_as_in_verl_omni(tmp_path):
+    """verl-omni's dataset gives each row its `data_source` column (`data.reward_fn_key`), which routes the reward;
+    a file without the column (or a text file) is named by its file."""
+    pd.DataFrame({"prompt": ["a", "b"], "data_source": ["ocr", "jpeg_compressibility"],
+                  "kind": ["x", "y"]}).to_parquet(tmp_path / "p.parquet")
+    pd.DataFrame({"prompt": ["c"]}).to_parquet(tmp_path / "q.parquet")
+    assert load_prompts([str(tmp_path / "p.parquet"), str(tmp_path / "q.parquet")])[1] == \
+        ["ocr", "jpeg_compressibility", "q.parquet"]
+    assert load_prompts(str(tmp_path / "p.parquet"), source_key="kind")[1] == ["x", "y"]
+
+
 def test_missing_file_and_bad_prompt_key_name_the_key(tmp_path):
     with pytest.raises(ValueError, match="data.train_files"):
         load_prompts(str(tmp_path / "nope.txt"))

@@ -15,13 +15,11 @@ except ImportError as e:
 
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
-from digenrl_verl.config.verl_omni import (NOT_VERL_OMNI_DEFAULTS, _unresolved, leaf_keys,  # noqa: E402
-                                          shipped_defaults)
+from digenrl_verl.config.verl_omni import (NOT_VERL_OMNI_DEFAULTS, SAME_MEANING, _unresolved,  # noqa: E402
+                                          leaf_keys, shipped_defaults)
 from digenrl_verl.main import compose as compose_ours  # noqa: E402
 
 ABSENT = object()
-#: keys whose default differs from verl-omni's in form only: key -> (ours, verl-omni's), the same meaning
-SAME_MEANING = {"reward.reward_functions": (None, {})}  # no reward function given (a struct {} would take no names)
 #: what the table may not hold (the issue's list: these always follow verl-omni)
 NEVER_EXCEPTED = ("pipeline.height", "pipeline.width", "num_inference_steps", "dtype", "trainer.device",
                   "total_epochs", "total_training_steps", "optim.lr", "weight_decay", "target_modules", "seed",

@@ -246,9 +246,6 @@ NO_EFFECT: dict[str, str] = {
     f"{A}.actor.fsdp_config.optimizer_offload": "optimizer CPU offload is not implemented",
     f"{A}.rollout.layered_summon": "weights reach the generators through the trainer → generator process group, "
                                    "not vLLM's layered summon",
-    f"{A}.actor.optim.lr_warmup_steps": "no learning-rate schedule is implemented: the learning rate is constant",
-    f"{A}.actor.optim.lr_warmup_steps_ratio": "no learning-rate schedule is implemented: the learning rate is "
-                                              "constant",
     f"{A}.rollout.algo.sde_contiguous": "the trained steps are given by the timestep selection "
                                         f"({A}.rollout.algo.timestep_selection / sde_window_size), contiguous or not",
     f"{A}.actor.loss_scale_factor": "the loss is the mean over a step's trained rows; no extra scale is applied",
@@ -390,14 +387,11 @@ NO_EFFECT.update({
     f"{A}.actor.diffusion_loss.dpo_beta": "DPO's setting; the loss is Flow-GRPO/DanceGRPO's",
     f"{A}.actor.diffusion_loss.kl_mask_threshold": "GRPO-Guard's setting; the loss is Flow-GRPO/DanceGRPO's",
     f"{A}.actor.diffusion_loss.add_kl_coefficient": "GRPO-Guard's setting; the loss is Flow-GRPO/DanceGRPO's",
-    f"{A}.actor.optim.total_training_steps": "no learning-rate schedule is implemented: the learning rate is constant",
-    f"{A}.actor.optim.min_lr_ratio": "no learning-rate schedule is implemented: the learning rate is constant",
-    f"{A}.actor.optim.num_cycles": "no learning-rate schedule is implemented: the learning rate is constant",
-    f"{A}.actor.optim.lr_scheduler_type": "no learning-rate schedule is implemented: the learning rate is constant",
-    f"{A}.actor.optim.warmup_style": "no learning-rate schedule is implemented: the learning rate is constant",
-    f"{A}.actor.optim.zero_indexed_step": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.total_training_steps": "the schedule's length is the run's (trainer.total_training_steps, or "
+                                             "the epochs' steps), as verl-omni's trainer sets this key",
     f"{A}.actor.optim.clip_grad": f"the gradient-norm clip is {A}.actor.grad_clip",
-    f"{A}.actor.optim.lr_min": "no learning-rate schedule is implemented: the learning rate is constant",
+    f"{A}.actor.optim.lr_min": f"a Megatron optimizer setting; the cosine schedule's floor is {A}.actor.optim."
+                               "min_lr_ratio",
     f"{A}.actor.optim.lr_start": "no learning-rate schedule is implemented: the learning rate is constant",
     f"{A}.actor.optim.lr_decay_ratio": "no learning-rate schedule is implemented: the learning rate is constant",
     f"{A}.actor.optim.fused": "the optimizer is torch's AdamW with its default implementation",
@@ -1043,7 +1037,25 @@ def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> Sharding
                         reshard)
 
 
-def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n: int) -> TrainSpec:
+def build_optim(keys: RecipeKeys, total_steps: int) -> OptimSpec:
+    """AdamW, the clip and verl's learning-rate schedule over the run's `total_steps` global steps
+    (`actor_rollout_ref.actor.optim.*`; the deprecated `warmup_style` names the schedule when set, as in verl)."""
+    optim = f"{A}.actor.optim"
+    style = keys(f"{optim}.warmup_style")
+    if style is not None:
+        keys.decide(f"{optim}.warmup_style={style!r} (deprecated in verl): the schedule is {style!r}, as verl reads it "
+                    f"(use {optim}.lr_scheduler_type)")
+    return OptimSpec(lr=keys.number(f"{optim}.lr"), weight_decay=keys.number(f"{optim}.weight_decay"),
+                     betas=keys.numbers(f"{optim}.betas"), eps=keys.number(f"{optim}.eps"),
+                     grad_clip=keys(f"{A}.actor.grad_clip"),
+                     lr_scheduler_type=style if style is not None else keys(f"{optim}.lr_scheduler_type"),
+                     lr_warmup_steps=keys.integer(f"{optim}.lr_warmup_steps"),
+                     lr_warmup_steps_ratio=keys.number(f"{optim}.lr_warmup_steps_ratio"),
+                     min_lr_ratio=keys.number(f"{optim}.min_lr_ratio"), num_cycles=keys.number(f"{optim}.num_cycles"),
+                     zero_indexed_step=bool(keys(f"{optim}.zero_indexed_step")), total_steps=total_steps)
+
+
+def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n: int, total_steps: int) -> TrainSpec:
     actor = f"{A}.actor"
     use_kl = keys(f"{actor}.use_kl_loss")
     kl_coef = keys.number(f"{actor}.kl_loss_coef")
@@ -1051,10 +1063,7 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
         loss = LossConfig(clip_ratio=keys.number(f"{actor}.diffusion_loss.clip_ratio"),
                           kl_coef=kl_coef if use_kl else 0.0, kl_type=keys(f"{actor}.kl_loss_type"),
                           stale_is_cap=digenrl.tcss.stale_is_cap)
-    optim = OptimSpec(lr=keys.number(f"{actor}.optim.lr"),
-                      weight_decay=keys.number(f"{actor}.optim.weight_decay"),
-                      betas=keys.numbers(f"{actor}.optim.betas"), eps=keys.number(f"{actor}.optim.eps"),
-                      grad_clip=keys(f"{actor}.grad_clip"))
+    optim = build_optim(keys, total_steps)
     recompute = keys(f"{A}.rollout.recompute_old_log_probs")
     if recompute is None:  # auto: the diffusers fp32 path shares the trainer's numerics
         recompute = policy.engine.name != "diffusers" or policy.dtype != "float32"

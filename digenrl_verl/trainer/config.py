@@ -203,7 +203,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
     policy = build_policy(keys, digenrl, path=model.path, algorithm=model.algorithm, start_version=start_step)
     data = build_data(keys)
     shape = build_shape(keys, digenrl, len(load_prompts(data.train_files, data.prompt_key)[0]))  # verl's epochs
-    train = build_train(keys, digenrl, policy, shape.n)
+    train = build_train(keys, digenrl, policy, shape.n, shape.total_steps)
     reward = build_reward(keys, digenrl)
     advantage = build_advantage(keys)
     checkpoint = build_checkpoint(keys)

@@ -409,6 +409,7 @@ class DigenRLTrainer:
             # several mini-batches: the mean of their norms (verl's mean over mini-batches), the skipped ones counted
             "actor/grad_norm": float(np.mean([o["grad_norm"] for o in m.opts])) if m.opts else float("nan"),
             "actor/skipped_step": float(sum(o.get("skipped", 0.0) for o in m.opts)),
+            "actor/lr": float(m.opts[-1]["lr"]) if m.opts else float("nan"),  # the step's rate (verl's schedule)
             "timing/step_s": result.end - result.start,
             "schedule/microbatches": result.microbatches, "schedule/tag_microbatches": result.tag_microbatches,
             "schedule/stale_samples": result.stale_samples, "schedule/stale_fraction": result.stale_samples / samples,

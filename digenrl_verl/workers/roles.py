@@ -43,7 +43,7 @@ import math
 import os
 import resource
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 import ray
@@ -51,6 +51,7 @@ import torch
 from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import Trajectory, rollout
@@ -66,7 +67,7 @@ from digenrl_verl.workers.dispatch import ROWS_KEY, assigned_dispatch_mode
 from digenrl_verl.workers.judge import RemoteJudge
 from digenrl_verl.workers.sharding import (FullyShardedDataParallel, GradientSync, ReplicatedDataParallel,
                                            full_state)
-from digenrl_verl.workers.specs import PolicySpec, TrainSpec
+from digenrl_verl.workers.specs import OptimSpec, PolicySpec, TrainSpec
 
 #: meta_info key of `evaluate`'s batch: the RolloutConfig its samples are drawn with (validation's `val_kwargs`)
 SAMPLING_KEY = "digenrl_sampling"
@@ -254,6 +255,7 @@ class TrainingMixin:
         process group exists (FSDP2 needs it, and the optimizer must see the sharded parameters)."""
         self.train_spec = spec
         self.optimizer = None
+        self.lr_factor: Callable[[int], float] | None = None  # global step -> LR factor (`lr_schedule`)
         self.grad_sync: GradientSync | None = None
         self.skipped_steps = 0
         # the weights of `version` while the trainer is between two optimizer steps of one global step (several
@@ -272,6 +274,7 @@ class TrainingMixin:
         params = list(self.trainable().values())
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                            weight_decay=o.weight_decay)
+        self.lr_factor = lr_schedule(self.optimizer, o)
         self.optimizer.zero_grad(set_to_none=True)
 
     def update(self, sample_ids: list[int], advantages: torch.Tensor, loss_denominator: float, tsp: bool,
@@ -398,6 +401,9 @@ class TrainingMixin:
                 self.step_start_weights = {name: p.detach().clone() for name, p in self.trainable().items()}
         elif version == self.version + 1:
             self.step_start_weights = {}
+        lr = self.train_spec.optim.lr * self.lr_factor(self.version)  # global step `self.version`'s rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         if grads and finite:
             self.optimizer.step()
         else:
@@ -406,7 +412,20 @@ class TrainingMixin:
         self.version = version
         self.busy_s += time.perf_counter() - t0
         return {"grad_norm": norm, "skipped": float(not (grads and finite)),
-                "version": float(version)}
+                "version": float(version), "lr": lr}
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, optim: OptimSpec) -> Callable[[int], float]:
+    """The learning-rate factor of global step k (0-based), from verl's own schedules (constant or cosine, with
+    warm-up), as verl-omni's actor builds them (`_build_lr_scheduler`). Stateless in k, so a resumed trainer is on the
+    schedule by its version alone."""
+    if optim.lr_scheduler_type == "constant":
+        scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=optim.warmup_steps)
+    else:
+        scheduler = get_cosine_schedule_with_warmup(
+            optimizer, num_warmup_steps=optim.warmup_steps, num_training_steps=optim.total_steps,
+            min_lr_ratio=optim.min_lr_ratio, num_cycles=optim.num_cycles, zero_indexed_step=optim.zero_indexed_step)
+    return scheduler.lr_lambdas[0]
 
 
 def process_start() -> float:

@@ -15,19 +15,46 @@ from digenrl_verl.workers.sharding import ShardingSpec
 __all__ = ["OptimSpec", "PolicySpec", "RolloutEngineSpec", "TrainSpec"]
 
 
+LR_SCHEDULERS = ("constant", "cosine")  # verl's lr_scheduler_type values
+
+
 @dataclass(frozen=True)
 class OptimSpec:
-    """AdamW and gradient clipping (`actor_rollout_ref.actor.optim.*`, `actor.grad_clip`)."""
+    """AdamW, gradient clipping and the learning-rate schedule (`actor_rollout_ref.actor.optim.*`, `actor.grad_clip`).
+
+    The schedule is verl's (`verl.utils.torch_functional`: constant or cosine, with a linear warm-up of
+    `lr_warmup_steps`, or `lr_warmup_steps_ratio` x `total_steps` when that is <= 0), stepped once per global step as
+    verl-omni's actor steps it (after a global step's last mini-batch); `total_steps`: the run's global steps."""
 
     lr: float = 1e-6  # verl-omni's default (the shipped config's)
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     grad_clip: float | None = 1.0
+    lr_scheduler_type: str = "constant"
+    lr_warmup_steps: int = -1
+    lr_warmup_steps_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    zero_indexed_step: bool = True
+    total_steps: int = 1
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"actor_rollout_ref.actor.optim.lr={self.lr!r} must be > 0")
+        if self.lr_scheduler_type not in LR_SCHEDULERS:
+            raise ValueError(f"actor_rollout_ref.actor.optim.lr_scheduler_type={self.lr_scheduler_type!r}; valid: "
+                             f"{list(LR_SCHEDULERS)} (verl's)")
+        if not 0.0 <= self.lr_warmup_steps_ratio <= 1.0:
+            raise ValueError(f"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio={self.lr_warmup_steps_ratio!r} "
+                             "must be in [0, 1]")
+
+    @property
+    def warmup_steps(self) -> int:
+        """verl's rule: `lr_warmup_steps` when > 0, else `int(lr_warmup_steps_ratio * total_steps)`."""
+        if self.lr_warmup_steps > 0:
+            return self.lr_warmup_steps
+        return int(self.lr_warmup_steps_ratio * self.total_steps)
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"actor_rollout_ref.actor.grad_clip={self.grad_clip!r} must be > 0 (or null: no clipping)")
 

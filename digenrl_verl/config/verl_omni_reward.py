@@ -15,15 +15,17 @@ from digenrl_verl.config.verl_omni import (
 )
 from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, get_reward, reward_names
 from digenrl_verl.rewards.compose import RewardConfig
+from digenrl_verl.rewards.data_source import default_reward
 from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
+from digenrl_verl.trainer.data import data_sources
 from digenrl_verl.rewards.vlm_judge import (
     JUDGE_BACKENDS, JUDGE_FUNCTION, JUDGE_REWARD, KEY_BACKEND, KEY_ENABLE, KEY_MODEL_PATH, KEY_POOL, KEY_TP,
     VLLM_INSTALL_HINT, JudgeConfig, JudgePoolSpec, is_judge_function, judge_backend_unavailable, judge_family,
     resolve_judge_path,
 )
 
-#: reward.reward_functions when none is given and no custom file: verl-omni's default_compute_score_image scores
-#: the data source `jpeg_compressibility` (the one it has without a served model)
+#: reward.reward_functions when none is given and no custom file, for prompts of data_source `jpeg_compressibility`
+#: or of none: verl-omni's default_compute_score_image scores that one source (`rewards.data_source.default_reward`)
 DEFAULT_REWARD = {"jpeg_compressibility": 1.0}
 
 # verl-omni's multi-reward sentinel: reward.custom_reward_function.name when reward.reward_functions holds the files
@@ -313,8 +315,7 @@ def build_reward(keys: RecipeKeys, digenrl: DigenRLConfig) -> RewardConfig:
         custom = {}
         functions = {**(functions or {}), JUDGE_REWARD: 1.0}
     if not functions and not custom.get("path"):  # the YAML default, {} as verl-omni's
-        functions = dict(DEFAULT_REWARD)
-        keys.decide(f"{_RF}={{}} and no custom reward file: verl-omni's default reward, {DEFAULT_REWARD}")
+        functions = _default_reward(keys)
     functions = functions or {}
     reward = RewardConfig(reward_functions=dict(functions), aggregation=keys("reward.aggregation"),
                           custom_reward_function_path=custom.get("path"),
@@ -339,6 +340,28 @@ def build_reward(keys: RecipeKeys, digenrl: DigenRLConfig) -> RewardConfig:
     if reward.custom_reward_function_path and not Path(reward.custom_reward_function_path).is_file():
         raise ValueError(f"reward.custom_reward_function.path={reward.custom_reward_function_path!r} is not a file")
     return reward
+
+
+def _default_reward(keys: RecipeKeys) -> dict[str, float]:
+    """verl-omni's default reward for the data sources of the prompts it would score: the training prompts, and the
+    validation prompts (data.val_files) when validation runs; a source it cannot score fails here, before any worker
+    starts (`rewards.data_source.default_reward`)."""
+    source_key = str(keys.peek("data.reward_fn_key"))
+    files = [("data.train_files", keys.peek("data.train_files"))]
+    test_freq = keys.peek("trainer.test_freq")
+    validates = bool(keys.peek("trainer.val_before_train")) or (isinstance(test_freq, int) and test_freq > 0)
+    if validates and keys.peek("data.val_files") is not None:
+        files.append(("data.val_files", keys.peek("data.val_files")))
+    functions: dict[str, float] = {}
+    lines = []
+    for where, value in files:
+        sources, without = data_sources(value, source_key)
+        weights, line = default_reward(sources, without, where, source_key)
+        functions.update(weights)
+        lines.append(line if len(files) == 1 else f"{where}: {line}")
+    for line in lines:
+        keys.decide(line)
+    return functions
 
 
 def _missing(module: str) -> bool:

@@ -4,7 +4,7 @@ The step batch is the DataProto every worker sees rows of: prompts repeated `rol
 i = prompt i // n, sample i % n.
 
 DataProto keys made here (B = prompts_per_step × n rows):
-- non_tensor_batch["raw_prompt"]: object [B], the prompt text.
+- non_tensor_batch["raw_prompt"]: object [B], the prompt text (a chat prompt's user text, `chat_text`).
 - non_tensor_batch["uid"]: object [B], one id per prompt group (the same for the n samples of a prompt).
 - non_tensor_batch["sample_index"]: int64 [B], index of the sample inside its group (0 … n−1).
 - non_tensor_batch["data_source"]: object [B], the prompt's `data.reward_fn_key` column (verl's `data_source`) of a
@@ -12,11 +12,14 @@ DataProto keys made here (B = prompts_per_step × n rows):
 - non_tensor_batch["reward_model"], ["extra_info"]: object [B] of dicts, only when the prompt file has those
   columns (verl-style parquet: `reward_model.ground_truth` reaches the reward functions).
 - meta_info["global_step"]: the global step the batch belongs to.
+
+The prompts of each step are those verl-omni's training dataloader gives (`PromptStream`): an epoch is the prompts in
+torchdata's RandomSampler order for `data.seed` (`epoch_order`), cut into full batches, the last partial batch
+dropped (`drop_last=True`), so step s of a run gets the prompts verl-omni's step s gets for the same file and seed.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -58,7 +61,7 @@ def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", 
             df = pd.read_parquet(path)
             if prompt_key not in df.columns:
                 raise ValueError(f"data.prompt_key={prompt_key!r} is not a column of {f}; columns: {list(df.columns)}")
-            col = [str(x) if not isinstance(x, (list, np.ndarray)) else _chat_text(x) for x in df[prompt_key]]
+            col = [str(x) if not isinstance(x, (list, np.ndarray)) else chat_text(x) for x in df[prompt_key]]
             extras += [{c: _plain(row[c]) for c in EXTRA_COLUMNS if c in df.columns} for _, row in df.iterrows()]
             sources += [str(x) for x in df[source_key]] if source_key in df.columns else [path.name] * len(col)
         else:
@@ -80,14 +83,84 @@ def _plain(value):
     return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
 
 
-def _chat_text(messages) -> str:
-    """verl-style chat prompts ([{role, content}, ...]) → the user text."""
-    return " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+def chat_text(messages) -> str:
+    """A verl-style chat prompt ([{role, content}, ...]) → the text our diffusers pipelines encode: the text of its
+    user turns, concatenated as they are (no separator); system and assistant turns are left out.
+
+    verl-omni renders the chat in its agent loop (`AgentLoopBase.apply_chat_template`, with
+    `actor_rollout_ref.model.custom_chat_template` or the model tokenizer's template) and its rollout adapter encodes
+    those ids. Its recipes' templates give the same ids as a diffusers pipeline given this text: SD3.5's template is
+    the user turns' text (tokenized by the CLIP / T5 tokenizers of `model.extra_tokenizers`, as diffusers tokenizes
+    the prompt); Wan2.2's is that text + `</s>` (diffusers' Wan appends the same end token); Qwen-Image's is the
+    tokenizer's chat template around the recipe data's system turn (Qwen-Image's own "Describe the image ..."
+    prompt) and the user turn, the very string `QwenImagePipeline.encode_prompt` builds around the user text, with the
+    same 34 leading tokens dropped. `tests/verl_omni/test_verl_omni_prompts.py` checks these on the real verl-omni.
+    A content given as parts ([{type: text, text}, ...]) contributes its text parts."""
+    parts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, (list, tuple, np.ndarray)):
+            parts += [str(c.get("text") or "") for c in content if isinstance(c, dict) and c.get("type") == "text"]
+        elif content is not None:
+            parts.append(str(content))
+    return "".join(parts)
+
+
+def data_sources(files: str | Sequence[str] | None, source_key: str = "data_source") -> tuple[dict[str, int], int]:
+    """({data_source: prompts} of the files' `source_key` column (verl-omni's `data.reward_fn_key`), prompts without
+    one): only the column is read; text files, the built-in prompts and parquet files without the column have none
+    (`load_prompts` names those by their file). Missing files are left to `load_prompts`' error."""
+    counts: dict[str, int] = {}
+    without = 0
+    if files is None or (not isinstance(files, str) and len(files) == 0):
+        return counts, len(builtin_prompts())
+    for f in [files] if isinstance(files, str) else list(files):
+        path = Path(f)
+        if not path.exists():
+            continue
+        if path.suffix != ".parquet":
+            without += sum(1 for line in path.read_text().splitlines() if line.strip())
+            continue
+        import pyarrow.parquet as pq
+
+        if source_key not in pq.read_schema(path).names:
+            without += pq.read_metadata(path).num_rows
+            continue
+        for value in pq.read_table(path, columns=[source_key]).column(source_key).to_pylist():
+            counts[str(value)] = counts.get(str(value), 0) + 1
+    return counts, without
+
+
+_PERMS: dict[tuple[int, int], tuple[object, list]] = {}  # (prompts, seed) -> (generator, the epochs' orders so far)
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """The order of `n` prompts in `epoch` as verl's training sampler gives it (`verl.trainer.ppo.utils.
+    create_rl_sampler`, called by verl-omni's `create_rl_sampler`): with `data.shuffle`, torchdata's RandomSampler
+    over one torch.Generator seeded with `data.seed`, each epoch the next `torch.randperm(n)` of it; else in file
+    order (SequentialSampler)."""
+    if not shuffle:
+        return list(range(n))
+    import torch
+
+    key = (n, int(seed))
+    if key not in _PERMS:
+        _PERMS.clear()  # one stream at a time: the orders of the run's prompts and seed
+        _PERMS[key] = (torch.Generator().manual_seed(int(seed)), [])
+    generator, perms = _PERMS[key]
+    while len(perms) <= epoch:
+        perms.append(torch.randperm(n, generator=generator).numpy())
+    return perms[epoch].tolist()
 
 
 @dataclass
 class PromptStream:
-    """Deterministic prompt batches: epoch-wise shuffling from `seed`; the cursor is checkpointable."""
+    """Deterministic prompt batches, as verl-omni's training dataloader gives them (`StatefulDataLoader` with
+    `drop_last=True` over verl's sampler): each epoch is `epoch_order` cut into full batches of `batch_size`, the
+    last partial batch dropped (its prompts wait for a later epoch's order). The cursor counts the prompts consumed
+    over all epochs (step s starts at s x batch_size) and is checkpointable."""
 
     prompts: list[str]
     sources: list[str]
@@ -99,19 +172,26 @@ class PromptStream:
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
             raise ValueError(f"data.train_batch_size must be positive, got {self.batch_size}")
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"data.train_batch_size={self.batch_size} is larger than the {len(self.prompts)} "
+                             "prompts: an epoch has no full batch (verl-omni's dataloader drops the partial one); "
+                             "lower data.train_batch_size or give more prompts")
 
-    def _order(self, epoch: int) -> list[int]:
-        idx = list(range(len(self.prompts)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(idx)
-        return idx
+    @property
+    def steps_per_epoch(self) -> int:
+        """Full batches per epoch (verl's `len(train_dataloader)` with drop_last)."""
+        return len(self.prompts) // self.batch_size
 
     def next_indices(self) -> list[tuple[int, int]]:
         """(stream position, index into `prompts`) of the next step's prompts; advances the cursor."""
         out = []
+        orders: dict[int, list[int]] = {}
         for _ in range(self.batch_size):
-            epoch, pos = divmod(self.cursor, len(self.prompts))
-            out.append((self.cursor, self._order(epoch)[pos]))
+            step, offset = divmod(self.cursor, self.batch_size)
+            epoch, k = divmod(step, self.steps_per_epoch)
+            if epoch not in orders:
+                orders[epoch] = epoch_order(len(self.prompts), self.seed, epoch, self.shuffle)
+            out.append((self.cursor, orders[epoch][k * self.batch_size + offset]))
             self.cursor += 1
         return out
 

@@ -55,6 +55,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from digenrl_verl.metric_names import METRICS as M
+
 COLOCATED = ["trainer.digenrl.mode=colocated"]
 DISAGG = ["trainer.digenrl.mode=disaggregated"]
 RECOMPUTE = "actor_rollout_ref.rollout.recompute_old_log_probs=true"
@@ -124,7 +126,7 @@ def _measure(trainer, warmup: int) -> dict:
     outstanding = {w: 0.0 for w in workers}
     for e in events:
         outstanding[e.worker] = outstanding.get(e.worker, 0.0) + (min(e.end, last.end) - max(e.start, first.end))
-    rewards = [h["reward/mean"] for h in trainer.reporter.history[warmup:]]
+    rewards = [h[M["reward_mean"]] for h in trainer.reporter.history[warmup:]]
     return {"samples_per_s": samples / window, "window_s": window, "steps_measured": steps,
             "busy_utilisation": sum(busy.values()) / (len(workers) * window),
             "busy_s": busy, "samples_per_worker_s": samples / (len(workers) * window),

@@ -7,7 +7,7 @@ Each pair (prompts x n : rollout.seed) runs every arm with the same seed, prompt
 max_stale_fraction 0.5, `trainer.digenrl.tcss.objective`). Settings as `recipes/run_tiny_cpu.sh` (lr 3e-3, brightness
 reward) with clip 1e-4, TAG off and the TCSS guard off (stale GENs whenever the limits allow). Per run: the reward
 trajectory, `last3` (mean reward of the last 3 steps), `gain` (last3 − mean of the first 3), the stale share and the
-run-level stale-row metrics (`actor/stale_clip_frac`, `stale_zero_grad_frac`, `stale_is_weight_mean` / `_max`,
+run-level stale-row metrics (`digenrl/actor/stale_clip_frac`, `stale_zero_grad_frac`, `stale_is_weight_mean` / `_max`,
 `stale_is_capped_frac`). Per TCSS arm over the pairs: `gain_share` (Σ gains / Σ on-policy gains), the gaps
 (on-policy last3 − the arm's) and their mean and largest magnitude. This measures learning, not speed.
 """
@@ -25,6 +25,7 @@ import numpy as np
 
 from digenrl_verl.bench.e2e import load_average
 from digenrl_verl.main import TINY_CPU, compose
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.models.tiny import build_tiny_model_dir
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.ray_runtime import init_local_ray
@@ -41,8 +42,8 @@ ARMS = {"on": ("trainer.digenrl.tcss.staleness=0",),
         "clip": (*STALE, "trainer.digenrl.tcss.objective=clip"),
         "decoupled": (*STALE, "trainer.digenrl.tcss.objective=decoupled")}
 PAIRS = "2x4:42,2x4:1,2x4:2,4x4:42,4x4:1,4x4:2,4x4:3"
-RUN_METRICS = ("actor/stale_clip_frac", "actor/stale_zero_grad_frac", "actor/pg_zero_grad_frac",
-               "actor/stale_is_weight_mean", "actor/stale_is_weight_max", "actor/stale_is_capped_frac")
+RUN_METRICS = tuple(M[q] for q in ("stale_clip_frac", "stale_zero_grad_frac", "pg_zero_grad_frac",
+                                   "stale_is_weight_mean", "stale_is_weight_max", "stale_is_capped_frac"))
 
 
 def parse_pairs(text: str) -> list[tuple[int, int, int]]:
@@ -70,13 +71,13 @@ def run_arm(model: str, out_dir: Path, prompts: int, n: int, seed: int, arm: str
         history, summary = trainer.reporter.history, trainer.summary
     finally:
         trainer.shutdown()
-    rewards = [float(h["reward/mean"]) for h in history]
-    stale = [int(h.get("schedule/stale_samples", 0)) for h in history]
+    rewards = [float(h[M["reward_mean"]]) for h in history]
+    stale = [int(h.get(M["stale_samples"], 0)) for h in history]
     return {"prompts": prompts, "n": n, "seed": seed, "arm": arm, "rewards": [round(r, 5) for r in rewards],
             "last3": float(np.mean(rewards[-3:])), "gain": float(np.mean(rewards[-3:]) - np.mean(rewards[:3])),
             "stale_samples": stale, "stale_share": sum(stale) / (prompts * n * len(history)),
             **{k: summary.get(k) for k in RUN_METRICS},
-            "step_stale_is_weight_mean": [round(float(h.get("actor/stale_is_weight_mean", 0.0)), 5) for h in history],
+            "step_stale_is_weight_mean": [round(float(h.get(M["stale_is_weight_mean"], 0.0)), 5) for h in history],
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -125,8 +126,8 @@ def main(argv: list[str]) -> int:
             run = run_arm(model, tmp / f"{prompts}x{n}_{seed}_{arm}", prompts, n, seed, arm, args.steps)
             runs.append(run)
             print(f"{prompts}x{n} seed {seed} {arm}: last3 {run['last3']:.4f} gain {run['gain']:+.4f} stale share "
-                  f"{run['stale_share']:.2f} stale clip {run['actor/stale_clip_frac']:.3f} zero-grad "
-                  f"{run['actor/stale_zero_grad_frac']:.3f} w mean {run['actor/stale_is_weight_mean']:.4f} "
+                  f"{run['stale_share']:.2f} stale clip {run[M['stale_clip_frac']]:.3f} zero-grad "
+                  f"{run[M['stale_zero_grad_frac']]:.3f} w mean {run[M['stale_is_weight_mean']]:.4f} "
                   f"({run['wall_s']} s)", flush=True)
     out.update(runs=runs, compare=compare(runs), load_average_end=load_average())
     for arm, c in out["compare"].items():

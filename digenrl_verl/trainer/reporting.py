@@ -14,9 +14,13 @@ import io
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from digenrl_verl.metric_names import METRICS as M
 
 
 def _jsonable(v: Any) -> Any:
@@ -25,6 +29,58 @@ def _jsonable(v: Any) -> Any:
     if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
         return _jsonable(v.item())
     return v
+
+
+CONSOLE = {"reward": "reward_mean", "img/s/dev": "throughput"}
+"""What the progress bar shows: label -> quantity (`metric_names.METRICS`)."""
+
+
+def _mean_max_min(values: np.ndarray, quantity: str) -> dict[str, float]:
+    """`<quantity>_mean|max|min` of `values` under their logged names (NaN when there is none)."""
+    fns = {"mean": np.mean, "max": np.max, "min": np.min}
+    return {M[f"{quantity}_{k}"]: float(f(values)) if values.size else float("nan") for k, f in fns.items()}
+
+
+def data_metrics(rewards: Mapping[int, float], uids: Sequence[Any], advantage) -> dict[str, float]:
+    """verl-omni's `compute_data_metrics_diffusion` of a step batch, from its rewards (sample id -> reward; `uids[i]`
+    is sample i's prompt group) and its advantage config (`AdvantageConfig`): reward mean / max / min over the
+    samples, the prompt groups' zero-std ratio, mean (population) std and size, the advantages before the loss's
+    clamp (verl-omni clamps in the loss) and the returns (= the advantages, as verl-omni's GRPO); plus our std and
+    non-finite count. Samples with a NaN/inf reward are left out (they add no gradient: advantage 0); verl-omni has
+    no such rule (its statistics would be NaN)."""
+    from digenrl_verl.diffusion.advantages import normalize_rewards
+
+    ids = sorted(rewards)
+    r_all = np.array([rewards[i] for i in ids], dtype=np.float64)
+    keep = np.isfinite(r_all)
+    r, group = r_all[keep], np.array([str(uids[i]) for i in ids], dtype=object)[keep]
+    out = {M["reward_std"]: float(r.std()) if r.size else float("nan"),
+           M["reward_nonfinite"]: int(r_all.size - r.size), **_mean_max_min(r, "reward")}
+    adv = np.zeros(0)
+    stds = np.array([r[group == g].std() for g in dict.fromkeys(group)])
+    out.update({M["reward_zero_std_ratio"]: float(np.mean(stds == 0)) if stds.size else float("nan"),
+                M["reward_std_mean"]: float(stds.mean()) if stds.size else float("nan"),
+                M["reward_group_size"]: r.size / stds.size if stds.size else float("nan")})
+    if r.size:
+        unclamped = replace(advantage, adv_clip_max=None)
+        adv = normalize_rewards(r, list(group), unclamped).advantages.double().numpy()
+    return {**out, **_mean_max_min(adv, "advantage"), **_mean_max_min(adv, "return")}
+
+
+def perf_metrics(step: int, samples: int, step_s: float, devices: int) -> dict[str, float]:
+    """verl-omni's timing and throughput metrics of a step (0-based `step`; verl counts from 1): its wall time
+    (first task start to the end of its SYNC), images, and images per second per device."""
+    per_device = samples / (step_s * devices) if step_s > 0 and devices > 0 else float("nan")
+    return {M["global_step"]: step + 1, M["step_s"]: step_s, M["time_per_step"]: step_s, M["num_images"]: samples,
+            M["throughput"]: per_device}
+
+
+def staleness_metrics(gen_versions: Mapping[int, int], version: int) -> dict[str, float]:
+    """verl-omni's (v1) trajectory staleness, in policy versions: the version the step trained minus the one each
+    sample was generated with (`gen_versions`: version -> samples; a trajectory has one version here, so verl-omni's
+    span is 1 and its worst staleness is this one)."""
+    lag = np.repeat([version - v for v in gen_versions], [int(c) for c in gen_versions.values()])
+    return _mean_max_min(lag.astype(np.float64), "staleness") if lag.size else {}
 
 
 @dataclass
@@ -63,8 +119,8 @@ class RunReporter:
         self._metrics.write(json.dumps(row) + "\n")
         if self._tracking is not None:
             self._tracking.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
-        shown = {k: metrics[k] for k in ("reward/mean", "throughput/samples_per_s") if k in metrics}
-        self._bar.set_postfix({k.split("/")[-1]: f"{v:.3g}" for k, v in shown.items()})
+        shown = {label: metrics[M[q]] for label, q in CONSOLE.items() if M[q] in metrics}
+        self._bar.set_postfix({label: f"{v:.3g}" for label, v in shown.items()})
         self._bar.update(1)
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:

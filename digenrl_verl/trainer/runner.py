@@ -34,6 +34,7 @@ from verl.trainer.ppo.metric_utils import process_validation_metrics
 
 from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.diffusion.rollout import RolloutConfig
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.trace import Decision, Trace
@@ -44,7 +45,7 @@ from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batc
 from digenrl_verl.trainer.elastic import ElasticRayExecutor, GeneratorSupervisor
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import LOCAL_NODE_IP, init_local_ray
-from digenrl_verl.trainer.reporting import RunReporter
+from digenrl_verl.trainer.reporting import RunReporter, data_metrics, perf_metrics, staleness_metrics
 from digenrl_verl.viz.gantt import save_gantt
 from digenrl_verl.weights.sync import CollectiveSpec, free_port
 from digenrl_verl.workers import roles
@@ -397,28 +398,39 @@ class DigenRLTrainer:
             m.opts.append(dict(values[0]))
 
     def step_log(self, result) -> dict[str, float]:
+        """The step's metrics, under the names of `metric_names.METRICS` (verl-omni's where it logs the quantity)."""
         m = self.metrics.pop(result.step)
-        r_all = np.array(list(m.rewards.values()), dtype=np.float64)
-        r = r_all[np.isfinite(r_all)]
         samples = self.run.prompts_per_step * self.run.n
+        uids = self.step_batch(result.step).non_tensor_batch["uid"]
+        opts = m.opts
         out = {
-            "reward/mean": float(r.mean()) if r.size else float("nan"),
-            "reward/std": float(r.std()) if r.size else float("nan"),
-            "reward/nonfinite_samples": int(r_all.size - r.size),
-            **m.loss.metrics("actor/"),
+            **data_metrics(m.rewards, uids, self.run.advantage),
+            **m.loss.metrics(),
+            # verl-omni: the mean over the step's mini-batches of each one's loss (ours sums them: one per OPT_STEP)
+            M["loss"]: m.loss.loss_sum / max(len(opts), 1),
             # several mini-batches: the mean of their norms (verl's mean over mini-batches), the skipped ones counted
-            "actor/grad_norm": float(np.mean([o["grad_norm"] for o in m.opts])) if m.opts else float("nan"),
-            "actor/skipped_step": float(sum(o.get("skipped", 0.0) for o in m.opts)),
-            "actor/lr": float(m.opts[-1]["lr"]) if m.opts else float("nan"),  # the step's rate (verl's schedule)
-            "timing/step_s": result.end - result.start,
-            "schedule/microbatches": result.microbatches, "schedule/tag_microbatches": result.tag_microbatches,
-            "schedule/stale_samples": result.stale_samples, "schedule/stale_fraction": result.stale_samples / samples,
-            "policy/version": result.version,
-            "workers/dead": len(self.driver.dead) if self.driver is not None else 0,
-            "workers/generators": len(self.driver.live_generators) if self.driver is not None else 0,
-            "schedule/generators_used": len(result.gen_tasks),
+            M["grad_norm"]: float(np.mean([o["grad_norm"] for o in opts])) if opts else float("nan"),
+            M["skipped_step"]: float(sum(o.get("skipped", 0.0) for o in opts)),
+            M["lr"]: float(opts[-1]["lr"]) if opts else float("nan"),  # the step's rate (verl's schedule)
+            **({M["kl_coef"]: self.run.train.loss.kl_coef} if self.run.train.loss.kl_coef > 0 else {}),
+            **perf_metrics(result.step, samples, result.end - result.start, self.devices()),
+            **staleness_metrics(result.gen_versions, result.version),
+            M["microbatches"]: result.microbatches, M["tag_microbatches"]: result.tag_microbatches,
+            M["stale_samples"]: result.stale_samples, M["stale_fraction"]: result.stale_samples / samples,
+            M["policy_version"]: result.version,
+            M["workers_dead"]: len(self.driver.dead) if self.driver is not None else 0,
+            M["workers_generators"]: len(self.driver.live_generators) if self.driver is not None else 0,
+            M["generators_used"]: len(result.gen_tasks),
         }
         return out
+
+    def devices(self) -> int:
+        """verl-omni's `n_gpus` of `perf/throughput` (every resource pool's devices): one per live worker process
+        (trainers, colocated workers, live generators) plus the judge's own reward pool."""
+        live = set(self.driver.live_generators) if self.driver is not None else set()
+        n = sum(1 for w in self.workers if worker_pool(w) != "gen" or w in live or self.driver is None)
+        pool = self.judge_pool.cfg.pool if self.judge_pool is not None else None
+        return n + (pool.nnodes * pool.per_node if pool is not None and not pool.colocated else 0)
 
     # ------------------------------------------------------------------------------------- train
     def train(self) -> None:
@@ -449,7 +461,7 @@ class DigenRLTrainer:
 
     def check_finite(self, step: int, log: dict[str, float]) -> None:
         """Count consecutive steps with non-finite rewards or a skipped (non-finite) update; stop on a run."""
-        bad = log.get("reward/nonfinite_samples", 0) > 0 or log.get("actor/skipped_step", 0) > 0
+        bad = log.get(M["reward_nonfinite"], 0) > 0 or log.get(M["skipped_step"], 0) > 0
         self.nonfinite_run = self.nonfinite_run + 1 if bad else 0
         limit = self.run.digenrl.max_nonfinite_steps
         if self.nonfinite_run >= limit:
@@ -568,7 +580,7 @@ class DigenRLTrainer:
         stats = self.worker_stats()
         wall = self.t_end - self.t_start
         samples = self.run.num_steps * self.run.prompts_per_step * self.run.n
-        rewards = [h["reward/mean"] for h in self.reporter.history]
+        rewards = [h[M["reward_mean"]] for h in self.reporter.history]
         final_eval = {} if self.interrupted else self.evaluate(int(self.run.digenrl.final_eval_prompts))
         self.startup = self.startup_phases()
         summary = {

@@ -5,6 +5,7 @@ import torch
 
 from digenrl_verl.diffusion.advantages import AdvantageConfig, combine_rewards, normalize_rewards
 from digenrl_verl.diffusion.loss import LossConfig, LossStats, policy_loss
+from digenrl_verl.metric_names import METRICS as M
 
 UIDS = ["a", "a", "b", "b"]
 R = torch.tensor([1.0, 2.0, 3.0, 4.0])
@@ -123,23 +124,23 @@ def test_stale_and_on_policy_clip_fractions_are_counted_apart():
     assert (logp.grad == 0).tolist() == [False, False, True, True, False, False]  # zero-grad rows: 2 and 3
     m = st.metrics()
     assert m["actor/pg_clipfrac"] == pytest.approx(3 / 6)
-    assert m["actor/onpolicy_clip_frac"] == pytest.approx(1 / 3)
-    assert m["actor/stale_clip_frac"] == pytest.approx(2 / 3)
-    assert m["actor/stale_zero_grad_frac"] == pytest.approx(1 / 3)
-    assert m["actor/pg_zero_grad_frac"] == pytest.approx(2 / 6)
-    assert m["actor/stale_rows"] == 3
+    assert m[M["onpolicy_clip_frac"]] == pytest.approx(1 / 3)
+    assert m[M["stale_clip_frac"]] == pytest.approx(2 / 3)
+    assert m[M["stale_zero_grad_frac"]] == pytest.approx(1 / 3)
+    assert m[M["pg_zero_grad_frac"]] == pytest.approx(2 / 6)
+    assert m[M["stale_rows"]] == 3
     # no mask: every row on-policy; merged with the masked stats the sums add up
     _, plain = policy_loss(logp.detach(), torch.zeros(6), adv, LossConfig(clip_ratio=0.05), 6)
-    assert plain.metrics()["actor/stale_rows"] == 0 and plain.metrics()["actor/stale_clip_frac"] == 0.0
-    assert plain.metrics()["actor/onpolicy_clip_frac"] == pytest.approx(3 / 6)
+    assert plain.metrics()[M["stale_rows"]] == 0 and plain.metrics()[M["stale_clip_frac"]] == 0.0
+    assert plain.metrics()[M["onpolicy_clip_frac"]] == pytest.approx(3 / 6)
     both = (st + plain).metrics()
-    assert both["actor/stale_clip_frac"] == pytest.approx(2 / 3)
-    assert both["actor/onpolicy_clip_frac"] == pytest.approx((1 + 3) / (3 + 6))
+    assert both[M["stale_clip_frac"]] == pytest.approx(2 / 3)
+    assert both[M["onpolicy_clip_frac"]] == pytest.approx((1 + 3) / (3 + 6))
     # run level, from the per-step metric rows: weighted by rows, not a mean of the steps' fractions
     run = LossStats.run_clip_metrics([st.metrics(), plain.metrics(), LossStats(rows=3, stale_rows=3).metrics()])
-    assert run["actor/stale_clip_frac"] == pytest.approx(2 / 6)
-    assert run["actor/onpolicy_clip_frac"] == pytest.approx(4 / 9)
-    assert run["actor/stale_zero_grad_frac"] == pytest.approx(1 / 6)
+    assert run[M["stale_clip_frac"]] == pytest.approx(2 / 6)
+    assert run[M["onpolicy_clip_frac"]] == pytest.approx(4 / 9)
+    assert run[M["stale_zero_grad_frac"]] == pytest.approx(1 / 6)
 
 
 def test_tsp_passes_the_stale_samples_to_their_rows(tiny_adapter, off_policy_rollout):
@@ -158,10 +159,10 @@ def test_tsp_passes_the_stale_samples_to_their_rows(tiny_adapter, off_policy_rol
         clipped = (ratio - 1).abs() > clip
         zero = ((adv[:, None] > 0) & (ratio > 1 + clip)) | ((adv[:, None] < 0) & (ratio < 1 - clip))
         m = st.metrics()
-        assert m["actor/stale_rows"] == 2 * k
-        assert m["actor/stale_clip_frac"] == pytest.approx(float(clipped[stale].float().mean()))
-        assert m["actor/onpolicy_clip_frac"] == pytest.approx(float(clipped[~stale].float().mean()))
-        assert m["actor/stale_zero_grad_frac"] == pytest.approx(float(zero[stale].float().mean()))
+        assert m[M["stale_rows"]] == 2 * k
+        assert m[M["stale_clip_frac"]] == pytest.approx(float(clipped[stale].float().mean()))
+        assert m[M["onpolicy_clip_frac"]] == pytest.approx(float(clipped[~stale].float().mean()))
+        assert m[M["stale_zero_grad_frac"]] == pytest.approx(float(zero[stale].float().mean()))
         assert 0 < m["actor/pg_clipfrac"] < 1  # the mask matters: stale and on-policy rows differ in general
         for p in tiny_adapter.trainable_parameters():
             p.grad = None

@@ -11,6 +11,7 @@ import torch
 
 from digenrl_verl.diffusion.loss import LossConfig, LossStats, policy_loss
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.schedule.config import TcssConfig
 
 CLIP = 1e-4  # the recipes' clip
@@ -44,16 +45,16 @@ def test_stale_rows_get_the_importance_weighted_gradient_and_the_cap_drops_rows(
                     for a, x in zip(ADV[:3], LOG_RATIO[:3])]
     assert loss.item() == pytest.approx((sum(clipped_rows) - ADV[3] * w[3] - ADV[4] * w[4]) / 6, rel=1e-12)
     m = st.metrics()
-    assert m["actor/stale_is_weight_mean"] == pytest.approx(sum(w[3:]) / 3)
-    assert m["actor/stale_is_weight_max"] == pytest.approx(w[5])
-    assert m["actor/stale_is_capped_frac"] == pytest.approx(1 / 3)
+    assert m[M["stale_is_weight_mean"]] == pytest.approx(sum(w[3:]) / 3)
+    assert m[M["stale_is_weight_max"]] == pytest.approx(w[5])
+    assert m[M["stale_is_capped_frac"]] == pytest.approx(1 / 3)
     # zero-gradient rows: on-policy row 1 (A > 0, ratio > 1+ε; row 2: A < 0, ratio < 1−ε), stale row 5 (capped)
-    assert m["actor/stale_zero_grad_frac"] == pytest.approx(1 / 3)
-    assert m["actor/pg_zero_grad_frac"] == pytest.approx(3 / 6)
+    assert m[M["stale_zero_grad_frac"]] == pytest.approx(1 / 3)
+    assert m[M["pg_zero_grad_frac"]] == pytest.approx(3 / 6)
     assert (grad == 0).tolist() == [False, True, True, False, False, True]
     # the stale rows' clip fraction still measures how far they are from their behaviour policy
-    assert m["actor/stale_clip_frac"] == 1.0 == st_clip.metrics()["actor/stale_clip_frac"]
-    assert st_clip.metrics()["actor/stale_is_capped_frac"] == 0.0  # the clipped objective has no cap
+    assert m[M["stale_clip_frac"]] == 1.0 == st_clip.metrics()[M["stale_clip_frac"]]
+    assert st_clip.metrics()[M["stale_is_capped_frac"]] == 0.0  # the clipped objective has no cap
 
 
 def test_on_policy_rows_are_unchanged_bit_for_bit():
@@ -64,7 +65,7 @@ def test_on_policy_rows_are_unchanged_bit_for_bit():
     loss_d, _, g_d = _rows(LossConfig(clip_ratio=CLIP, stale_is_cap=5.0), stale=[False] * 6)
     loss_c, _, g_c = _rows(LossConfig(clip_ratio=CLIP), stale=None)
     assert torch.equal(loss_d, loss_c) and torch.equal(g_d, g_c)
-    assert st_d.metrics()["actor/onpolicy_clip_frac"] == st_c.metrics()["actor/onpolicy_clip_frac"] == 2 / 3
+    assert st_d.metrics()[M["onpolicy_clip_frac"]] == st_c.metrics()[M["onpolicy_clip_frac"]] == 2 / 3
 
 
 def test_stale_rows_gradient_through_a_model_is_the_unclipped_importance_weighted_one(tiny_adapter,
@@ -91,8 +92,8 @@ def test_stale_rows_gradient_through_a_model_is_the_unclipped_importance_weighte
         for name, gr in unclipped.items():
             torch.testing.assert_close(dec[name], gr, rtol=1e-5, atol=1e-9)
         m = st.metrics()
-        assert m["actor/stale_is_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-5)
-        assert m["actor/stale_zero_grad_frac"] == 0.0 and m["actor/stale_clip_frac"] == 1.0
+        assert m[M["stale_is_weight_mean"]] == pytest.approx(float(w.mean()), rel=1e-5)
+        assert m[M["stale_zero_grad_frac"]] == 0.0 and m[M["stale_clip_frac"]] == 1.0
     clipped, _ = grads(LossConfig(clip_ratio=CLIP), TSPConfig("batched"))
     rel = max(float((clipped[n] - unclipped[n]).norm() / unclipped[n].norm()) for n in unclipped)
     assert rel > 0.1  # the clipped objective's gradient is another one (about half the rows add nothing)
@@ -103,11 +104,11 @@ def test_run_level_importance_weight_metrics_merge_by_stale_rows():
     b = LossStats(rows=4, stale_rows=0)
     c = LossStats(rows=6, stale_rows=4, stale_is_weight_sum=3.6, stale_is_weight_max=0.95)
     total = (a + b + c).metrics()
-    assert total["actor/stale_is_weight_mean"] == pytest.approx(5.8 / 6)
-    assert total["actor/stale_is_weight_max"] == 1.2 and total["actor/stale_is_capped_frac"] == pytest.approx(1 / 6)
-    assert b.metrics()["actor/stale_is_weight_max"] == 0.0  # no stale row: 0, not -inf, in the metric rows
+    assert total[M["stale_is_weight_mean"]] == pytest.approx(5.8 / 6)
+    assert total[M["stale_is_weight_max"]] == 1.2 and total[M["stale_is_capped_frac"]] == pytest.approx(1 / 6)
+    assert b.metrics()[M["stale_is_weight_max"]] == 0.0  # no stale row: 0, not -inf, in the metric rows
     run = LossStats.run_clip_metrics([a.metrics(), b.metrics(), c.metrics()])
-    for key in ("actor/stale_is_weight_mean", "actor/stale_is_weight_max", "actor/stale_is_capped_frac"):
+    for key in (M["stale_is_weight_mean"], M["stale_is_weight_max"], M["stale_is_capped_frac"]):
         assert run[key] == pytest.approx(total[key])
 
 

@@ -13,6 +13,7 @@ import pytest
 import ray
 from ray.exceptions import RayActorError
 
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.trainer.ray_executor import _raises
 from digenrl_verl.trainer.runner import DigenRLTrainer
 from digenrl_verl.workers.judge import RemoteJudge, colocated_options
@@ -60,8 +61,8 @@ def test_one_step_scores_through_the_judge_pool(ray_session, tmp_path, judge_ste
     assert summary["steps"] == 1 and summary["samples"] == 4
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [row for row in map(json.loads, lines) if "summary" not in row]
-    assert len(steps) == 1 and steps[0]["reward/nonfinite_samples"] == 0
-    assert math.isfinite(steps[0]["reward/mean"]) and 0.0 <= steps[0]["reward/mean"] <= 1.0
+    assert len(steps) == 1 and steps[0][M["reward_nonfinite"]] == 0
+    assert math.isfinite(steps[0][M["reward_mean"]]) and 0.0 <= steps[0][M["reward_mean"]] <= 1.0
 
 
 def test_one_step_scores_through_a_judge_colocated_on_the_worker_pools(ray_session, tmp_path, judge_step_run):
@@ -87,7 +88,7 @@ def test_one_step_scores_through_a_judge_colocated_on_the_worker_pools(ray_sessi
     assert trainer.judge_pool.actors == [] and summary["steps"] == 1 and summary["samples"] == 4
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [row for row in map(json.loads, lines) if "summary" not in row]
-    assert len(steps) == 1 and math.isfinite(steps[0]["reward/mean"])
+    assert len(steps) == 1 and math.isfinite(steps[0][M["reward_mean"]])
 
 
 def test_a_colocated_replica_sees_the_gpus_it_is_given_and_no_cpu_of_rays(ray_session):

@@ -9,6 +9,7 @@ import math
 import pytest
 import ray
 
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
 pytestmark = pytest.mark.slow  # starts Ray workers and trains a step
@@ -40,5 +41,5 @@ def test_one_disaggregated_step_scores_with_the_tiny_judge_in_the_generator(ray_
     assert [s["version"] for s in stats] == [1, 1] and len({s["checksum"] for s in stats}) == 1
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [row for row in map(json.loads, lines) if "summary" not in row]  # one row per step, then the summary
-    assert len(steps) == 1 and steps[0]["reward/nonfinite_samples"] == 0
-    assert math.isfinite(steps[0]["reward/mean"]) and 0.0 <= steps[0]["reward/mean"] <= 1.0
+    assert len(steps) == 1 and steps[0][M["reward_nonfinite"]] == 0
+    assert math.isfinite(steps[0][M["reward_mean"]]) and 0.0 <= steps[0][M["reward_mean"]] <= 1.0

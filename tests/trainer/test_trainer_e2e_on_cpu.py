@@ -9,6 +9,7 @@ import pytest
 import ray
 import torch
 
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.trainer.ray_executor import RayExecutor
@@ -119,7 +120,7 @@ def test_on_policy_modes_accumulate_the_per_timestep_colocated_gradient(train_ru
 def test_disaggregated_reward_rises_weights_stay_in_sync_and_outputs_are_written(train_run):
     t = train_run(*SMALL, *DISAGG, "trainer.total_training_steps=14", "actor_rollout_ref.actor.optim.lr=3e-3",
                   BRIGHTNESS, trainer_cls=SyncCheckingTrainer, name="learn")
-    rewards = [h["reward/mean"] for h in t.reporter.history]
+    rewards = [h[M["reward_mean"]] for h in t.reporter.history]
     # step means of 8 samples scatter by ~0.003 at this size, so 0.01 between 3-step means is > 5 sigma
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.01, rewards
     # weight sync: whenever a generator and the trainer hold the same version, their weights are bit-equal
@@ -167,8 +168,8 @@ def test_tcss_run_keeps_its_invariants_and_still_learns(train_run):
     assert all(v <= 0.5 * samples_per_step for v in stale.values()), stale
     # one version per trajectory: a generate call fails unless the worker holds exactly the task's version,
     # and every trained row reported its version; stale rows exist and were trained
-    assert sum(h["schedule/stale_samples"] for h in t.reporter.history) == sum(stale.values())
-    rewards = [h["reward/mean"] for h in t.reporter.history]
+    assert sum(h[M["stale_samples"]] for h in t.reporter.history) == sum(stale.values())
+    rewards = [h[M["reward_mean"]] for h in t.reporter.history]
     # step means of 8 samples scatter by ~0.003 at this size, so 0.01 between 3-step means is > 5 sigma
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.01, rewards
 
@@ -202,7 +203,7 @@ def test_ground_truth_from_the_prompt_file_reaches_a_custom_reward(train_run, tm
                   f"data.train_files={data}", "reward.reward_functions={}",
                   f"reward.custom_reward_function.path={reward}",
                   name="ground_truth")
-    assert t.reporter.history[0]["reward/mean"] == pytest.approx(0.5)
+    assert t.reporter.history[0][M["reward_mean"]] == pytest.approx(0.5)
     assert t.summary["eval/reward_ode"] == pytest.approx(0.5)
 
 

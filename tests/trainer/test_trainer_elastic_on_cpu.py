@@ -8,6 +8,7 @@ import pytest
 import ray
 
 from digenrl_verl.main import TINY_CPU, compose
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.trainer.checkpoint import read_meta
 from digenrl_verl.trainer.config import build_run
@@ -103,7 +104,7 @@ def test_a_killed_generator_rejoins_with_the_trainers_weights_and_the_run_matche
     for g in ("gen:0", "gen:1"):
         got = ray.get(t.workers[g].checksum.remote())
         assert (got["checksum"], got["version"]) == (trn["checksum"], trn["version"]) == (got["checksum"], 4)
-    assert t.reporter.history[-1]["workers/generators"] == 2
+    assert t.reporter.history[-1][M["workers_generators"]] == 2
     # the Perfetto trace: the decisions on the driver's lane, gen:0's lane with the gap and its tasks after it
     chrome = json.loads((t.output_dir / "trace.json").read_text())["traceEvents"]
     instants = {e["name"]: e["ts"] for e in chrome if e.get("ph") == "i"}
@@ -144,13 +145,13 @@ def test_grow_one_to_two_generators_between_steps_and_shrink_back(train_run):
     _trained_exactly_once(t, 8, 5)
     actions = {d.action for d in t.driver.trace.decisions}
     assert {"resize", "grow", "joined", "shrink"} <= actions
-    assert [h["workers/generators"] for h in t.reporter.history][0] == 1
+    assert [h[M["workers_generators"]] for h in t.reporter.history][0] == 1
     assert "gen:1" in t.driver.removed and "gen:1" not in t.workers  # its actor was stopped
     trn = ray.get(t.workers["trn:0"].checksum.remote())
     assert ray.get(t.workers["gen:0"].checksum.remote())["checksum"] == trn["checksum"]
     spans = {r.step: r.end - r.start for r in t.results}
     print("step spans (s):", {s: round(v, 3) for s, v in spans.items()}, "generators:",
-          [h["workers/generators"] for h in t.reporter.history])
+          [h[M["workers_generators"]] for h in t.reporter.history])
 
 
 @pytest.mark.slow

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from digenrl_verl.metric_names import METRICS as M
+
 pytestmark = pytest.mark.slow  # starts a 3-node Ray cluster and two training runs
 
 JOB = Path(__file__).with_name("multinode_cluster_job.py")
@@ -100,7 +102,7 @@ def test_losing_the_generator_node_reissues_its_work_on_the_trainer_and_keeps_th
     assert ckpt[0]["ok"] and ckpt[0]["end"] <= lost
     assert {k: v["global_step"] for k, v in run["checkpoints"].items()} == {"global_step_1": 1, "global_step_2": 2}
     assert run["checksums"]["trn:0"]["version"] == 2
-    assert run["history"][-1]["workers/dead"] == 1
+    assert run["history"][-1][M["workers_dead"]] == 1
     # the elastic pool asked for a replacement in the dead generator's placement-group bundle; that bundle's node is
     # gone and no other node has the label, so it is still waiting at the end (it never joined, nothing ran on it)
     assert run["supervisor"]["restarts"] == {"gen:0": 1} and run["supervisor"]["pending"] == ["gen:0"]

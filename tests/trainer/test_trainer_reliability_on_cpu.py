@@ -19,6 +19,7 @@ from ray._private import worker as ray_worker
 
 from digenrl_verl import main as entry
 from digenrl_verl.main import TINY_CPU, compose
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.schedule.types import ScheduleError, TaskKind
 from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
 from digenrl_verl.trainer.config import build_run
@@ -79,7 +80,7 @@ def test_generator_killed_mid_step_is_replaced_and_every_sample_trains_once(trai
     # gen:1 carried on: it generated after the failure and still received every weight sync
     after = [c for c in completions if c.start >= failed[0].end and c.task.kind == TaskKind.GEN]
     assert after and all("gen:0" not in c.task.workers for c in after)
-    assert t.reporter.history[-1]["workers/dead"] == 1  # also after the checkpoint barrier
+    assert t.reporter.history[-1][M["workers_dead"]] == 1  # also after the checkpoint barrier
     ids = [c.task.task_id for c in completions]
     assert len(ids) == len(set(ids))
     # save_freq=2: the schedule drained and checkpointed after step 1 (version 2) on the trainer, once
@@ -141,7 +142,7 @@ def test_nan_rewards_are_dropped_counted_and_weights_stay_finite(train_run, tmp_
                                   "else solution_image.float().mean().item() / 255")
     t = train_run(*SMALL, *DISAGG, "trainer.total_training_steps=2", "reward.reward_functions={}",
                   f"reward.custom_reward_function.path={path}", "trainer.digenrl.max_nonfinite_steps=5", name="nan")
-    assert all(h["reward/nonfinite_samples"] > 0 for h in t.reporter.history)
+    assert all(h[M["reward_nonfinite"]] > 0 for h in t.reporter.history)
     state = ray.get(t.workers["trn:0"].trainable_state.remote())
     assert all(torch.isfinite(v).all() for v in state.values())
 

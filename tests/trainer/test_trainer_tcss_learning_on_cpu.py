@@ -31,6 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from digenrl_verl.metric_names import METRICS as M
+
 pytestmark = pytest.mark.slow  # trains on Ray workers (two runs of ~25 s)
 
 COMMON = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.digenrl.mode=disaggregated",
@@ -55,29 +57,29 @@ def test_tcss_at_the_default_clip_matches_on_policy_with_the_decoupled_objective
                      name="tcss")
     h_on, h_tc = on.reporter.history, tcss.reporter.history
     # on-policy: no stale row, and every row's ratio is 1 (same numerics on both pools), so nothing is clipped
-    assert all(h["actor/stale_rows"] == 0 and h["actor/onpolicy_clip_frac"] == 0 for h in h_on)
+    assert all(h[M["stale_rows"]] == 0 and h[M["onpolicy_clip_frac"]] == 0 for h in h_on)
     # TCSS: the stale rows are counted per step, exactly the stale samples' rows
-    k = round(h_tc[0]["actor/rows"] / 8)
-    assert [h["actor/stale_rows"] for h in h_tc] == [h["schedule/stale_samples"] * k for h in h_tc]
-    assert sum(h["schedule/stale_samples"] for h in h_tc) > 0
-    assert all(h["actor/onpolicy_clip_frac"] == 0 for h in h_tc)  # only stale rows are ever off the clip
-    r_on, r_tc = [h["reward/mean"] for h in h_on], [h["reward/mean"] for h in h_tc]
+    k = round(h_tc[0][M["rows"]] / 8)
+    assert [h[M["stale_rows"]] for h in h_tc] == [h[M["stale_samples"]] * k for h in h_tc]
+    assert sum(h[M["stale_samples"]] for h in h_tc) > 0
+    assert all(h[M["onpolicy_clip_frac"]] == 0 for h in h_tc)  # only stale rows are ever off the clip
+    r_on, r_tc = [h[M["reward_mean"]] for h in h_on], [h[M["reward_mean"]] for h in h_tc]
     run = tcss.summary
     gap = float(np.mean(r_on[-3:]) - np.mean(r_tc[-3:]))
     print(f"on-policy rewards {np.round(r_on, 4).tolist()}\nTCSS rewards {np.round(r_tc, 4).tolist()}\n"
           f"gains: on-policy {_gain(r_on):+.4f}, TCSS {_gain(r_tc):+.4f}; last-3 gap {gap:+.4f}; "
-          f"stale clip {run['actor/stale_clip_frac']:.3f}, stale zero-grad {run['actor/stale_zero_grad_frac']:.3f}, "
-          f"w mean {run['actor/stale_is_weight_mean']:.4f} max {run['actor/stale_is_weight_max']:.4f} "
-          f"capped {run['actor/stale_is_capped_frac']:.3f}")
+          f"stale clip {run[M['stale_clip_frac']]:.3f}, stale zero-grad {run[M['stale_zero_grad_frac']]:.3f}, "
+          f"w mean {run[M['stale_is_weight_mean']]:.4f} max {run[M['stale_is_weight_max']]:.4f} "
+          f"capped {run[M['stale_is_capped_frac']]:.3f}")
     assert r_on[0] == r_tc[0]  # paired: step 0 is on-policy in both runs, same samples
     assert _gain(r_on) > 0.01, r_on  # the reference learns (measured +0.033)
     # the claim: TCSS reaches the on-policy trajectory (measured gap −0.004; objective=clip: +0.026, which fails)
     assert abs(gap) <= MATCH_TOL, (gap, r_on, r_tc)
     # the stale rows are as far from their behaviour policy as ever (outside ε_c = 1e-4 around it) ...
-    assert run["actor/stale_clip_frac"] > 0.9, run
+    assert run[M["stale_clip_frac"]] > 0.9, run
     # ... but each adds w·A·∇log π: none is dropped (one optimizer step moves w by a few %, far below the cap 5)
-    assert run["actor/stale_zero_grad_frac"] == 0 and run["actor/pg_zero_grad_frac"] == 0, run
-    assert run["actor/stale_is_capped_frac"] == 0, run
-    assert 0.9 < run["actor/stale_is_weight_mean"] < 1.1 and run["actor/stale_is_weight_mean"] != 1.0, run
-    assert 1.0 < run["actor/stale_is_weight_max"] < 5.0, run
-    assert all((h["actor/stale_is_weight_mean"] > 0) == (h["actor/stale_rows"] > 0) for h in h_tc)
+    assert run[M["stale_zero_grad_frac"]] == 0 and run[M["pg_zero_grad_frac"]] == 0, run
+    assert run[M["stale_is_capped_frac"]] == 0, run
+    assert 0.9 < run[M["stale_is_weight_mean"]] < 1.1 and run[M["stale_is_weight_mean"]] != 1.0, run
+    assert 1.0 < run[M["stale_is_weight_max"]] < 5.0, run
+    assert all((h[M["stale_is_weight_mean"]] > 0) == (h[M["stale_rows"]] > 0) for h in h_tc)

@@ -9,6 +9,8 @@ import pytest
 import ray
 import torch
 
+from digenrl_verl.metric_names import METRICS as M
+
 pytestmark = pytest.mark.slow  # trains on Ray workers
 
 TINY = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=4",
@@ -43,7 +45,7 @@ def test_validation_at_steps_0_2_4_does_not_perturb_training(train_run, tmp_path
     assert plain.validations == {}
     a, b = _weights(t), _weights(plain)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # training unperturbed, bit for bit
-    assert [h["reward/mean"] for h in t.reporter.history] == [h["reward/mean"] for h in plain.reporter.history]
+    assert [h[M["reward_mean"]] for h in t.reporter.history] == [h[M["reward_mean"]] for h in plain.reporter.history]
     # and validation did see training: the step-0 score (initial weights) differs from the last one
     assert t.validations[0][key] != t.validations[4][key]
 

@@ -17,6 +17,7 @@ import math
 import pytest
 import ray
 
+from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.trainer.runner import DigenRLTrainer
 from digenrl_verl.workers.specs import RolloutEngineSpec
 
@@ -56,7 +57,8 @@ def test_omni_generator_backend_trains_exactly_like_the_diffusers_backend(train_
                          for k, a in reference.workers.items() if k.startswith("gen:")])
     assert diffusers == ["DiffusersEngine"] * 2
     # same SDE code, same per-sample seeds, same device: same rewards, same weights
-    assert [h["reward/mean"] for h in omni.reporter.history] == [h["reward/mean"] for h in reference.reporter.history]
+    rewards = [[h[M["reward_mean"]] for h in t.reporter.history] for t in (omni, reference)]
+    assert rewards[0] == rewards[1]
     a, b = reference.trainable_state("trn:0"), omni.trainable_state("trn:0")
     assert max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
     # the weights reached the engines (actor -> RPC -> worker extension): engine checksum == trainer's per step
@@ -80,8 +82,8 @@ def test_tag_runs_on_the_trainers_own_engine_next_to_vllm_omni_generators(train_
     engines = {k: ray.get(a.__ray_call__.remote(lambda w: type(w.engine).__name__)) for k, a in trainer.workers.items()}
     assert engines == {"gen:0": "VllmOmniEngine", "trn:0": "DiffusersEngine"}
     history = trainer.reporter.history
-    assert sum(h["schedule/tag_microbatches"] for h in history) >= 1, history
-    assert all(math.isfinite(h["reward/mean"]) for h in history)
+    assert sum(h[M["tag_microbatches"]] for h in history) >= 1, history
+    assert all(math.isfinite(h[M["reward_mean"]]) for h in history)
     stats = trainer.worker_stats()
     assert stats["gen:0"]["version"] == stats["trn:0"]["version"] == 2
     assert stats["gen:0"]["checksum"] == stats["trn:0"]["checksum"]  # the SYNC reached the vLLM-Omni engine

@@ -50,7 +50,9 @@ setup(
             "digenrl-train=digenrl_verl.main:main",
             "digenrl-sim=digenrl_verl.sim.cli:main",
         ],
-        # verl-omni's external-trainer hook (patches/verl-omni-a1139baf): trainer.trainer_class=digenrl
+        # the external-trainer hook of v0 main_diffusion (patches/verl-omni-a1139baf): trainer.trainer_class=digenrl
         "verl_omni.trainers": ["digenrl = digenrl_verl.integrations.verl_omni:DigenRLDiffusionTrainer"],
+        # loaded by `import verl`: registers verl-omni's v1 trainer mode `digenrl` (no verl-omni file patched)
+        "verl.plugins": ["digenrl = digenrl_verl.integrations.verl_plugin"],
     },
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -121,7 +122,9 @@ def run(cfg: DictConfig) -> int:
         connect_ray(address, torch_threads=spec.digenrl.torch_threads)
     trainer = DigenRLTrainer(spec)
     _received.clear()
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+    in_main_thread = threading.current_thread() is threading.main_thread()  # not so in a Ray task runner's call
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)} if in_main_thread \
+        else {}
     try:
         trainer.fit(resume_from=ckpt)
         return EXIT_OK

@@ -1,29 +1,26 @@
-"""DigenRL inside verl-omni: an external trainer for its entry points, and the v1 trainer mode `digenrl`.
+"""DigenRL inside verl-omni: its v1 trainer mode `digenrl`, and an external trainer for its v0 entry point.
 
 Written against verl-project/verl-omni at commit **a1139baf** (a1139bafffb5b9711f0a6b6edff8ecaa60bfff30,
 2026-08-22, 0.2.0rc1), installed with the verl it pins (8a69493) in `.venv-verl-omni` (scripts/verl_omni_venv.sh).
-Two ways in:
+Every way in hands `DigenRLDiffusionTrainer` the config **verl-omni composed** (its Hydra config, a
+`--config-name`, its `auto_set_device`, every default), translated key by key (`translate_config`) and run as our
+entry point runs a config (`digenrl_verl.main.run`: validation, the plan and plan.json, dry run, resume):
 
-* **verl-omni's own entry points**, with the upstream series `patches/verl-omni-a1139baf/` applied (a generic
-  external-trainer hook: `trainer.trainer_class`, entry-point group `verl_omni.trainers`). This package's entry
-  point `digenrl` (ENTRY_POINT) names `DigenRLDiffusionTrainer`; its `config_section()` is `trainer.digenrl`
-  (the same typed section as on our entry point, so `trainer.digenrl.*` composes without Hydra's `+`). Then
-  `python -m verl_omni.trainer.main_diffusion` (v0) or `main_diffusion_v1` with `trainer.trainer_class=digenrl`
-  hands the run over before Ray starts: the command-line overrides the user gave go, unchanged but for the
-  handover keys (`handover_overrides`), to `digenrl_verl.main`, exactly as on our entry point (validation,
-  the printed plan and its decisions, pools from verl-omni's `trainer.nnodes` x `trainer.n_gpus_per_node` unless
-  `trainer.digenrl.pools.*` is given, `trainer.digenrl.dry_run`, messages naming a key, exit status 2 on a bad
-  config). Tested in tests/verl_omni/ (CPU).
-* **An unpatched verl-omni's v1 task runner**: `register()` puts `DigenRLDiffusionTrainer` in its
-  `DIFFUSION_TRAINER_REGISTRY` as `trainer.v1.trainer_mode=digenrl`; `python -m digenrl_verl.integrations.verl_omni
-  <overrides>` composes verl-omni's config, registers and runs it. That path translates the composed config key by
-  key (`translate_config`) and sets `rollout.agent.agent_loop_manager_class` to a no-op manager (DigenRL's
-  generator pool generates; verl-omni's agent loop and vLLM-Omni replicas are not started). The class lifecycle
-  (init / fit on a translated config) is tested on CPU; `register()` / `main()` against a real verl-omni are not.
+* **v1, no verl-omni file patched**: `python -m verl_omni.trainer.main_diffusion_v1 <overrides> trainer.use_v1=true
+  trainer.v1.trainer_mode=digenrl` (our section's keys with Hydra's `+`: `+trainer.digenrl.dry_run=true`). verl
+  loads this package's `verl.plugins` entry point in every process (`verl_plugin`), which registers the trainer
+  in verl-omni's registry (`register_diffusion_trainer`) when verl-omni's task runner imports it. A config we
+  cannot run is reported from inside that task runner (our message, then Ray's error).
+  `python -m digenrl_verl.integrations.verl_omni <the same overrides>` runs the same composition through verl-omni's
+  `run_diffusion_v1(config, task_runner_class=...)` with our task runner, and checks the config before Ray starts
+  (exit status 2 and the key named; a dry run starts no Ray).
+* **v0 `main_diffusion`**, which has no hook for another trainer: the upstream series `patches/verl-omni-a1139baf/`
+  adds one (`trainer.trainer_class`, entry-point group `verl_omni.trainers`; our section `trainer.digenrl`
+  composes without `+`), called with the composed config before Ray starts.
 
-Not reused from verl-omni: its model adapters (`DiffusionModelBase` registry), its checkpoint engine and its
-agent loop; generation uses our adapters (diffusers, or our vLLM-Omni pipeline with
-`actor_rollout_ref.rollout.name=vllm_omni`), weights sync through our trainer -> generator process group.
+DigenRL's pools generate: `actor_rollout_ref.rollout.agent.agent_loop_manager_class` is set to a no-op manager,
+so verl-omni's agent loop and vLLM-Omni replicas are not started. Not reused from verl-omni yet: its model
+adapters, its checkpoint engine and its rollout (issues 22 and 23).
 """
 
 from __future__ import annotations
@@ -34,14 +31,13 @@ import sys
 import warnings
 from typing import Any, Mapping, Sequence
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from digenrl_verl import main as entry
 from digenrl_verl.config.digenrl import SECTION, schema_node
 from digenrl_verl.config.verl_omni import NOT_VERL_OMNI_DEFAULTS
 from digenrl_verl.trainer.config import build_run
-from digenrl_verl.trainer.runner import DigenRLTrainer
 
 VERL_OMNI_REPO = "https://github.com/verl-project/verl-omni"
 VERL_OMNI_COMMIT = "a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"  # 2026-08-22, version 0.2.0rc1
@@ -61,14 +57,19 @@ ENTRY_POINT_GROUP = "verl_omni.trainers"
 ENTRY_POINT_NAME = TRAINER_MODE
 KEY_TRAINER_CLASS = "trainer.trainer_class"
 #: the `entry_points` argument of setup.py (the lead applies it; tests write it as entry_points.txt)
-ENTRY_POINTS = {ENTRY_POINT_GROUP: [f"{ENTRY_POINT_NAME} = {__name__}:DigenRLDiffusionTrainer"]}
+#: and verl's plugin group, loaded by `import verl` in every process: registers the v1 trainer mode (verl_plugin)
+VERL_PLUGIN_GROUP = "verl.plugins"
+ENTRY_POINTS = {ENTRY_POINT_GROUP: [f"{ENTRY_POINT_NAME} = {__name__}:DigenRLDiffusionTrainer"],
+                VERL_PLUGIN_GROUP: [f"{TRAINER_MODE} = digenrl_verl.integrations.verl_plugin"]}
 #: the mode of `trainer.digenrl` when verl-omni's entry point selects DigenRL (choosing it means disaggregated;
 #: `trainer.digenrl.mode=colocated` gives verl-omni's layout on our machinery)
 HANDOVER_MODE = "disaggregated"
+#: printed when a config from verl-omni's entry point reaches DigenRL
+HANDED = "digenrl_verl runs the config verl-omni composed"
 #: overrides that select the trainer in verl-omni and mean nothing past the handover (dropped, each said)
 _HANDOVER_KEYS = {
     KEY_TRAINER_CLASS: "selected DigenRL",
-    "trainer.use_v1": "chooses between verl-omni's own v0 and v1 trainers; trainer.trainer_class replaces both",
+    "trainer.use_v1": "verl-omni's switch between its v0 and v1 task runners; DigenRL's trainer runs either way",
 }
 
 # verl-omni defaults that we do not follow (our YAML holds the value that applies here): a translated config
@@ -77,6 +78,7 @@ _HANDOVER_KEYS = {
 _THEIR_DEFAULTS_NOT_OURS: dict[str, Any] = {
     **{key: theirs for key, (theirs, _why) in NOT_VERL_OMNI_DEFAULTS.items()},
     "trainer.use_v1": None,  # always ours (false): the mode is trainer.digenrl.mode after translation
+    KEY_TRAINER_CLASS: None,  # selected DigenRL (handover_notes)
     "trainer.digenrl": None,  # our section: carried whole when present (see translate_config)
     "reward.reward_functions": None,  # carried when set (translate_config); else the reward builder's default
 }
@@ -112,40 +114,48 @@ def _dig(d: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     return cur
 
 
-def _override_key(override: str) -> str:
-    return override.partition("=")[0].lstrip("+~")
+def handover_notes(source: Any) -> list[str]:
+    """What the handover does with the keys that selected DigenRL in verl-omni (printed before the plan)."""
+    notes = []
+    for key, why in _HANDOVER_KEYS.items():
+        value = _dig(source, key)
+        if value not in (None, False):
+            notes.append(f"{key}={_show(value)}: {why} (not passed on)")
+    mode = _dig(source, KEY_MODE)
+    if mode in MODES and _dig(source, KEY_TRAINER_CLASS) is None and _dig(source, f"{SECTION}.mode") is None:
+        notes.append(f"{KEY_MODE}={mode}: {SECTION}.mode={MODES[mode]}")
+    return notes
 
 
-def handover_overrides(config: Any, overrides: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Our entry point's overrides for a run that verl-omni's entry point hands over (`trainer.trainer_class`).
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
-    `overrides` are the ones the user gave verl-omni (Hydra's `overrides.task`); they pass unchanged, except the
-    keys that selected DigenRL in verl-omni (`_HANDOVER_KEYS`, dropped), so that the run is the one our entry point
-    makes of them: the same validation, plan, pools (from verl-omni's `trainer.nnodes` x `trainer.n_gpus_per_node`
-    unless `trainer.digenrl.pools.*` is given; `config.verl_omni.build_layout`) and dry run. `trainer.digenrl.mode`
-    is `config`'s (HANDOVER_MODE unless the user set it). Returns (overrides, notes): a note for every dropped or
-    added override, printed before the plan.
-    """
-    out, notes = [], []
-    for o in overrides:
-        key = _override_key(o)
-        if key in _HANDOVER_KEYS:
-            notes.append(f"{o}: {_HANDOVER_KEYS[key]} (not passed on)")
-        else:
-            out.append(o)
-    if f"{SECTION}.mode" not in {_override_key(o) for o in out}:
-        mode = OmegaConf.select(config, f"{SECTION}.mode", default=None) or HANDOVER_MODE
-        out.append(f"{SECTION}.mode={mode}")
-        notes.append(f"{SECTION}.mode={mode}: the mode when verl-omni's entry point selects DigenRL")
-    return out, notes
+
+def _their_mode(src: Mapping[str, Any]) -> str:
+    """Our `trainer.digenrl.mode` for verl-omni's config `src`: the section's own `mode` when it has one (the
+    external-trainer hook composes it, HANDOVER_MODE unless the user set it), else from `trainer.v1.trainer_mode`
+    (MODES). Raises ValueError naming the key for a trainer mode we cannot run."""
+    section = _dig(src, SECTION)
+    if isinstance(section, Mapping) and section.get("mode") is not None:
+        return section["mode"]
+    if _dig(src, KEY_TRAINER_CLASS) is not None:
+        return HANDOVER_MODE
+    their_mode = _dig(src, KEY_MODE, "sync") or "sync"
+    if their_mode not in MODES:
+        raise ValueError(f"{KEY_MODE}={their_mode!r} has no DigenRL equivalent; valid here: {sorted(MODES)} "
+                         f"({TRAINER_MODE} = disaggregated, sync = colocated)")
+    return MODES[their_mode]
 
 
 def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
-    """Our run config (a DictConfig of digenrl_verl.main) from a verl-omni config (the v1 trainer-mode path).
+    """Our run config (a DictConfig of digenrl_verl.main) from the config verl-omni composed (both ways in: the
+    external-trainer hook and the v1 trainer mode), so a `--config-name`, verl-omni's `auto_set_device` and every
+    verl-omni default reach the run as verl-omni resolved them.
 
     Every key our config has is taken from `source` when `source` has it (verl-omni's value wins), except
-    the verl-omni defaults listed in `_THEIR_DEFAULTS_NOT_OURS`. Then: `trainer.digenrl.mode` from
-    `trainer.v1.trainer_mode` (digenrl → disaggregated, sync → colocated), `trainer.use_v1=false`, and
+    the verl-omni defaults listed in `_THEIR_DEFAULTS_NOT_OURS`. Then: `trainer.digenrl.mode` (`_their_mode`: the
+    section's, else from `trainer.v1.trainer_mode`: digenrl → disaggregated, sync → colocated), `trainer.use_v1=false`,
+    and
     `trainer.digenrl` merged from `source` when it has the section (else the pools derive from verl-omni's layout
     keys, copied like the others: `config.verl_omni.build_layout`). Without a
     reward function or a custom reward file the reward is verl-omni's default (jpeg compressibility).
@@ -154,11 +164,7 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
     """
     src = OmegaConf.to_container(source, resolve=True, throw_on_missing=False) if isinstance(source, DictConfig) \
         else dict(source)
-    their_mode = _dig(src, KEY_MODE, "sync") or "sync"
-    if their_mode not in MODES:
-        raise ValueError(f"{KEY_MODE}={their_mode!r} has no DigenRL equivalent; valid here: {sorted(MODES)} "
-                         f"({TRAINER_MODE} = disaggregated, sync = colocated)")
-    mode = MODES[their_mode]
+    mode = _their_mode(src)
     ours = entry.compose(list(base_overrides)
                          + [f"actor_rollout_ref.model.path={_dig(src, 'actor_rollout_ref.model.path')}"])
     with open_dict(ours):
@@ -167,14 +173,26 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
                           "verl-omni's shipped config: added with '+'?), so it is not carried over; check its spelling",
                           UserWarning, stacklevel=2)
         ours.trainer.use_v1 = False
-        mine = _dig(src, "trainer.digenrl")
+        mine = _dig(src, SECTION)
         if isinstance(mine, Mapping):
-            ours.trainer.digenrl = OmegaConf.merge(ours.trainer.digenrl, mine)
+            ours.trainer.digenrl = _merge_section(ours.trainer.digenrl, mine)
         ours.trainer.digenrl.mode = mode
         functions = _dig(src, "reward.reward_functions")
         if functions:  # verl-omni's {} stays our null: verl-omni's default reward unless a custom file is set
             ours.reward.reward_functions = dict(functions)
     return ours
+
+
+def _merge_section(section: DictConfig, mine: Mapping[str, Any]) -> DictConfig:
+    """Our typed section with the user's `trainer.digenrl` keys (a whole section from the hook, or the `+` keys of
+    the v1 entry point); a key or value the section does not take is a ValueError naming it."""
+    try:
+        return OmegaConf.merge(section, mine)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or ""
+        key = key if key.startswith(SECTION) else f"{SECTION}.{key}".rstrip(".")
+        reason = str(e).splitlines()[0]
+        raise ValueError(f"{key}: {reason}; valid keys under {SECTION}: {sorted(section.keys())}") from None
 
 
 def _copy_shared(ours: Any, src: Mapping[str, Any], prefix: str) -> list[str]:
@@ -213,28 +231,27 @@ NOOP_AGENT_LOOP_MANAGER = f"{__name__}.NoopAgentLoopManager"
 
 
 class DigenRLDiffusionTrainer:
-    """DigenRL behind verl-omni's entry points: an external trainer (`trainer.trainer_class=digenrl`, patched
-    verl-omni) or the v1 trainer mode `digenrl` (`register()`).
+    """DigenRL behind verl-omni's entry points. Either way in, it receives the config verl-omni composed and runs it
+    as our own entry point runs a config (`digenrl_verl.main.run`: validation, the plan and plan.json, dry run,
+    resume), after `translate_config`:
+
+    * the v1 trainer mode `digenrl` (no verl-omni file patched): `python -m verl_omni.trainer.main_diffusion_v1
+      ... trainer.use_v1=true trainer.v1.trainer_mode=digenrl`, where verl-omni's task runner finds it in its
+      registry (`verl_plugin`, loaded by verl's `verl.plugins` entry points), or `python -m
+      digenrl_verl.integrations.verl_omni` (the same config, checked before Ray starts);
+    * the external-trainer hook of v0 `main_diffusion` (`trainer.trainer_class=digenrl`,
+      patches/verl-omni-a1139baf/), which calls `trainer_cls(config=config).fit()` before Ray starts.
 
     Args:
-        config: the verl-omni config its entry point or task runner passes (`trainer_cls(config=config)`).
-        overrides: the command-line overrides the user gave verl-omni. None: Hydra's, when a Hydra app is running
-            (verl-omni's entry point: the external-trainer path, `fit()` runs `digenrl_verl.main` on them);
-            otherwise the config is translated key by key (`translate_config`, the v1 trainer-mode path).
-        base_overrides: extra overrides of our config applied before the translation (tests of the v1 path).
+        config: verl-omni's composed config (after its `auto_set_device`), as its entry point or task runner
+            passes it.
+        base_overrides: overrides of our config applied before the translation (tests).
     """
 
-    def __init__(self, config: Any, overrides: Sequence[str] | None = None, base_overrides: Sequence[str] = ()) \
-            -> None:
+    def __init__(self, config: Any, base_overrides: Sequence[str] = ()) -> None:
         self.config = config
-        if overrides is None and HydraConfig.initialized():
-            overrides = list(HydraConfig.get().overrides.task)
-        self.overrides = None if overrides is None else list(overrides)
+        self.base_overrides = list(base_overrides)
         self.run_config = None
-        self.trainer = None
-        if self.overrides is not None:
-            return  # the external-trainer path: translated in fit()
-        self.run_config = translate_config(config, base_overrides=base_overrides)
         if isinstance(config, DictConfig) and OmegaConf.select(config, "actor_rollout_ref.rollout") is not None:
             with open_dict(config):  # the task runner builds its agent-loop manager from this key after init()
                 config.actor_rollout_ref.rollout.setdefault("agent", {})
@@ -249,9 +266,18 @@ class DigenRLDiffusionTrainer:
         return node
 
     def init(self) -> None:
-        """Validate (build_run) and prepare the run; workers start in `fit` (the v1 trainer-mode path)."""
+        """Translate verl-omni's config (workers start in `fit`). A config we cannot run: our message naming the
+        key on stderr, then SystemExit(2) (digenrl_verl.main's status for a bad config)."""
         if self.run_config is not None:
-            self.trainer = DigenRLTrainer(build_run(self.run_config))
+            return
+        print(f"{HANDED}: {type(self.config).__name__} from verl-omni's Hydra, translated key by key")
+        for note in handover_notes(self.config):
+            print(f"digenrl (from verl-omni): {note}")
+        try:
+            self.run_config = translate_config(self.config, base_overrides=self.base_overrides)
+        except ValueError as e:
+            print(f"digenrl: invalid config: {e}", file=sys.stderr)
+            raise SystemExit(entry.EXIT_BAD_CONFIG) from None
 
     def get_llm_client(self) -> None:
         return None  # no verl-omni rollout replicas: the generator pool serves generation
@@ -259,23 +285,13 @@ class DigenRLDiffusionTrainer:
     def get_reward_handles(self) -> None:
         return None  # rewards are scored on the generator pool
 
-    def fit(self, agent_loop_manager: Any = None) -> dict[str, Any] | None:
-        """Run it. External-trainer path: `digenrl_verl.main` on the handed-over overrides; a status other than 0
-        (a bad config: 2, a failed run: 1) leaves the process with that status, after our message."""
-        if self.overrides is not None:
-            overrides, notes = handover_overrides(self.config, self.overrides)
-            for note in notes:
-                print(f"digenrl (from verl-omni's entry point): {note}")
-            status = entry.main(overrides)
-            if status != entry.EXIT_OK:
-                raise SystemExit(status)
-            return None
-        if self.trainer is None:
-            self.init()
-        try:
-            return self.trainer.fit()
-        finally:
-            self.trainer.shutdown()
+    def fit(self, agent_loop_manager: Any = None) -> None:
+        """Run it through `digenrl_verl.main.run`; a status other than 0 (a bad config: 2, a failed run: 1) leaves
+        with that status (SystemExit), after our message."""
+        self.init()
+        status = entry.run(self.run_config)
+        if status != entry.EXIT_OK:
+            raise SystemExit(status)
 
 
 def register() -> type:
@@ -291,39 +307,89 @@ def register() -> type:
     return DigenRLDiffusionTrainer
 
 
+class RunFailed(RuntimeError):
+    """Our trainer's exit status from inside a Ray task runner (our message is already printed)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"digenrl_verl exited with status {status}")
+        self.status = status
+
+
 def make_task_runner():
-    """A Ray task runner that registers the mode in its own process, then runs it. Not run against verl-omni."""
+    """verl-omni's `run_diffusion_v1(config, task_runner_class=...)` takes this Ray task runner: it runs our trainer on
+    the config verl-omni composed (no TransferQueue, no agent loop: DigenRL's pools generate); a status other than
+    0 comes back as RunFailed."""
     import ray
 
     @ray.remote(num_cpus=1)
     class DigenRLTaskRunner:
-        def run(self, config: Any) -> dict[str, Any]:
-            register()
-            trainer = DigenRLDiffusionTrainer(config=config, overrides=None)
-            trainer.init()
-            return trainer.fit(NoopAgentLoopManager.create(config))
+        def run(self, config: Any) -> None:
+            try:
+                DigenRLDiffusionTrainer(config=config).fit()
+            except SystemExit as e:
+                if e.code:
+                    raise RunFailed(int(e.code)) from None
 
     return DigenRLTaskRunner
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m digenrl_verl.integrations.verl_omni <verl-omni overrides>` (an unpatched verl-omni's v1 mode)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not verl_omni_available():
-        print(f"digenrl: verl_omni is not installed. {INSTALL_HINT}", file=sys.stderr)
-        return 2
-    import verl_omni
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+def run_v1(config: DictConfig) -> int:
+    """What verl-omni's `main_diffusion_v1.main` does with its composed config (`auto_set_device`, resolve), then
+    ours: the translated config is checked here, before Ray starts (a bad one: exit status 2 and the key named);
+    a dry run prints the plan in this process; a run goes through verl-omni's `run_diffusion_v1` with our task
+    runner. Returns the exit status."""
+    import ray
+    from verl.utils.device import auto_set_device
     from verl_omni.trainer.main_diffusion_v1 import run_diffusion_v1
 
+    auto_set_device(config)
+    OmegaConf.resolve(config)
+    trainer = DigenRLDiffusionTrainer(config=config)
+    try:
+        trainer.init()
+        dry_run = build_run(trainer.run_config).digenrl.dry_run
+    except SystemExit as e:
+        return int(e.code or 0)
+    except ValueError as e:
+        print(f"digenrl: invalid config: {e}", file=sys.stderr)
+        return entry.EXIT_BAD_CONFIG
+    if dry_run:
+        return entry.run(trainer.run_config)
+    register()  # the mode's name in this process too, for anything that looks it up
+    try:
+        run_diffusion_v1(config, task_runner_class=make_task_runner())
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, RunFailed):
+            return e.cause.status
+        raise
+    return entry.EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m digenrl_verl.integrations.verl_omni <verl-omni overrides>`: verl-omni's v1 command line (its own
+    Hydra config, `--config-name` included) run by DigenRL through `run_v1`."""
+    if not verl_omni_available():
+        print(f"digenrl: verl_omni is not installed. {INSTALL_HINT}", file=sys.stderr)
+        return entry.EXIT_BAD_CONFIG
+    import hydra
+    import verl_omni
+
     config_dir = os.path.join(os.path.dirname(verl_omni.__file__), "trainer", "config")
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose(config_name="diffusion_trainer", overrides=args)
-    register()
-    run_diffusion_v1(cfg, task_runner_class=make_task_runner())
-    return 0
+    status: list[int] = []
+
+    @hydra.main(config_path=config_dir, config_name="diffusion_trainer", version_base=None)
+    def _main(config: DictConfig) -> None:
+        status.append(run_v1(config))
+
+    saved = sys.argv
+    given = saved[1:] if argv is None else list(argv)
+    # our section is not in verl-omni's v1 composition: its keys take Hydra's `+` (added here, as a user would)
+    sys.argv = [saved[0], *(f"+{o}" if o.startswith(f"{SECTION}.") else o for o in given)]
+    try:
+        _main()
+    finally:
+        sys.argv = saved
+    return status[0] if status else entry.EXIT_BAD_CONFIG
 
 
 if __name__ == "__main__":

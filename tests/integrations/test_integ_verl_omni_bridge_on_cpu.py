@@ -9,9 +9,9 @@ import sys
 import textwrap
 
 import pytest
+from omegaconf import OmegaConf
 
 from digenrl_verl.integrations import verl_omni as vo
-from digenrl_verl.main import compose
 from digenrl_verl.trainer.config import build_run
 
 
@@ -123,38 +123,52 @@ def test_translation_warns_about_a_key_that_our_config_lacks(tiny_dirs):
     assert "lr_typo" not in ours.actor_rollout_ref.actor.optim
 
 
-# ------------------------------------------------------------------------------------------ external-trainer hook
-def test_handover_passes_the_users_overrides_less_the_selection_and_our_entry_point_derives_pools(tiny_dirs):
-    """What verl-omni's entry point hands over (trainer.trainer_class=digenrl): the user's overrides for our entry
-    point, less the keys that selected DigenRL, plus the mode, each said; the pools then come from verl-omni's
-    layout keys as on our own entry point."""
-    model = f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}"
-    shape = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=4",
-             "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
-    given = [model, "trainer.trainer_class=digenrl", "trainer.use_v1=true", "trainer.device=cpu",
-             "trainer.n_gpus_per_node=4", "trainer.digenrl.dry_run=true", *shape]
-    out, notes = vo.handover_overrides(vo.DigenRLDiffusionTrainer.config_section(), given)
-    assert out == [model, "trainer.device=cpu", "trainer.n_gpus_per_node=4", "trainer.digenrl.dry_run=true", *shape,
-                   "trainer.digenrl.mode=disaggregated"]
-    assert [n.split(":")[0] for n in notes] == ["trainer.trainer_class=digenrl", "trainer.use_v1=true",
-                                                "trainer.digenrl.mode=disaggregated"]
-    spec = build_run(compose(out))
+# ------------------------------------------------------------------------------------------ the handover
+def test_the_handover_runs_the_config_verl_omni_composed_with_its_sections_mode(tiny_dirs):
+    """What verl-omni's v0 entry point hands over (trainer.trainer_class=digenrl, our section composed with mode
+    disaggregated): the composed config itself, translated key by key; the selecting keys are said and not
+    carried; the pools come from verl-omni's layout keys; verl-omni's `trainer.v1.trainer_mode` (sync by
+    default) does not choose the mode there, the section does."""
+    section = OmegaConf.to_container(vo.DigenRLDiffusionTrainer.config_section())
+    source = _verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__trainer_class="digenrl",
+                             trainer__n_gpus_per_node=4, trainer__v1__trainer_mode="sync", trainer__digenrl=section)
+    source["trainer"]["digenrl"]["dry_run"] = True
+    notes = vo.handover_notes(source)
+    assert [n.split(":")[0] for n in notes] == ["trainer.trainer_class=digenrl", "trainer.use_v1=true"]
+    ours = vo.translate_config(source)
+    assert ours.trainer.trainer_class is None and ours.trainer.use_v1 is False
+    spec = build_run(ours)
     assert spec.digenrl.mode == "disaggregated" and spec.digenrl.dry_run is True
     assert {r: spec.digenrl.pools[r].size for r in spec.digenrl.roles} == {"generator": 2, "trainer": 2}
+    assert spec.train.optim.lr == pytest.approx(3e-5)  # the composed value, not a re-composition's default
+    source["trainer"]["digenrl"]["mode"] = "colocated"  # the user's mode wins
+    assert vo.translate_config(source).trainer.digenrl.mode == "colocated"
 
-    mine = [model, "trainer.device=cpu", "trainer.digenrl.mode=colocated"]
-    assert vo.handover_overrides(vo.DigenRLDiffusionTrainer.config_section(), mine) == (mine, [])  # the user's mode
+
+def test_the_v1_trainer_mode_needs_no_section_and_names_a_wrong_key(tiny_dirs):
+    """verl-omni's v1 entry point, unpatched: `trainer.v1.trainer_mode=digenrl` selects us, our keys come with
+    Hydra's `+` (a partial section), and a key our section lacks is named with the valid ones."""
+    source = _verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__digenrl={"dry_run": True})
+    assert vo.handover_notes(source)[-1].startswith("trainer.v1.trainer_mode=digenrl: trainer.digenrl.mode=")
+    ours = vo.translate_config(source)
+    assert ours.trainer.digenrl.mode == "disaggregated" and ours.trainer.digenrl.dry_run is True
+    with pytest.raises(ValueError, match=r"trainer\.digenrl\.dryrun.*valid keys.*dry_run"):
+        vo.translate_config(_verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__digenrl={"dryrun": True}))
 
 
 def test_the_handover_fails_by_name_with_the_entry_points_status(tiny_dirs, capsys):
     """A bad config leaves verl-omni's process with our status (2) and a message naming the key, no traceback."""
-    trainer = vo.DigenRLDiffusionTrainer(config=vo.DigenRLDiffusionTrainer.config_section(), overrides=[
-        f"actor_rollout_ref.model.path={tiny_dirs['FluxPipeline']}", "trainer.device=cpu",
-        "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"])
+    source = _verl_omni_like(path=tiny_dirs["FluxPipeline"], trainer__trainer_class="digenrl",
+                             actor_rollout_ref__rollout__tensor_model_parallel_size=4)
+    trainer = vo.DigenRLDiffusionTrainer(config=source)
     with pytest.raises(SystemExit) as exit_info:
         trainer.fit()
     assert exit_info.value.code == 2
     assert "tensor_model_parallel_size=4" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # a trainer mode we cannot run: named in init()
+        vo.DigenRLDiffusionTrainer(config=_verl_omni_like(path=tiny_dirs["FluxPipeline"],
+                                                          trainer__v1__trainer_mode="separate_async")).init()
+    assert exit_info.value.code == 2 and "trainer.v1.trainer_mode='separate_async'" in capsys.readouterr().err
 
 
 def test_the_package_registers_its_trainer_in_verl_omnis_entry_point_group():
@@ -165,3 +179,6 @@ def test_the_package_registers_its_trainer_in_verl_omnis_entry_point_group():
     eps = {e.name: e for e in entry_points(group="verl_omni.trainers")}
     assert "digenrl" in eps, "reinstall the package (pip install -e .): setup.py declares the entry point"
     assert eps["digenrl"].load() is vo.DigenRLDiffusionTrainer
+    plugins = {e.name: e.value for e in entry_points(group=vo.VERL_PLUGIN_GROUP)}
+    assert plugins.get("digenrl") == "digenrl_verl.integrations.verl_plugin"  # registers the v1 trainer mode
+    assert vo.entry_points_txt().count("[") == 2 and "[verl.plugins]" in vo.entry_points_txt()

@@ -7,6 +7,7 @@ import json
 import warnings
 
 import pytest
+from omegaconf import OmegaConf
 import torch
 
 from digenrl_verl.integrations.verl_omni_recipes import DIGENRL_FLAG, RECIPES
@@ -178,15 +179,20 @@ def test_tiny_v1_recipe_runs_one_step_through_the_verl_omni_trainer_mode(ray_ses
         f"trainer.default_local_dir={tmp_path / 'v1' / 'checkpoints'}",
         "trainer.logger=[console]"]))
     assert source.trainer.use_v1 is True
+    # as verl-omni composes it: no trainer.digenrl.mode (verl-omni has no section; `+trainer.digenrl.<key>` adds keys)
+    source = OmegaConf.create(OmegaConf.to_container(source))
+    del source.trainer.digenrl.mode
     mode = DigenRLDiffusionTrainer(config=source)
     assert source.actor_rollout_ref.rollout.agent.agent_loop_manager_class == NOOP_AGENT_LOOP_MANAGER
     assert mode.get_llm_client() is None and mode.get_reward_handles() is None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        mode.init()
-    assert mode.trainer.run.schedule.mode == "disaggregated" and mode.trainer.run.policy.rollout.sde_type == "cps"
-    summary = mode.fit(NoopAgentLoopManager.create(source))  # fit runs the step, then shuts the workers down
+        mode.init()  # translates (our run config; no worker yet)
+        assert mode.run_config.trainer.digenrl.mode == "disaggregated"
+        assert mode.run_config.actor_rollout_ref.rollout.algo.sde_type == "cps"
+        mode.fit(NoopAgentLoopManager.create(source))  # digenrl_verl.main.run: the plan, the step, shutdown
+    written = json.loads((tmp_path / "v1" / "summary.json").read_text())
+    summary, workers = written["summary"], written["workers"]
     assert summary["mode"] == "disaggregated" and summary["steps"] == 1 and summary["samples"] == 4
-    workers = json.loads((tmp_path / "v1" / "summary.json").read_text())["workers"]
+    assert (tmp_path / "v1" / "plan.json").is_file()
     assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"] and {w["version"] for w in workers} == {1}
-    assert mode.trainer.workers == {}  # shut down

@@ -1,17 +1,20 @@
-"""DigenRL through verl-omni's OWN entry points, with the upstream series (patches/verl-omni-a1139baf/) applied:
-`python -m verl_omni.trainer.main_diffusion` (v0) and `main_diffusion_v1` with `trainer.trainer_class=digenrl`.
+"""DigenRL through verl-omni's OWN entry points, each handing our trainer the config verl-omni composed:
+`python -m verl_omni.trainer.main_diffusion_v1 ... trainer.use_v1=true trainer.v1.trainer_mode=digenrl` (unpatched:
+the trainer mode is registered by our `verl.plugins` entry point) and `python -m verl_omni.trainer.main_diffusion
+... trainer.trainer_class=digenrl` (v0, with the upstream hook patches/verl-omni-a1139baf/ applied).
 
-scripts/test_verl_omni.sh installs the patched verl-omni and the plugin's entry point (group verl_omni.trainers)
-into `.venv-verl-omni`; without verl-omni, or with an unpatched one, these tests skip.
+scripts/test_verl_omni.sh installs the patched verl-omni and the plugin's entry points (groups verl_omni.trainers
+and verl.plugins) into `.venv-verl-omni`; without verl-omni, or with an unpatched one, these tests skip.
 
-* the plugin is an installed external trainer, and its section `trainer.digenrl` composes in verl-omni's config
-  with no Hydra `+`;
-* verl-omni's 29 FlowGRPO / DanceGRPO example scripts, replayed through verl-omni's entry point each names (its
-  own Hydra config, its main) with the flag and a dry run: each is accepted or rejected by a message naming the
-  key or model, none fails in Hydra or with a traceback. The entry points' `main` runs in a process forked from
+* the plugin is an installed external trainer whose section `trainer.digenrl` composes with no Hydra `+` (v0), and
+  `import verl` registers the v1 trainer mode `digenrl` in a fresh process (not with verl's plugins off);
+* verl-omni's 29 FlowGRPO / DanceGRPO example scripts with the flag and a dry run: the v0 ones through verl-omni's
+  `main_diffusion`, the v1 ones through `python -m digenrl_verl.integrations.verl_omni` (verl-omni's v1
+  composition and `run_diffusion_v1`, checked before Ray starts); each is accepted or rejected by a message naming
+  the key or model, none fails in Hydra or with a traceback. The entry points' `main` runs in a process forked from
   one that imported verl-omni once (as `python -m` would run it, without paying verl-omni's import 58 times);
-* tiny-model twins of the FlowGRPO SD3.5 (v1 entry point) and the DanceGRPO Wan2.2 (v0 entry point) recipes train
-  one real step on CPU through `python -m verl_omni.trainer.main_diffusion[_v1]`.
+* tiny-model twins of the FlowGRPO SD3.5 v1 recipe (through verl-omni's own unpatched `main_diffusion_v1`, its Ray
+  task runner and TransferQueue) and the DanceGRPO Wan2.2 v0 recipe (`main_diffusion`) train one real step on CPU.
 """
 
 from __future__ import annotations
@@ -45,14 +48,22 @@ from hydra import initialize_config_dir  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
-from digenrl_verl.integrations.verl_omni import ENTRY_POINT_NAME, DigenRLDiffusionTrainer  # noqa: E402
+from digenrl_verl.integrations.verl_omni import (  # noqa: E402
+    ENTRY_POINT_NAME,
+    TRAINER_MODE,
+    DigenRLDiffusionTrainer,
+)
 from digenrl_verl.integrations.verl_omni_recipes import RECIPES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHIVE = ROOT.parent / "shared" / "upstream" / "verl-omni-a1139baf.tar.gz"
 CONFIG_DIR = str(Path(verl_omni.__file__).parent / "trainer" / "config")
-SELECT = f"trainer.trainer_class={ENTRY_POINT_NAME}"
-ENTRIES = ("verl_omni.trainer.main_diffusion", "verl_omni.trainer.main_diffusion_v1")
+SELECT = f"trainer.trainer_class={ENTRY_POINT_NAME}"  # v0
+SELECT_V1 = ("trainer.use_v1=true", f"trainer.v1.trainer_mode={TRAINER_MODE}")
+HANDED = "digenrl_verl runs the config verl-omni composed"
+#: what a v1 command line needs on a 2-core machine: Ray may hand out more CPUs than it sees (our task runner, our
+#: pools), and verl-omni's TransferQueue with one storage unit (it starts 8 CPU actors by default)
+V1_CPU = ("ray_kwargs.ray_init.num_cpus=16", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
 
 
 def _replay_module():
@@ -89,6 +100,22 @@ def test_the_plugin_is_an_installed_external_trainer_with_its_section():
     assert "digenrl" not in _verl_omni_config([]).trainer  # no section while no plugin config is registered
 
 
+_LOOKUP = ("from verl_omni.trainer.diffusion.v1 import get_diffusion_trainer_cls as get\n"
+           "try:\n    print('mode:', get('digenrl').__qualname__)\nexcept ValueError as e:\n    print('mode:', e)\n")
+
+
+@pytest.mark.slow
+def test_import_verl_registers_the_v1_trainer_mode_in_a_fresh_process():
+    """verl loads our `verl.plugins` entry point in every process that imports it; verl-omni's registry module,
+    once imported, holds `digenrl` (what DiffusionTaskRunnerV1 looks up). With verl's plugins off it does not."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    on = subprocess.run([sys.executable, "-c", _LOOKUP], env=env, capture_output=True, text=True, timeout=600)
+    off = subprocess.run([sys.executable, "-c", _LOOKUP], env={**env, "VERL_USE_EXTERNAL_PLUGINS": "none"},
+                         capture_output=True, text=True, timeout=600)
+    assert "mode: DigenRLDiffusionTrainer" in on.stdout, on.stdout[-2000:] + on.stderr[-2000:]
+    assert "mode: Unknown diffusion trainer 'digenrl'" in off.stdout, off.stdout[-2000:]
+
+
 # ------------------------------------------------------------------------------------------ entry points, forked
 def _child(entry: str, argv: list[str], log: str, cwd: str) -> None:
     os.chdir(cwd)
@@ -123,6 +150,18 @@ def run_entry_point(entry: str, argv: list[str], log: Path, cwd: Path, timeout: 
     return subprocess.CompletedProcess([entry, *argv], proc.exitcode, stdout=log.read_text(), stderr="")
 
 
+#: v1 scripts run through our v1 main: verl-omni's composition and run_diffusion_v1, the config checked before Ray
+V1_MAIN = "digenrl_verl.integrations.verl_omni"
+
+
+def _flagged(entry: str, localised: list[str]) -> list[str]:
+    """The replay's flag as each entry point takes it: v0, `trainer.trainer_class=digenrl` (our section composes);
+    v1, the trainer mode instead of `trainer.digenrl.mode` (our v1 main adds Hydra's `+` to our section's keys)."""
+    if not entry.endswith("_v1"):
+        return [*localised, SELECT]
+    return [*(o for o in localised if not o.startswith("trainer.digenrl.mode=")), *SELECT_V1]
+
+
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     """Every example script through the entry point it calls, with the flag and a dry run: as shipped, and with
@@ -153,12 +192,13 @@ def replayed(tmp_path_factory):
                                           "detail": f"verl-omni's own config rejects the list: {upstream}",
                                           "handed_over": False})
                     continue
-            argv = [*replay.localise(given, model_path, model_dir, prompts), SELECT,
+            argv = [*_flagged(entry, replay.localise(given, model_path, model_dir, prompts)),
                     f"hydra.run.dir={work / 'hydra' / f'{i}-{len(rows[variant])}'}", "hydra.output_subdir=null"]
-            proc = run_entry_point(entry, argv, work / f"{script.stem}-{variant[:2]}.log", cwd=repo)  # as a user
+            runs = V1_MAIN if entry.endswith("_v1") else entry
+            proc = run_entry_point(runs, argv, work / f"{script.stem}-{variant[:2]}.log", cwd=repo)  # as a user
             result, detail = replay.classify(proc)
             rows[variant].append({"script": rel, "entry": entry.rsplit(".", 1)[-1], "result": result,
-                                  "detail": detail, "handed_over": "the run is handed to digenrl_verl" in proc.stdout})
+                                  "detail": detail, "handed_over": HANDED in proc.stdout})
     return rows
 
 
@@ -202,13 +242,15 @@ def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=
 @pytest.mark.parametrize("name", sorted(TWINS))
 def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp_path):
     """The recipe's override list (its blockers switched off but trainer.use_v1, its `tiny` sizes, one generator
-    and one trainer CPU worker from verl-omni's layout keys) through `python -m <its entry point>` with
+    and one trainer CPU worker from verl-omni's layout keys) through `python -m <its entry point>`, v1 with
+    `trainer.v1.trainer_mode=digenrl` (verl-omni's own task runner builds our trainer), v0 with
     trainer.trainer_class=digenrl: one disaggregated step, weights back on the generator."""
     import pandas as pd
 
     from digenrl_verl.models.tiny import build_tiny_model_dir
 
     recipe, entry = RECIPES[name], TWINS[name]
+    v1 = entry.endswith("_v1")
     model = build_tiny_model_dir(recipe.architecture, tmp_path / "model", seed=0)
     for file, fn in recipe.reward_files.items():
         (tmp_path / file).write_text(_REWARD.format(name=fn))
@@ -217,22 +259,26 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     for split in ("train", "test"):
         pd.DataFrame(rows).to_parquet(tmp_path / f"{split}.parquet")
     out = tmp_path / "run"
-    keep_on = ["trainer.use_v1"] if "trainer.use_v1" in recipe.blockers else []
+    ours = "+trainer.digenrl" if v1 else "trainer.digenrl"  # no section composed on verl-omni's v1 entry point
+    select = [*SELECT_V1, *V1_CPU] if v1 else [SELECT]
     argv = recipe.render(str(model), str(tmp_path), str(tmp_path),
-                         switch_off=[k for k in recipe.blockers if k not in keep_on],
+                         switch_off=[k for k in recipe.blockers if k != "trainer.use_v1"],
                          extra=[*recipe.tiny, "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
-                                "actor_rollout_ref.rollout.nnodes=0", f"trainer.digenrl.output_dir={out}",
-                                f"trainer.default_local_dir={out}/checkpoints", SELECT])
+                                "actor_rollout_ref.rollout.nnodes=0", f"{ours}.output_dir={out}",
+                                f"trainer.default_local_dir={out}/checkpoints", *select])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", entry, *argv, f"hydra.run.dir={tmp_path / 'hydra'}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-4000:]
-    assert "the run is handed to digenrl_verl.integrations.verl_omni.DigenRLDiffusionTrainer" in text
+    assert HANDED in text
+    if not v1:
+        assert "the run is handed to digenrl_verl.integrations.verl_omni.DigenRLDiffusionTrainer" in text
+    else:
+        assert "trainer.use_v1=true: verl-omni's switch between its v0 and v1 task runners" in text
+        assert "DiffusionTaskRunnerV1" in text  # verl-omni's own task runner ran it
     assert "mode: disaggregated; pools: generator: 1 worker(s), trainer: 1 worker(s)" in text
-    if keep_on:
-        assert "trainer.use_v1=true: chooses between verl-omni's own v0 and v1 trainers" in text
     written = json.loads((out / "summary.json").read_text())
     summary, workers = written["summary"], written["workers"]
     lines = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "summary" not in m]

@@ -238,9 +238,16 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
         lambda v, keys: v is not None, f"give {A}.rollout.pipeline.height/width instead"),
     f"{A}.rollout.pipeline.output_type": (
         lambda v, keys: v not in _PIXEL_OUTPUTS, f"rewards score decoded pixels; valid: {list(_PIXEL_OUTPUTS)}"),
+    "data.filter_overlong_prompts": (
+        True, "dropping the prompts whose chat-rendered ids exceed data.max_prompt_length (verl's RLHFDataset) is not "
+        "implemented; set data.filter_overlong_prompts=false (verl-omni's default and its diffusion recipes'): "
+        f"long prompts are then cut at {A}.rollout.pipeline.max_sequence_length tokens"),
 }
 
 # Keys accepted with no effect here: a value other than the shipped default warns once per run.
+_CHAT_PROMPTS = ("chat prompts become their user turns' text under the pipeline's own template (trainer.data."
+                 "chat_text), which equals verl-omni's rendering for its recipes (docs/verl_omni.md, Prompts and "
+                 "data_source); a template or its kwargs are not applied")
 NO_EFFECT: dict[str, str] = {
     f"{A}.actor.fsdp_config.param_offload": "parameter CPU offload is not implemented",
     f"{A}.actor.fsdp_config.optimizer_offload": "optimizer CPU offload is not implemented",
@@ -287,7 +294,7 @@ NO_EFFECT: dict[str, str] = {
     f"{A}.model.model_type": "the model type is read from model_index.json",
     f"{A}.model.tokenizer_path": "the pipeline's own tokenizers are used",
     f"{A}.model.extra_tokenizers": "the pipeline's own tokenizers are used",
-    f"{A}.model.custom_chat_template": "prompts are plain text",
+    f"{A}.model.custom_chat_template": _CHAT_PROMPTS,
     f"{A}.model.external_lib": "models are diffusers pipelines of the registered architectures",
     f"{A}.model.transformer_subfolder": "the denoiser is the pipeline's transformer component",
     f"{A}.model.enable_gradient_checkpointing": "activation checkpointing is not implemented; use "
@@ -296,14 +303,16 @@ NO_EFFECT: dict[str, str] = {
     "data.val_batch_size": "the validation prompts are sampled in one pass, dealt round-robin over the trainer "
                            "ranks",
     "data.train_max_samples": "every prompt of data.train_files is used",
-    "data.max_prompt_length": f"the text length is {A}.rollout.pipeline.max_sequence_length",
+    "data.max_prompt_length": f"verl's agent loop left-truncates the rendered prompt ids to it ({A}.rollout."
+                              "prompt_length), with a warning; here each text encoder's pipeline cuts its ids at "
+                              f"{A}.rollout.pipeline.max_sequence_length (the pipeline's own truncation)",
     "data.max_response_length": "diffusion samples have no response length",
-    "data.truncation": f"prompts are cut at {A}.rollout.pipeline.max_sequence_length tokens",
-    "data.filter_overlong_prompts": f"prompts are cut at {A}.rollout.pipeline.max_sequence_length tokens",
+    "data.truncation": "verl's RLHFDataset stores it and never reads it (no effect in verl-omni either); prompts are "
+                       f"cut at {A}.rollout.pipeline.max_sequence_length tokens by the pipeline",
     "data.return_raw_chat": "chat prompts become their user text",
     "data.dataloader_num_workers": "prompts are read once by the driver",
     "data.tokenizer": "the pipeline's own tokenizers are used",
-    "data.apply_chat_template_kwargs": "prompts are plain text",
+    "data.apply_chat_template_kwargs": _CHAT_PROMPTS,
     "data.custom_cls": "prompts come from .txt or verl-style .parquet files",
     "reward.num_workers": "the reward runs on the generators (one scorer per generator rank)",
     "reward.reward_manager": "rewards are composed by reward.reward_functions / reward.custom_reward_function",
@@ -933,6 +942,21 @@ def build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
 
 
 def _build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
+    steps_key, seed_key = f"{A}.rollout.pipeline.num_inference_steps", f"{A}.rollout.seed"
+    steps, seed = keys(steps_key), keys(seed_key)
+    default_steps = _unresolved(shipped_defaults(), steps_key)
+    if steps is None:
+        keys.decide(f"{steps_key}=null: {default_steps} sampling steps (verl-omni's default)")
+    seed = keys.use(seed_key, drawn_seed(), NULL_SEED) if seed is None else keys.integer(seed_key)
+    cfg = _rollout_config(keys, algorithm, default_steps if steps is None else keys.integer(steps_key), seed)
+    if cfg.num_train_steps < 1:
+        raise ValueError(f"{A}.rollout.algo.sde_type={cfg.sde_type!r} trains no step; use sde, cps or dance_sde for "
+                         "training")
+    return cfg
+
+
+def _rollout_config(keys: RecipeKeys, algorithm: str, steps: int, seed: int) -> RolloutConfig:
+    """The rollout config of `steps` sampling steps and base seed `seed` (no decision recorded)."""
     algo = f"{A}.rollout.algo"
     window = keys(f"{algo}.sde_window_range")
     if isinstance(window, str):  # verl-omni's recipes pass it quoted: sde_window_range="[0,5]"
@@ -941,14 +965,8 @@ def _build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
         except json.JSONDecodeError:
             raise ValueError(f"{algo}.sde_window_range={window!r}: give two ints, e.g. [0,5]") from None
     window_size = keys(f"{algo}.sde_window_size")
-    steps_key, seed_key = f"{A}.rollout.pipeline.num_inference_steps", f"{A}.rollout.seed"
-    steps, seed = keys(steps_key), keys(seed_key)
-    default_steps = _unresolved(shipped_defaults(), steps_key)
-    if steps is None:
-        keys.decide(f"{steps_key}=null: {default_steps} sampling steps (verl-omni's default)")
-    seed = keys.use(seed_key, drawn_seed(), NULL_SEED) if seed is None else keys.integer(seed_key)
-    cfg = RolloutConfig(
-        num_inference_steps=default_steps if steps is None else keys.integer(steps_key),
+    return RolloutConfig(
+        num_inference_steps=steps,
         sde_type=keys(f"{algo}.sde_type"), noise_level=keys.number(f"{algo}.noise_level"),
         timestep_selection=keys(f"{algo}.timestep_selection") or auto_selection(algorithm, window_size),
         timestep_fraction=keys.number("algorithm.timestep_fraction"),
@@ -957,9 +975,15 @@ def _build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
         seed=seed,
         init_same_noise=bool(keys(f"{algo}.init_same_noise")),
     )
-    if cfg.num_train_steps < 1:
-        raise ValueError(f"{algo}.sde_type={cfg.sde_type!r} trains no step; use sde, cps or dance_sde for training")
-    return cfg
+
+
+def trained_steps_per_sample(keys: RecipeKeys) -> int:
+    """K, the trained timesteps per sample (the columns of verl-omni's old_log_probs, its T), from the keys."""
+    steps_key = f"{A}.rollout.pipeline.num_inference_steps"
+    steps = keys(steps_key)
+    steps = _unresolved(shipped_defaults(), steps_key) if steps is None else keys.integer(steps_key)
+    with user_keys(ROLLOUT_KEYS):
+        return max(1, _rollout_config(keys, keys(f"{A}.model.algorithm"), steps, 0).num_train_steps)
 
 
 def build_device(keys: RecipeKeys, digenrl: DigenRLConfig) -> str:
@@ -1097,10 +1121,14 @@ def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig
 
 
 def build_advantage(keys: RecipeKeys) -> AdvantageConfig:
+    """verl-omni's Flow-GRPO advantages: its stds are over [B, T] rows (each reward repeated over the sample's T
+    trained timesteps, `compute_flow_grpo_outcome_advantage`), so T is the run's trained steps per sample."""
+    timesteps = trained_steps_per_sample(keys)
     with user_keys(ADVANTAGE_KEYS):
         return AdvantageConfig(global_std=bool(keys("algorithm.global_std")),
                                norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo")),
-                               adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max"))
+                               adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max"),
+                               timesteps_per_sample=timesteps)
 
 
 def _data_seed(keys: RecipeKeys) -> int:

@@ -7,13 +7,18 @@ group otherwise; `norm_adv_by_std=False` skips the division (Dr.GRPO). verl-omni
 `unbiased_std=True`, the default here); Flow-GRPO uses np.std (biased). A group of one sample has advantage 0
 (verl-omni's convention for a group std is 1 then, and its mean is its own reward).
 
+verl-omni takes both stds over its [B, T] `sample_level_rewards` (each sample's reward repeated over its T trained
+timesteps: `compute_flow_grpo_outcome_advantage` in verl_omni/trainer/diffusion/diffusion_algos.py), so with
+Bessel's correction its std is sqrt(T(n−1)/(nT−1)) times the std over the n rewards. `timesteps_per_sample` is
+that T (the run's trained steps per sample); 1 gives the std over the rewards.
+
 With global_std the batch is the one passed in: call this once on the whole gathered step batch, not per
 micro-batch, or the normalisation differs from colocated training.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Hashable, Mapping, Sequence
 
 import torch
@@ -32,6 +37,8 @@ class AdvantageConfig:
         norm_adv_by_std: divide by the std at all (False = Dr.GRPO).
         adv_clip_max: clamp to ±this; None disables the clamp.
         unbiased_std: Bessel-corrected std (torch.std default, verl-omni) or population std (np.std, Flow-GRPO).
+        timesteps_per_sample: T, each reward's weight in the stds (verl-omni's stds are over B x T elements, each
+            sample's reward repeated over its T trained timesteps); 1 = the std over the rewards.
     """
 
     global_std: bool = True
@@ -39,8 +46,12 @@ class AdvantageConfig:
     norm_adv_by_std: bool = True
     adv_clip_max: float | None = 5.0
     unbiased_std: bool = True
+    timesteps_per_sample: int = 1
 
     def __post_init__(self) -> None:
+        t = self.timesteps_per_sample
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ConfigError("timesteps_per_sample", t, "must be an int >= 1 (the trained timesteps per sample)")
         if not self.epsilon >= 0:
             raise ConfigError("epsilon", self.epsilon, "must be >= 0")
         if self.adv_clip_max is not None and not self.adv_clip_max > 0:
@@ -76,10 +87,12 @@ def _group_index(uids: Sequence[Hashable]) -> tuple[torch.Tensor, int]:
     return index, len(ids)
 
 
-def _std(x: torch.Tensor, unbiased: bool) -> torch.Tensor:
+def _std(x: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
+    """The std of `x` with each element repeated `cfg.timesteps_per_sample` times (verl-omni's [B, T] rows)."""
+    x = x.repeat_interleave(cfg.timesteps_per_sample)
     if x.numel() < 2:
         return torch.zeros((), dtype=x.dtype)
-    return x.std(correction=1 if unbiased else 0)
+    return x.std(correction=1 if cfg.unbiased_std else 0)
 
 
 def normalize_rewards(rewards: torch.Tensor, uids: Sequence[Hashable], cfg: AdvantageConfig) -> AdvantageResult:
@@ -92,14 +105,14 @@ def normalize_rewards(rewards: torch.Tensor, uids: Sequence[Hashable], cfg: Adva
     index, num_groups = _group_index(uids)
     adv = torch.empty_like(r)
     zero_std = 0
-    batch_std = _std(r, cfg.unbiased_std)
+    batch_std = _std(r, cfg)
     for g in range(num_groups):
         rows = (index == g).nonzero(as_tuple=True)[0]
         rg = r[rows]
         zero_std += int(bool((rg == rg[0]).all()))
         centred = rg - rg.mean()
         if cfg.norm_adv_by_std:
-            std = batch_std if cfg.global_std else _std(rg, cfg.unbiased_std)
+            std = batch_std if cfg.global_std else _std(rg, cfg)
             centred = centred / (std + cfg.epsilon)
         adv[rows] = centred
     if cfg.adv_clip_max is not None:
@@ -123,7 +136,7 @@ def combine_rewards(rewards: Mapping[str, torch.Tensor], weights: Mapping[str, f
     if mode == "weighted_sum":
         total = sum(float(w) * torch.as_tensor(rewards[n], dtype=torch.float64) for n, w in weights.items())
         return normalize_rewards(total, uids, cfg)
-    no_clip = AdvantageConfig(cfg.global_std, cfg.epsilon, cfg.norm_adv_by_std, None, cfg.unbiased_std)
+    no_clip = replace(cfg, adv_clip_max=None)
     parts = {n: normalize_rewards(rewards[n], uids, no_clip) for n in weights}
     adv = sum(float(w) * parts[n].advantages.to(torch.float64) for n, w in weights.items())
     if cfg.adv_clip_max is not None:

@@ -1,0 +1,74 @@
+"""Advantages against the installed verl-omni a1139baf's own Flow-GRPO estimator, with T > 1 trained timesteps.
+
+verl-omni's trainer expands each sample's reward over the T columns of its old_log_probs (`sample_level_rewards`
+[B, T]) and `compute_advantage` -> `compute_flow_grpo_outcome_advantage` takes torch.std over that tensor (the
+whole batch's with global_std, a group's [G, T] block without). Ours (`normalize_rewards`, T =
+`AdvantageConfig.timesteps_per_sample`, the run's trained steps per sample) must give the same advantages. The
+main-suite twin of the formula: tests/trainer/test_trainer_verl_omni_advantages_on_cpu.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+try:
+    import verl_omni  # noqa: F401  (imports vLLM-Omni eagerly)
+except ImportError as e:
+    pytest.skip(f"verl_omni is not importable here ({e}); run bash scripts/test_verl_omni.sh", allow_module_level=True)
+
+from verl import DataProto  # noqa: E402
+from verl_omni.trainer.diffusion import ray_diffusion_trainer  # noqa: E402
+
+from digenrl_verl.diffusion.advantages import AdvantageConfig, normalize_rewards  # noqa: E402
+from digenrl_verl.main import TINY_CPU, compose  # noqa: E402
+from digenrl_verl.trainer.config import build_run  # noqa: E402
+
+# B = 9: two groups of 4 and a group of one sample (advantage 0 in both)
+REWARDS = [0.1, 0.4, 0.35, 0.9, 0.2, 0.25, 0.7, 0.6, 0.5]
+UIDS = ["a"] * 4 + ["b"] * 4 + ["c"]
+
+
+def _verl_omni(t: int, global_std: bool) -> torch.Tensor:
+    """verl-omni's advantages of REWARDS with T = t trained timesteps (its trainer's expand), column 0."""
+    scores = torch.tensor(REWARDS, dtype=torch.float32)[:, None]
+    batch = DataProto.from_dict({"sample_level_rewards": scores.expand(-1, t)},
+                                non_tensors={"uid": np.array(UIDS, dtype=object)})
+    batch = ray_diffusion_trainer.compute_advantage(batch, "flow_grpo", norm_adv_by_std_in_grpo=True,
+                                                    global_std=global_std)
+    adv = batch.batch["advantages"]
+    assert adv.shape == (len(REWARDS), t) and bool((adv == adv[:, :1]).all())
+    return adv[:, 0].double()
+
+
+def _ours(t: int, global_std: bool) -> torch.Tensor:
+    cfg = AdvantageConfig(global_std=global_std, adv_clip_max=None, timesteps_per_sample=t)
+    return normalize_rewards(torch.tensor(REWARDS), UIDS, cfg).advantages.double()
+
+
+@pytest.mark.parametrize("global_std", [True, False])
+@pytest.mark.parametrize("t", [1, 3, 10])
+def test_advantages_are_verl_omnis(global_std, t):
+    theirs, ours = _verl_omni(t, global_std), _ours(t, global_std)
+    print(f"T={t} global_std={global_std}\n verl-omni {theirs.tolist()}\n ours      {ours.tolist()}")
+    assert torch.allclose(ours, theirs, atol=1e-6, rtol=0)
+
+
+def test_global_std_with_t_differs_from_the_std_over_the_rewards():
+    """The case the fix is about: at T = 3 verl-omni's advantages are not those of the std over the B rewards."""
+    assert not torch.allclose(_verl_omni(3, True), _ours(1, True), atol=1e-3)
+
+
+@pytest.mark.parametrize("overrides", [["actor_rollout_ref.rollout.algo.sde_window_size=3"],
+                                       ["algorithm.timestep_fraction=1.0"]])
+def test_a_runs_advantages_are_verl_omnis(tiny_flux_dir, overrides):
+    """A run's T is its trained steps per sample: the old_log_probs columns verl-omni's rollout records (the SDE
+    window, else every step); build_run's advantage config gives verl-omni's advantages for that T."""
+    run = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", "algorithm.global_std=true",
+                             *overrides]))
+    t = run.policy.rollout.num_train_steps
+    assert run.advantage.timesteps_per_sample == t > 1
+    cfg = AdvantageConfig(global_std=True, adv_clip_max=None, timesteps_per_sample=run.advantage.timesteps_per_sample)
+    ours = normalize_rewards(torch.tensor(REWARDS), UIDS, cfg).advantages.double()
+    assert torch.allclose(ours, _verl_omni(t, True), atol=1e-6, rtol=0)

@@ -7,9 +7,14 @@ import os
 import signal
 import socket
 
+from typing import Mapping
+
 import psutil
 import ray
 from ray._private import ray_constants
+
+from digenrl_verl.platform import process_env
+from digenrl_verl.platform.filters import drop_message
 
 #: The address every service of a trainer-started (one-node) Ray instance binds; `DigenRLTrainer.rendezvous` tells
 #: such a cluster by its node reporting this address.
@@ -22,7 +27,17 @@ WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    # transformers' (and huggingface_hub's) bars, read at import: a worker's bar reaches the console through Ray one
+    # refresh per line, and workers download nothing (HF_HUB_OFFLINE); diffusers' are off in `platform.quiet`
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
+
+#: Ray's notice on every trainer-started instance that it enabled token authentication by default (its default
+#: since Ray 2.5x; the notice names RAY_AUTH_MODE=disabled, an opt-out of a loopback-only cluster's protection). Ray
+#: stays silent when RAY_AUTH_MODE is set before it reads its config, which happens at `import ray`, before any code
+#: of ours; so the notice is dropped at its logger, and the cluster keeps Ray's default (token authentication).
+RAY_TOKEN_NOTICE = ("ray._private.authentication.authentication_token_setup",
+                    "Token authentication is enabled for this Ray cluster")
 
 
 #: Ray's raylet settings for a trainer-started instance. Ray prestarts `num_cpus` idle worker processes when the first
@@ -32,7 +47,8 @@ LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
 def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torch_threads: int = 1,
-                   resources: dict[str, float] | None = None) -> None:
+                   resources: dict[str, float] | None = None, cpu_only: bool = False,
+                   extra_env: Mapping[str, str] | None = None) -> None:
     """Start a local Ray instance that listens on 127.0.0.1 only.
 
     Args:
@@ -41,6 +57,9 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
         torch_threads: intra-op threads per worker process (OMP_NUM_THREADS), so workers do not fight
             over the cores of a small machine.
         resources: custom resources this node advertises (heterogeneous placement tests).
+        cpu_only: every worker process is a CPU one (`trainer.device=cpu`): they get verl's CPU platform
+            (`digenrl_verl.platform.process_env`). Worker groups also set it per pool.
+        extra_env: more environment variables for every worker process (they win over ours).
     """
     # Ray turns 127.0.0.1 into the machine's routable address unless it believes multi-node clusters are
     # off; a trainer-started cluster is single-node, so keep every Ray service on loopback.
@@ -49,6 +68,8 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
     env = dict(WORKER_ENV, OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
     for k, v in env.items():
         os.environ.setdefault(k, v)
+    env.update(process_env(cpu=cpu_only), **(extra_env or {}))  # the workers' only: not this process's environment
+    drop_message(*RAY_TOKEN_NOTICE)
     # gloo listens on the address this machine's name resolves to (a routable one on most hosts) unless told an
     # interface; the workers of a one-node cluster keep their collectives on loopback too (the caller's value wins)
     gloo_ifname = os.environ.get("GLOO_SOCKET_IFNAME") or loopback_interface()
@@ -87,10 +108,11 @@ def connect_ray(address: str, *, torch_threads: int = 1) -> None:
 
     The cluster's nodes keep their own resources and addresses (custom resources from ``ray start --resources``
     place the pools, see `workers.pools`); the worker processes get the same environment as on a local instance
-    (threads, offline hub), except the loopback pin.
+    (threads, offline hub, `digenrl_verl.platform.quiet`), except the loopback pin; CPU worker groups select verl's
+    CPU platform themselves (their pool's `process_env`).
     """
     env = {k: v for k, v in WORKER_ENV.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    env.update(OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
+    env.update(OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads), **process_env(cpu=False))
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True, logging_level="WARNING")
     for sig, handler in handlers.items():

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -139,7 +140,8 @@ class RunReporter:
         if self._tracking is not None:
             self._tracking.finish()
         text = summary_table(summary, workers)
-        print(text)
+        sys.stderr.flush()  # the bar's last frame (stderr) before the table (stdout) on a shared console
+        print(text, flush=True)
         return text
 
 

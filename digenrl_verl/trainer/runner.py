@@ -35,6 +35,7 @@ from verl.trainer.ppo.metric_utils import process_validation_metrics
 from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.metric_names import METRICS as M
+from digenrl_verl.platform import process_env, select_cpu_platform
 from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.trace import Decision, Trace
@@ -177,7 +178,17 @@ class DigenRLTrainer:
             judge = self.run.reward.reward_model
             own = judge is not None and judge.pool is not None and not judge.pool.colocated
             total += judge.pool.replicas if own else 0  # colocated replicas reserve no CPU
-            init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads)
+            init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads,
+                           cpu_only=self.cpu_only())
+        if self.cpu_only():  # this driver's verl asks its platform for the pools' placement groups
+            select_cpu_platform()
+
+    def cpu_only(self) -> bool:
+        """Every worker process of the run is a CPU one (no pool, the judge's included, uses a GPU): verl's CPU
+        platform in the driver and the workers (`digenrl_verl.platform`)."""
+        judge = self.run.reward.reward_model
+        judge_gpu = judge is not None and judge.pool is not None and judge.pool.use_gpu
+        return not judge_gpu and not any(self.run.digenrl.pools[r].use_gpu for r in self.run.digenrl.roles)
 
     def rendezvous(self) -> tuple[str, str] | None:
         """(master_addr, master_port) for a worker group, or None to let verl find them (a Ray task on the group's
@@ -216,7 +227,8 @@ class DigenRLTrainer:
             cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class(role)), **self.worker_args(role))
             wg = make_worker_group(manager.pool_for("trainer" if role == "colocated" else role, role), cls,
                                    name_prefix=f"digenrl_{role}_{run_id}",
-                                   device_name="cuda" if d.pools[role].use_gpu else "cpu", rendezvous=self.rendezvous())
+                                   device_name="cuda" if d.pools[role].use_gpu else "cpu", rendezvous=self.rendezvous(),
+                                   worker_env=process_env(cpu=not d.pools[role].use_gpu))
             self.worker_groups[role] = wg
             self.mark(f"submitted_{role}")
             for i, actor in enumerate(wg.workers):
@@ -301,7 +313,8 @@ class DigenRLTrainer:
         cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class("generator")), **self.worker_args("generator"))
         env = {"WORLD_SIZE": str(max(wg.world_size, rank + 1)), "RANK": str(rank), "WG_BACKEND": "ray",
                "WG_PREFIX": f"digenrl_generator_{self.run_id}", "RAY_LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": str(wg.master_address), "MASTER_PORT": str(wg.master_port)}
+               "MASTER_ADDR": str(wg.master_address), "MASTER_PORT": str(wg.master_port),
+               **process_env(cpu=not pool_cfg.use_gpu)}
         cls.update_options({"runtime_env": {"env_vars": env},
                             "name": f"digenrl_generator_{self.run_id}_r{rank}_{uuid.uuid4().hex[:4]}"})
         return cls(placement_group=pg, placement_group_bundle_idx=bundle, use_gpu=pool_cfg.use_gpu,

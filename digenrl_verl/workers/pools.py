@@ -167,9 +167,10 @@ def make_ray_pool(spec: PoolSpec):
 
 
 def make_worker_group(resource_pool, ray_cls_with_init, *, name_prefix: str, device_name: str,
-                      rendezvous: tuple[str, str] | None = None):
+                      rendezvous: tuple[str, str] | None = None, worker_env: Mapping[str, str] | None = None):
     """A verl `RayWorkerGroup` on `resource_pool`; `rendezvous` = (master_addr, master_port) to use as the group's
-    MASTER_ADDR / MASTER_PORT, or None to let verl find them (a Ray task on the group's first bundle).
+    MASTER_ADDR / MASTER_PORT, or None to let verl find them (a Ray task on the group's first bundle); `worker_env`:
+    more environment variables of each worker process (verl's `worker_env`, e.g. `digenrl_verl.platform.process_env`).
 
     verl's `RayWorkerGroup` takes `master_addr` / `master_port` keyword arguments but its base class's `__init__`
     resets both to None before the workers start, so verl always runs its port-finding task; this subclass keeps
@@ -186,4 +187,4 @@ def make_worker_group(resource_pool, ray_cls_with_init, *, name_prefix: str, dev
             self._master_addr, self._master_port = self._given_rendezvous
 
     return _WorkerGroup(resource_pool=resource_pool, ray_cls_with_init=ray_cls_with_init, name_prefix=name_prefix,
-                        device_name=device_name)
+                        device_name=device_name, worker_env=dict(worker_env or {}))

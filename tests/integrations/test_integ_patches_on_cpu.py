@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from digenrl_verl.platform import process_env
+
 ROOT = Path(__file__).resolve().parents[2]
 VERL_PATCHES = sorted((ROOT / "patches" / "verl-0.9.1").glob("*.patch"))
 OMNI_PATCHES = sorted((ROOT / "patches" / "verl-omni-a1139baf").glob("*.patch"))
@@ -35,7 +37,10 @@ def _git_apply(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_series_are_present_and_numbered():
-    assert [p.name[:4] for p in VERL_PATCHES] == ["0001", "0002", "0003"]
+    # verl's CPU platform is no patch: the package ships it through verl's external-module hook
+    # (digenrl_verl/platform/cpu.py; tests/integrations/test_integ_cpu_platform_on_cpu.py)
+    assert [p.name[:4] for p in VERL_PATCHES] == ["0001", "0002"]
+    assert not any("platform" in p.name for p in VERL_PATCHES)
     assert [p.name[:4] for p in OMNI_PATCHES] == ["0001", "0002"]
     for p in VERL_PATCHES + OMNI_PATCHES:
         head = p.read_text().splitlines()[:5]
@@ -58,8 +63,8 @@ def test_verl_patch_applies_to_the_installed_verl_and_names_its_workaround(patch
 
 @pytest.mark.slow  # copies and imports a patched verl in a subprocess
 def test_patched_verl_copy_works(tmp_path):
-    """The whole series applied in order to a copy of the installed verl: the CPU platform is selectable, the
-    pool classes take the new arguments."""
+    """The whole series applied in order to a copy of the installed verl: the pool classes take the new arguments,
+    and the patched copy still takes the package's CPU platform through its external-module hook."""
     site, version = _installed_verl()
     if version != "0.9.1":
         pytest.skip(f"patches are for verl 0.9.1, installed: {version}")
@@ -72,6 +77,7 @@ def test_patched_verl_copy_works(tmp_path):
         "assert verl.__file__.startswith(%r), verl.__file__\n"
         "from verl.plugin.platform import get_platform\n"
         "p = get_platform()\n"
+        "assert type(p).__module__ == 'digenrl_verl.platform.cpu', type(p)\n"
         "assert (p.device_name, p.ray_resource_name(), p.communication_backend_name()) == ('cpu', 'CPU', 'gloo')\n"
         "from verl.single_controller.ray.base import RayResourcePool, ResourcePoolManager\n"
         "m = ResourcePoolManager(resource_pool_spec={'g': [2]}, mapping={}, max_colocate_count=1, use_gpu=False)\n"
@@ -80,7 +86,7 @@ def test_patched_verl_copy_works(tmp_path):
         "assert pool.custom_resources == {'kind_a': 1e-3}\n"
         "print('patched verl ok')\n" % str(tmp_path)
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "VERL_PLATFORM": "cpu"}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), **process_env(cpu=True, environ={})}
     proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "patched verl ok" in proc.stdout, proc.stderr[-3000:]

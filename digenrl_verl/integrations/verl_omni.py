@@ -334,14 +334,19 @@ def make_task_runner():
 
 
 def run_v1(config: DictConfig) -> int:
-    """What verl-omni's `main_diffusion_v1.main` does with its composed config (`auto_set_device`, resolve), then
-    ours: the translated config is checked here, before Ray starts (a bad one: exit status 2 and the key named);
-    a dry run prints the plan in this process; a run goes through verl-omni's `run_diffusion_v1` with our task
-    runner. Returns the exit status."""
+    """What verl-omni's `main_diffusion_v1.main` does with its composed config (`auto_set_device`, resolve; with
+    `trainer.device=cpu`, verl's CPU platform selected first, as ``VERL_PLATFORM=cpu`` would), then ours: the
+    translated config is checked here, before Ray starts (a bad one: exit status 2 and the key named); a dry run
+    prints the plan in this process; a run goes through verl-omni's `run_diffusion_v1` with our task runner.
+    Returns the exit status."""
     import ray
     from verl.utils.device import auto_set_device
     from verl_omni.trainer.main_diffusion_v1 import run_diffusion_v1
 
+    from digenrl_verl.platform import select_cpu_platform
+
+    if OmegaConf.select(config, "trainer.device") == "cpu":  # asked for: not verl's fallback to cuda on a CPU host
+        select_cpu_platform()
     auto_set_device(config)
     OmegaConf.resolve(config)
     trainer = DigenRLDiffusionTrainer(config=config)

@@ -1,5 +1,8 @@
 """verl's plugin hook (entry-point group `verl.plugins`, loaded by `import verl`): puts DigenRL in verl-omni's v1
-trainer registry as `trainer.v1.trainer_mode=digenrl`, in every process, with no verl-omni file patched.
+trainer registry as `trainer.v1.trainer_mode=digenrl`, in every process, with no verl-omni file patched; and
+registers the package's CPU platform (`digenrl_verl.platform.cpu`), which a process selects with
+``VERL_PLATFORM=cpu`` (never auto-detected: on a machine without an accelerator verl falls back to ``nvidia``, and
+verl-omni's `auto_set_device` then turns ``trainer.device=cpu`` into ``cuda``).
 
 verl imports its plugins in every process that imports verl (the driver, Ray's task runner, every worker), and
 most of them never build a verl-omni trainer; importing verl-omni's trainer modules here would cost each of them
@@ -58,7 +61,10 @@ class _TrainerBaseFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Register now if the registry is already imported, else when it is (idempotent)."""
+    """Register the CPU platform; the trainer mode now if the registry is already imported, else when it is
+    (idempotent)."""
+    import digenrl_verl.platform.cpu  # noqa: F401  (registers "cpu" in verl's PlatformRegistry)
+
     if TRAINER_BASE in sys.modules:
         register_in(sys.modules[TRAINER_BASE])
     elif not any(isinstance(f, _TrainerBaseFinder) for f in sys.meta_path) \

@@ -266,8 +266,10 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
                          extra=[*recipe.tiny, "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
                                 "actor_rollout_ref.rollout.nnodes=0", f"{ours}.output_dir={out}",
                                 f"trainer.default_local_dir={out}/checkpoints", *select])
+    # a CPU host: verl's CPU platform (registered by our verl.plugins entry point), else verl falls back to nvidia
+    # and verl-omni's auto_set_device turns trainer.device=cpu into cuda
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false", "VERL_PLATFORM": "cpu"}
     cmd = [sys.executable, "-m", entry, *argv, f"hydra.run.dir={tmp_path / 'hydra'}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     text = proc.stdout + proc.stderr

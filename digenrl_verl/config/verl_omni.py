@@ -42,6 +42,7 @@ from digenrl_verl.diffusion.selection import auto_selection
 from digenrl_verl.engines.base import ENGINES
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
+from digenrl_verl.models.lora import AdapterLoraConfig, read_lora_adapter
 from digenrl_verl.models.registry import get_adapter_class, read_model_index
 from digenrl_verl.schedule.config import verl_cut_keeps_groups
 from digenrl_verl.workers.sharding import STRATEGIES, STRATEGY_KEY, ShardingSpec
@@ -214,9 +215,6 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
     "trainer.use_v1": (True, "verl-omni's v1 trainer selection does not apply: select DigenRL with "
                        "trainer.digenrl.mode=disaggregated on this entry point (or trainer.v1.trainer_mode=digenrl "
                        "on verl-omni's entry point, see digenrl_verl.integrations.verl_omni)"),
-    f"{A}.model.lora_adapter_path": (lambda v, keys: v is not None,
-                                     "loading a pre-trained LoRA adapter is not supported; set it to null (LoRA "
-                                     "starts from its seeded init)"),
     "trainer.device": (lambda v, keys: v not in DEVICES,
                        f"valid devices: {sorted(DEVICES)} (gpu = cuda); set trainer.device=cuda or cpu"),
     f"{A}.rollout.tensor_model_parallel_size": (
@@ -1003,8 +1001,7 @@ def build_device(keys: RecipeKeys, digenrl: DigenRLConfig) -> str:
 def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorithm: str,
                  start_version: int) -> PolicySpec:
     model = f"{A}.model"
-    lora = LoraConfig.from_dict(keys.section(model, ("lora_rank", "lora_alpha", "lora_init_weights",
-                                                     "target_modules", "exclude_modules")))
+    lora = build_lora(keys)
     pipe = keys(f"{A}.rollout.pipeline") or {}
     pipeline = PipelineConfig.from_dict({k: v for k, v in pipe.items() if k not in VERL_OMNI_PIPELINE_KEYS})
     model_dtype = keys(f"{A}.actor.fsdp_config.model_dtype")
@@ -1016,9 +1013,40 @@ def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorit
                     f"samples in the trained model's dtype, {A}.actor.fsdp_config.model_dtype={DTYPES[model_dtype]} "
                     "(its weights arrive from the trainer in that dtype); generating in rollout.dtype comes with "
                     "verl-omni's rollout replicas")
+    if isinstance(lora, AdapterLoraConfig) and engine.name != "diffusers":
+        raise ValueError(f"{model}.lora_adapter_path with {A}.rollout.name={engine.name}: the vLLM-Omni generator does "
+                         f"not load pre-trained adapters yet; set {A}.rollout.name=diffusers (the generators then "
+                         f"load the adapter too) or {model}.lora_adapter_path=null")
     return PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=build_rollout(keys, algorithm),
                       dtype=DTYPES[model_dtype], start_version=start_version, device=build_device(keys, digenrl),
                       engine=engine)
+
+
+def build_lora(keys: RecipeKeys) -> LoraConfig:
+    """The recipe's LoRA, or, with `model.lora_adapter_path`, the pre-trained adapter's (verl-omni's
+    `LoRAAdapterMixin._build_lora_module`: diffusers' `load_lora_adapter` takes rank, alpha and targets from the
+    adapter, not from lora_rank / lora_alpha / target_modules), read here so that a bad path fails before any
+    worker starts; every worker building the model loads its weights (`models.lora.apply_lora`)."""
+    model = f"{A}.model"
+    lora = LoraConfig.from_dict(keys.section(model, ("lora_rank", "lora_alpha", "lora_init_weights",
+                                                     "target_modules", "exclude_modules")))
+    path = keys(f"{model}.lora_adapter_path")
+    if path is None:
+        return lora
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{model}.lora_adapter_path={path!r}: give a local peft adapter directory or diffusers "
+                         "LoRA file, or null")
+    path = os.path.abspath(os.path.expanduser(path))
+    adapter = read_lora_adapter(path)
+    c = adapter.config
+    targets = c["target_modules"]
+    keys.decide(f"{model}.lora_adapter_path={path}: the LoRA starts from this pre-trained {adapter.kind} adapter "
+                f"({adapter.summary}), on the trainers and the generators, as verl-omni's engine loads it; "
+                f"{model}.lora_rank / lora_alpha / target_modules are not used (the adapter's are); the KL reference "
+                "is the model with the adapter off")
+    return AdapterLoraConfig(rank=int(c["r"]), alpha=float(c["lora_alpha"]), init_weights=lora.init_weights,
+                             target_modules=targets if isinstance(targets, str) else tuple(targets),
+                             exclude_modules=lora.exclude_modules, seed=lora.seed, adapter_path=path)
 
 
 def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> ShardingSpec:

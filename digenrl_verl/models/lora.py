@@ -9,17 +9,149 @@ generators (`load_trainable_state`) and both sides can compare `state_checksum`s
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
 from digenrl_verl.models.config import MODEL_KEY, LoraConfig
 
+ADAPTER_KEY = f"{MODEL_KEY}.lora_adapter_path"
+PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+DIFFUSERS_PREFIX = "transformer."  # diffusers' load_lora_adapter keeps the keys under its prefix="transformer"
+
 # Attention projections, shared by the architectures' default LoRA targets (`ModelSpec.lora_targets`): of one
 # stream, and of the joint (MM-DiT) blocks, as Flow-GRPO / verl-omni recipes target them.
 ATTENTION: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
 JOINT_ATTENTION: tuple[str, ...] = ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+
+@dataclass(frozen=True)
+class AdapterLoraConfig(LoraConfig):
+    """LoRA that starts from a pre-trained adapter (`model.lora_adapter_path`): rank, alpha and targets are the
+    adapter's (`read_lora_adapter`), its weights replace the seeded init on every worker that builds the model."""
+
+    adapter_path: str | None = None
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """A pre-trained LoRA adapter: its peft LoraConfig kwargs and weights keyed `<module>.lora_A.weight` (the names
+    peft's `set_peft_model_state_dict` takes, under `base_model.model.`)."""
+
+    path: str
+    kind: str  # "peft" (adapter_config.json + adapter_model.safetensors) or "diffusers" (a LoRA .safetensors file)
+    config: dict[str, Any]
+    state: dict[str, torch.Tensor]
+
+    @property
+    def summary(self) -> str:
+        c = self.config
+        extra = " (per-module ranks: rank_pattern)" if c.get("rank_pattern") else ""
+        return f"r={c['r']}, lora_alpha={c['lora_alpha']}, target_modules={sorted(c['target_modules'])}{extra}"
+
+
+_PEFT_FIELDS = ("r", "lora_alpha", "target_modules", "rank_pattern", "alpha_pattern", "use_rslora", "use_dora",
+                "bias", "exclude_modules")
+
+
+def _diffusers_file(path: str) -> str:
+    if os.path.isfile(path):
+        return path
+    found = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if "pytorch_lora_weights.safetensors" in found:
+        return os.path.join(path, "pytorch_lora_weights.safetensors")
+    if len(found) != 1:
+        raise ValueError(f"{ADAPTER_KEY}={path!r} holds no {PEFT_CONFIG} and {len(found)} .safetensors files "
+                         f"({found}): give a peft adapter directory ({PEFT_CONFIG} + {PEFT_WEIGHTS}) or one diffusers "
+                         "LoRA file (pytorch_lora_weights.safetensors, keys under 'transformer.')")
+    return os.path.join(path, found[0])
+
+
+def _diffusers_config(path: str, state: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> dict:
+    """diffusers' `_create_lora_config`: the saved `lora_adapter_metadata` (its keys under the prefix), else the
+    rank from the lora_B shapes, alpha = rank, and the adapted modules from the keys."""
+    raw = json.loads(metadata.get("lora_adapter_metadata", "{}") or "{}")
+    meta = {k[len(DIFFUSERS_PREFIX):]: v for k, v in raw.items() if k.startswith(DIFFUSERS_PREFIX)} or raw
+    if meta.get("r"):
+        return {k: meta[k] for k in _PEFT_FIELDS if k in meta}
+    ranks = {k.rsplit(".lora_B", 1)[0]: v.shape[1] for k, v in state.items() if ".lora_B" in k and v.ndim > 1}
+    if len(set(ranks.values())) != 1:
+        raise ValueError(f"{ADAPTER_KEY}={path!r}: the LoRA ranks differ per module ({sorted(set(ranks.values()))}) "
+                         "and the file has no lora_adapter_metadata; save it with diffusers' save_lora_weights")
+    r = next(iter(ranks.values()))
+    return {"r": r, "lora_alpha": r, "target_modules": sorted(ranks)}
+
+
+def read_lora_adapter(path: str) -> LoraAdapter:
+    """Read a pre-trained LoRA: a peft adapter directory (`adapter_config.json` + `adapter_model.safetensors`, as
+    peft's `save_pretrained` writes it and verl-omni's non-diffusers models load it) or a diffusers LoRA file (keys
+    `transformer.<module>.lora_A.weight`, as `save_lora_weights` writes it and verl-omni's diffusers engine loads it
+    with `load_lora_adapter`). ValueError naming `model.lora_adapter_path` and the fix when it is neither."""
+    from safetensors import safe_open
+
+    if not os.path.exists(path):
+        raise ValueError(f"{ADAPTER_KEY}={path!r} does not exist: give a local peft adapter directory ({PEFT_CONFIG} "
+                         f"+ {PEFT_WEIGHTS}) or a diffusers LoRA .safetensors file, or set it to null (LoRA starts "
+                         "from its seeded init)")
+    peft_dir = os.path.isdir(path) and os.path.isfile(os.path.join(path, PEFT_CONFIG))
+    file = os.path.join(path, PEFT_WEIGHTS) if peft_dir else _diffusers_file(path)
+    if not os.path.isfile(file):
+        raise ValueError(f"{ADAPTER_KEY}={path!r} has {PEFT_CONFIG} but no {PEFT_WEIGHTS}: save the adapter with "
+                         "peft's save_pretrained (safe_serialization=True)")
+    with safe_open(file, "pt") as f:
+        state, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+    if peft_dir:
+        with open(os.path.join(path, PEFT_CONFIG)) as fh:
+            cfg = json.load(fh)
+        if cfg.get("peft_type", "LORA") != "LORA":
+            raise ValueError(f"{ADAPTER_KEY}={path!r} is a {cfg.get('peft_type')} adapter; only LoRA is supported")
+        state = {k.removeprefix("base_model.model."): v for k, v in state.items()}
+        config = {k: cfg[k] for k in _PEFT_FIELDS if cfg.get(k) is not None}
+        return LoraAdapter(path, "peft", config, state)
+    state = {k[len(DIFFUSERS_PREFIX):]: v for k, v in state.items() if k.startswith(DIFFUSERS_PREFIX)}
+    if not any(".lora_A" in k for k in state):
+        raise ValueError(f"{ADAPTER_KEY}={path!r}: {file} has no LoRA key under {DIFFUSERS_PREFIX!r} (verl-omni's "
+                         "diffusers engine loads none without it); save the transformer's LoRA with the pipeline's "
+                         "save_lora_weights, or give a peft adapter directory")
+    return LoraAdapter(path, "diffusers", _diffusers_config(path, state, metadata), state)
+
+
+def _load_adapter_weights(model: nn.Module, adapter: LoraAdapter, skipped: tuple[str, ...]) -> None:
+    """Copy the adapter's weights into `model`'s "default" adapter; every trainable LoRA weight must be given."""
+    from peft import set_peft_model_state_dict
+
+    keep = {k: v for k, v in adapter.state.items() if not any(k.startswith(m + ".") for m in skipped)}
+    result = set_peft_model_state_dict(model, {f"base_model.model.{k}": v for k, v in keep.items()})
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    given = {f"base_model.model.{k}".replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default.")
+             for k in keep}
+    missing = sorted(n for n, _ in named_trainable_parameters(model) if n not in given)
+    if unexpected or missing:
+        raise ValueError(f"{ADAPTER_KEY}={adapter.path!r} does not fit this transformer: unexpected "
+                         f"{unexpected[:3]}, missing {missing[:3]}")
+
+
+def _adapter_model(transformer: nn.Module, lora: AdapterLoraConfig, architecture: str,
+                   unused_modules: tuple[str, ...]) -> nn.Module:
+    """The peft model of the adapter at `lora.adapter_path`, its config and weights (no seeded init)."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    adapter = read_lora_adapter(lora.adapter_path)
+    kwargs = dict(adapter.config)
+    if unused_modules:  # never trainable (no gradient would reach them); they do not change the output
+        kwargs["exclude_modules"] = [*(kwargs.get("exclude_modules") or ()), *unused_modules]
+    try:
+        model = get_peft_model(transformer, PeftLoraConfig(**kwargs, lora_dropout=0.0))
+    except ValueError as err:
+        raise ValueError(f"{ADAPTER_KEY}={lora.adapter_path!r} does not match the {architecture} transformer: "
+                         f"{err}") from err
+    _load_adapter_weights(model, adapter, unused_modules)
+    return model
+
 
 def apply_lora(
     transformer: nn.Module,
@@ -39,8 +171,11 @@ def apply_lora(
     receives a gradient (flat-buffer gradient all-reduce relies on it).
 
     The adapter is initialised under `torch.manual_seed(lora.seed)` with the global RNG restored afterwards,
-    so all workers start from the same weights. Call this before moving the model to an accelerator.
+    so all workers start from the same weights; an `AdapterLoraConfig` with an `adapter_path` takes the pre-trained
+    adapter's config and weights instead (`read_lora_adapter`). Call this before moving the model to an accelerator.
     """
+    if getattr(lora, "adapter_path", None):
+        return _adapter_model(transformer, lora, architecture, unused_modules)
     if not lora.enabled:
         transformer.requires_grad_(True)
         for name in unused_modules:

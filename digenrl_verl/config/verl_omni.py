@@ -1009,10 +1009,10 @@ def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorit
         raise ValueError(f"{A}.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(DTYPES)}")
     engine = build_engine(keys, digenrl)
     if engine.name == "diffusers" and engine.dtype != DTYPES[model_dtype]:
-        keys.decide(f"{A}.rollout.dtype={engine.dtype} (verl-omni's rollout samples in it): the diffusers generator "
-                    f"samples in the trained model's dtype, {A}.actor.fsdp_config.model_dtype={DTYPES[model_dtype]} "
-                    "(its weights arrive from the trainer in that dtype); generating in rollout.dtype comes with "
-                    "verl-omni's rollout replicas")
+        keys.decide(f"{A}.rollout.dtype={engine.dtype}: generators sample in it, as verl-omni's rollout does (the "
+                    f"trainer's weights, in {A}.actor.fsdp_config.model_dtype={DTYPES[model_dtype]}, are cast on "
+                    "arrival; PEFT keeps LoRA adapter weights in float32); samples drawn on trainer ranks (TAG, "
+                    f"the colocated mode) come from the trained model in {DTYPES[model_dtype]}")
     if isinstance(lora, AdapterLoraConfig) and engine.name != "diffusers":
         raise ValueError(f"{model}.lora_adapter_path with {A}.rollout.name={engine.name}: the vLLM-Omni generator does "
                          f"not load pre-trained adapters yet; set {A}.rollout.name=diffusers (the generators then "

@@ -7,6 +7,8 @@ policy they train, so a TAG micro-batch goes through the same code as a generato
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from digenrl_verl.diffusion.noise import SampleKey
@@ -41,11 +43,16 @@ class DiffusersEngine:
         self.rollout = rollout
         self.version = int(version)
         self.collectives: Collectives | None = None
+        self.wire_dtype: torch.dtype | None = None  # the sender's dtype, where it is not the adapter's (generators)
 
     @classmethod
     def from_policy(cls, spec: PolicySpec) -> "DiffusersEngine":
-        """A generator's engine: its own copy of the policy, at `spec.start_version`."""
-        return cls(load_policy(spec), spec.rollout, spec.start_version)
+        """A generator's engine: its own copy of the policy, at `spec.start_version`, in the rollout's dtype
+        (`actor_rollout_ref.rollout.dtype`, as verl-omni's rollout samples); the trainer's weights arrive in the
+        trained model's dtype (`spec.dtype`) and are cast on arrival."""
+        engine = cls(load_policy(replace(spec, dtype=spec.engine.dtype)), spec.rollout, spec.start_version)
+        engine.wire_dtype = getattr(torch, spec.dtype)
+        return engine
 
     def trainable(self) -> dict[str, torch.nn.Parameter]:
         """The trainable parameters, live (weights are received and loaded into them in place)."""
@@ -69,7 +76,13 @@ class DiffusersEngine:
     def receive_weights(self, version: int) -> int:
         if self.collectives is None:
             raise RuntimeError("the diffusers engine received weights before joining the process group")
-        self.collectives.receive_weights(self.trainable())
+        live = self.trainable()
+        cast = {k: p for k, p in live.items() if self.wire_dtype not in (None, p.dtype)}
+        staged = {k: torch.empty_like(p, dtype=self.wire_dtype) for k, p in cast.items()}
+        self.collectives.receive_weights({**live, **staged})  # the broadcast is in the sender's dtype
+        with torch.no_grad():
+            for k, buffer in staged.items():
+                cast[k].copy_(buffer)
         self.version = version
         return version
 

@@ -24,7 +24,8 @@ class RolloutEngineSpec:
     Args:
         name: `diffusers` (the policy in the generator process, CPU or GPU) or `vllm_omni` (a vLLM-Omni engine
             per generator rank running DigenRL's pipeline; GPU only), `actor_rollout_ref.rollout.name`.
-        dtype: the engine's model dtype (`actor_rollout_ref.rollout.dtype`; vllm_omni with `async_omni` only).
+        dtype: the engine's model dtype (`actor_rollout_ref.rollout.dtype`): a generator's diffusers policy and
+            vllm_omni with `async_omni` sample in it; trainers (TAG, colocated) sample with the model they train.
         engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`, passed to `AsyncOmni`.
         client: vllm_omni only, one of `OMNI_CLIENTS`; not read from the config. `inprocess` needs neither vLLM
             nor a GPU and samples in the policy's dtype, so it is checked against the diffusers engine bit for bit.

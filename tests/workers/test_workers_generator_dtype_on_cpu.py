@@ -1,0 +1,95 @@
+"""A generator samples in `actor_rollout_ref.rollout.dtype` (verl-omni's rollout does; its default is bf16) while the
+trainer trains in `actor.fsdp_config.model_dtype`: the generator's diffusers policy is loaded in the rollout's dtype
+and the trainer's weights, sent in the trained dtype, are cast on arrival. Real processes, a real gloo pair group."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+
+from digenrl_verl.engines.diffusers import DiffusersEngine
+from digenrl_verl.main import TINY_CPU, compose
+from digenrl_verl.models.tiny import build_tiny_model_dir
+from digenrl_verl.trainer.config import build_run
+from digenrl_verl.weights.sync import CollectiveSpec, Collectives, free_port
+
+
+def _policy(model_dir: str, rollout_dtype: str, lora_rank: int):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        spec = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={model_dir}",
+                                  f"actor_rollout_ref.model.lora_rank={lora_rank}",
+                                  f"actor_rollout_ref.rollout.dtype={rollout_dtype}"]))
+    return spec.policy
+
+
+def _sent(engine: DiffusersEngine) -> dict[str, torch.Tensor]:
+    """What the trainer sends: its trainable weights moved off their init, in the trained dtype (fp32)."""
+    g = torch.Generator().manual_seed(0)
+    return {k: (p.detach().float() + 0.1 * torch.randn(p.shape, generator=g)) for k, p in engine.trainable().items()}
+
+
+def _trainer(spec: CollectiveSpec, policy, out) -> None:
+    sent = _sent(DiffusersEngine.from_policy(replace(policy, engine=replace(policy.engine, dtype="float32"))))
+    Collectives(spec, "trainer", 0).send_weights(sent, [0])
+    out.put(_bytes(sent))
+
+
+def _generator(spec: CollectiveSpec, policy, out) -> None:
+    engine = DiffusersEngine.from_policy(policy)
+    engine.join(spec, 0)
+    engine.receive_weights(1)
+    out.put(_bytes({k: p.detach() for k, p in engine.trainable().items()}))
+
+
+def _bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    """Through the queue as bytes (a tensor would be shared by a file descriptor of a process that exits)."""
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.slow  # two processes
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_a_bf16_generator_receives_the_fp32_trainers_weights_cast(tmp_path, lora_rank):
+    """Full fine-tune: every trainable weight is bf16 on the generator, received through an fp32 buffer and cast.
+    LoRA: the frozen base is bf16, the adapters stay fp32 (PEFT keeps adapter weights in fp32), received as sent."""
+    model_dir = str(build_tiny_model_dir("FluxPipeline", tmp_path / "model", seed=0))
+    policy = _policy(model_dir, "bfloat16", lora_rank)
+    assert policy.dtype == "float32" and policy.engine.dtype == "bfloat16"
+    params = list(DiffusersEngine.from_policy(policy).adapter.transformer.parameters())
+    assert {p.dtype for p in params if not p.requires_grad} <= {torch.bfloat16}
+    trained = {p.dtype for p in params if p.requires_grad}
+    assert trained == ({torch.bfloat16} if lora_rank == 0 else {torch.float32})
+    ctx = mp.get_context("fork")
+    out_t, out_g = ctx.Queue(), ctx.Queue()
+    spec = CollectiveSpec("127.0.0.1", free_port(), 1, 1, timeout_s=60.0)
+    procs = [ctx.Process(target=_trainer, args=(spec, policy, out_t)),
+             ctx.Process(target=_generator, args=(spec, policy, out_g))]
+    for p in procs:
+        p.start()
+    try:
+        sent, got = (torch.load(io.BytesIO(q.get(timeout=240))) for q in (out_t, out_g))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert sorted(sent) == sorted(got) and sent
+    for k in sent:
+        assert got[k].dtype in trained
+        assert torch.equal(got[k], sent[k].to(got[k].dtype)), k  # cast on arrival, nothing else
+
+
+def test_the_tiny_preset_samples_in_the_trained_dtype(tmp_path):
+    """The CPU demo passes rollout.dtype=float32 with its fp32 model: no cast, the generator's policy is the
+    trainer's bit for bit (the on-policy equivalence tests rely on it)."""
+    model_dir = str(build_tiny_model_dir("FluxPipeline", tmp_path / "model", seed=0))
+    policy = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={model_dir}"])).policy
+    assert policy.engine.dtype == policy.dtype == "float32"
+    assert DiffusersEngine.from_policy(policy).wire_dtype == torch.float32

@@ -43,16 +43,13 @@ class DiffusersEngine:
         self.rollout = rollout
         self.version = int(version)
         self.collectives: Collectives | None = None
-        self.wire_dtype: torch.dtype | None = None  # the sender's dtype, where it is not the adapter's (generators)
 
     @classmethod
     def from_policy(cls, spec: PolicySpec) -> "DiffusersEngine":
         """A generator's engine: its own copy of the policy, at `spec.start_version`, in the rollout's dtype
         (`actor_rollout_ref.rollout.dtype`, as verl-omni's rollout samples); the trainer's weights arrive in the
-        trained model's dtype (`spec.dtype`) and are cast on arrival."""
-        engine = cls(load_policy(replace(spec, dtype=spec.engine.dtype)), spec.rollout, spec.start_version)
-        engine.wire_dtype = getattr(torch, spec.dtype)
-        return engine
+        trainer's dtypes and are cast on arrival (`weights.sync`)."""
+        return cls(load_policy(replace(spec, dtype=spec.engine.dtype)), spec.rollout, spec.start_version)
 
     def trainable(self) -> dict[str, torch.nn.Parameter]:
         """The trainable parameters, live (weights are received and loaded into them in place)."""
@@ -76,13 +73,7 @@ class DiffusersEngine:
     def receive_weights(self, version: int) -> int:
         if self.collectives is None:
             raise RuntimeError("the diffusers engine received weights before joining the process group")
-        live = self.trainable()
-        cast = {k: p for k, p in live.items() if self.wire_dtype not in (None, p.dtype)}
-        staged = {k: torch.empty_like(p, dtype=self.wire_dtype) for k, p in cast.items()}
-        self.collectives.receive_weights({**live, **staged})  # the broadcast is in the sender's dtype
-        with torch.no_grad():
-            for k, buffer in staged.items():
-                cast[k].copy_(buffer)
+        self.collectives.receive_weights(self.trainable())  # sent in the trainer's dtypes, cast into place
         self.version = version
         return version
 

@@ -137,20 +137,36 @@ class Collectives:
             dist.destroy_process_group()
 
 
+#: dtype codes of the header that precedes each broadcast (a receiver may hold a tensor in another dtype)
+_WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
+                torch.int8, torch.uint8, torch.bool)
+
+
 def _broadcast_flat(tensors: Mapping[str, torch.Tensor], group) -> None:
     """Pair-rank 0 (trainer rank 0) -> pair-rank 1, on a bare pair group (not registered with the default world,
-    so through the group's own `broadcast`)."""
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for name in sorted(tensors):
-        by_dtype.setdefault(tensors[name].dtype, []).append(tensors[name])
+    so through the group's own `broadcast`). A header of the sender's dtypes goes first: a receiver that holds a
+    tensor in another dtype (a generator sampling in `rollout.dtype`) receives it in the sender's dtype and casts
+    it into place."""
     opts = dist.BroadcastOptions()
     opts.rootRank, opts.rootTensor = 0, 0
-    for same in by_dtype.values():
-        flat = torch._utils._flatten_dense_tensors([t.detach() for t in same])
+    names = sorted(tensors)
+    if not names:
+        return
+    header = torch.tensor([_WIRE_DTYPES.index(tensors[n].dtype) for n in names], dtype=torch.int64,
+                          device=tensors[names[0]].device)  # where the group's backend reads (cuda for NCCL)
+    group.broadcast([header], opts).wait()  # the receiver's own dtypes are overwritten by the sender's
+    by_dtype: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for name, code in zip(names, header.tolist()):
+        live = tensors[name]
+        wire = live if live.dtype == _WIRE_DTYPES[code] else torch.empty_like(live, dtype=_WIRE_DTYPES[code])
+        by_dtype.setdefault(wire.dtype, []).append((live, wire))
+    for pairs in by_dtype.values():
+        wires = [w.detach() for _, w in pairs]
+        flat = torch._utils._flatten_dense_tensors(wires)
         group.broadcast([flat], opts).wait()
         with torch.no_grad():
-            for t, new in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
-                t.copy_(new)
+            for (live, _), new in zip(pairs, torch._utils._unflatten_dense_tensors(flat, wires)):
+                live.copy_(new)
 
 
 def state_checksum(tensors: Mapping[str, torch.Tensor]) -> str:

@@ -92,4 +92,5 @@ def test_the_tiny_preset_samples_in_the_trained_dtype(tmp_path):
     model_dir = str(build_tiny_model_dir("FluxPipeline", tmp_path / "model", seed=0))
     policy = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={model_dir}"])).policy
     assert policy.engine.dtype == policy.dtype == "float32"
-    assert DiffusersEngine.from_policy(policy).wire_dtype == torch.float32
+    params = DiffusersEngine.from_policy(policy).adapter.transformer.parameters()
+    assert {p.dtype for p in params} == {torch.float32}

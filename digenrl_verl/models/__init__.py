@@ -12,7 +12,6 @@ from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.lora import state_checksum
 from digenrl_verl.models.registry import get_adapter_class, load_adapter, read_model_index
 from digenrl_verl.models.spec import ModelSpec, get_model_spec, list_architectures, register_model
-from digenrl_verl.models.tiny import build_tiny_model_dir, tiny_architectures
 
 __all__ = [
     "Conditioning",
@@ -30,3 +29,13 @@ __all__ = [
     "tiny_architectures",
     "build_tiny_model_dir",
 ]
+
+
+def __getattr__(name: str):
+    """`build_tiny_model_dir` / `tiny_architectures`, imported on first use: `python -m digenrl_verl.models.tiny` then
+    runs a module this package has not imported yet (runpy warns otherwise)."""
+    if name in ("build_tiny_model_dir", "tiny_architectures"):
+        from digenrl_verl.models import tiny
+
+        return getattr(tiny, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=tiny_sizes(), default="unit")
     args = parser.parse_args(argv)
+    import digenrl_verl.platform.quiet  # noqa: F401  (the torchvision notice, diffusers' bars)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards"
     out = build_tiny_model_dir(args.architecture, args.path, seed=args.seed, size=args.size)
     print(out)
     return 0

@@ -9,8 +9,10 @@ What ran where (honestly):
   `weights_sources`, `load_weights`); the engine's warm-up request; real `DiffusionRequestBatch`es through
   `forward`; the output through the engine's post-processing and formatter and the msgpack serializer; the
   worker-extension class resolution (`re_init_pipeline` kept); `collective_rpc` results and error dicts as
-  vLLM-Omni's stage clients build them; RPC arguments through the msgpack hop; the MASTER_PORT precedence.
-* **Never ran** (no GPU while this was written): `AsyncOmni` itself and its worker processes, the NCCL
+  vLLM-Omni's stage clients build them; RPC arguments through the msgpack hop; the MASTER_PORT precedence;
+  the lazy `AsyncOmni(**kwargs)` start from inside `generate` / `receive_weights` / `checksum` on the engine's
+  loop, as far as CPU goes (vLLM-Omni's stage-config resolution: no platform on CPU).
+* **Never ran** (no GPU while this was written): a started `AsyncOmni` and its worker processes, the NCCL
   weight group on GPU, and the bucketed CUDA-IPC hand-over of full weights (`verl`'s `BucketedWeightSender` /
   `BucketedWeightReceiver`). They follow vLLM-Omni's code as read in the pinned wheel and verl 0.9.1's proven
   trainer -> rollout path; tests/gpu runs them when a GPU is there.
@@ -696,27 +698,38 @@ class VllmOmniEngine:
         return cls(spec.model_path, spec.pipeline, spec.rollout, engine.engine_kwargs, dtype=dtype,
                    start_version=spec.start_version, lora=spec.lora, client=engine.client, device=spec.device)
 
-    @property
-    def client(self) -> Any:
-        """The engine client; `AsyncOmni` starts here on first use (after `join`; the weight sync's pair group is a
-        bare process group, independent of any torch.distributed world vLLM-Omni starts in-process), with a free
-        MASTER_PORT of its own."""
+    async def start_client(self) -> Any:
+        """The engine client, awaited on this engine's loop (`_generate`, `_rpc` do); `AsyncOmni` starts here on
+        first use (after `join`; the weight sync's pair group is a bare process group, independent of any
+        torch.distributed world vLLM-Omni starts in-process), with a free MASTER_PORT of its own.
+
+        `AsyncOmni` must be built inside a running loop (it binds to `asyncio.get_running_loop()`), and the
+        callers already run on `self.loop`: it is built right here, never through `run_until_complete` (which
+        raised "This event loop is already running"). No await between the check and the assignment, so
+        concurrent callers on the loop start one client."""
         if self._client is None:
             api = import_vllm_omni()
             kwargs = dict(self.kwargs, master_port=isolate_master_port())
-
-            async def start() -> Any:
-                return api.AsyncOmni(**kwargs)
-
-            self._client = self.loop.run_until_complete(start())
+            self._client = api.AsyncOmni(**kwargs)
             self.params_cls = api.SamplingParams
+        return self._client
+
+    @property
+    def client(self) -> Any:
+        """The engine client, from outside the engine's loop (starts it there on first use); on the loop, await
+        `start_client()`."""
+        if self._client is None:
+            if self.loop.is_running():
+                raise RuntimeError("VllmOmniEngine.client read on the engine's running loop before the client "
+                                   "started: await start_client() there")
+            self.loop.run_until_complete(self.start_client())
         return self._client
 
     async def _generate(self, rows: RolloutRows) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """All requests of the rows concurrently; (tensors, images) in row order."""
         requests = build_requests(rows.prompts, rows.uids, rows.sample_indices, step=rows.step, version=self.version,
                                   pipeline=self.pipeline, rollout=self.rollout)
-        client = self.client
+        client = await self.start_client()
 
         async def one(req: OmniRequest) -> Mapping[str, Any]:
             params = self.params_cls(**req.sampling, extra_args=req.extra_args)
@@ -738,7 +751,8 @@ class VllmOmniEngine:
         return Rollout(tensors, images)
 
     async def _rpc(self, method: str, *args: Any) -> Any:
-        out = self.client.collective_rpc(method, args=plain_rpc_args(args))
+        client = await self.start_client()
+        out = client.collective_rpc(method, args=plain_rpc_args(args))
         if inspect.isawaitable(out):
             out = await out
         return unwrap_rpc_result(method, out)

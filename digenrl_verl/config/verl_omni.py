@@ -45,6 +45,7 @@ from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.lora import AdapterLoraConfig, read_lora_adapter
 from digenrl_verl.models.registry import get_adapter_class, read_model_index
 from digenrl_verl.schedule.config import verl_cut_keeps_groups
+from digenrl_verl.trainer.data import prompt_reader_decision
 from digenrl_verl.workers.sharding import STRATEGIES, STRATEGY_KEY, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
 
@@ -1166,6 +1167,7 @@ def _data_seed(keys: RecipeKeys) -> int:
 
 def build_data(keys: RecipeKeys) -> DataSpec:
     try:
+        keys.decide(prompt_reader_decision(keys("data.train_files")))  # verl-omni's dataset code, or our same rules
         return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key"),
                         seed=_data_seed(keys), shuffle=bool(keys("data.shuffle")),
                         val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples"),

@@ -16,10 +16,15 @@ DataProto keys made here (B = prompts_per_step × n rows):
 The prompts of each step are those verl-omni's training dataloader gives (`PromptStream`): an epoch is the prompts in
 torchdata's RandomSampler order for `data.seed` (`epoch_order`), cut into full batches, the last partial batch
 dropped (`drop_last=True`), so step s of a run gets the prompts verl-omni's step s gets for the same file and seed.
+
+Where verl-omni is installed and the files are parquet, its own dataset code reads them (`verl_omni.utils.dataset.
+rl_dataset.create_rl_dataset`: each row's `raw_prompt` chat and `data_source`) and its `create_rl_sampler` orders the
+epochs (`VerlOmniPrompts`); elsewhere the same rules of this module do (`verl_omni_dataset_reason` says which).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -36,32 +41,102 @@ def builtin_prompts() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+def _paths(files) -> list[str] | None:
+    """The files of `data.train_files` / `data.val_files` as a list; None for the built-in prompts."""
+    if files is None or (not isinstance(files, str) and len(files) == 0):
+        return None
+    return [files] if isinstance(files, str) else [str(f) for f in files]
+
+
+# columns verl's RLHFDataset hands to the model's processor (its default image_key / video_key / audio_key)
+MULTIMODAL_COLUMNS = ("images", "videos", "audios")
+
+
+def verl_omni_dataset_reason(files) -> str | None:
+    """Why `files` are not read by verl-omni's own dataset code; None when they are: verl-omni is installed (found,
+    not imported) and every file is parquet, without the image / video / audio columns verl's dataset can only hand
+    to a processor (prompts are text here).
+
+    What verl-omni's `create_rl_dataset` needs besides the files: its TaskRunner passes a tokenizer and a processor
+    built from the model path (verl's `hf_tokenizer` / `hf_processor`), but the dataset reads the tokenizer only to
+    filter overlong prompts (`data.filter_overlong_prompts`, refused here) and the processor only for rows with
+    those columns, so none is built and the rows are the same."""
+    paths = _paths(files)
+    if paths is None:
+        return "the built-in prompts"
+    other = [f for f in paths if Path(f).suffix != ".parquet"]
+    if other:
+        return f"{other[0]} is not parquet, which verl-omni's dataset reads"
+    try:
+        if importlib.util.find_spec("verl_omni") is None:
+            return "verl_omni is not installed"
+    except (ImportError, ValueError) as e:
+        return f"verl_omni is not importable ({e})"
+    import pyarrow.parquet as pq
+
+    for f in paths:
+        if not Path(f).exists():
+            return f"{f} does not exist"
+        media = [c for c in MULTIMODAL_COLUMNS if c in pq.read_schema(f).names]
+        if media:
+            return f"{f} has {media} columns, which verl-omni's dataset hands to the model's processor"
+    return None
+
+
+def prompt_reader_decision(files, key: str = "data.train_files") -> str:
+    """The plan's line on who reads the prompts of `files` (`verl_omni_dataset_reason`)."""
+    why = verl_omni_dataset_reason(files)
+    if why is None:
+        return (f"{key}: read by verl-omni's own dataset code (create_rl_dataset: each row's raw_prompt chat becomes "
+                "its user text, data.reward_fn_key its data_source; the epoch order from its create_rl_sampler for "
+                "data.seed / data.shuffle)")
+    return (f"{key}: read by this package's rules ({why}): the prompts, data sources and order verl-omni's dataset "
+            "code gives a parquet file")
+
+
 def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", *, with_extras: bool = False,
                  key: str = "data.train_files", source_key: str = "data_source"):
     """(prompts, data_source per prompt) from text files (one prompt per line) or parquet files; errors name `key`
     (the setting the files came from). A parquet file's data source is its `source_key` column (verl-omni's
-    `data.reward_fn_key`), where it has one; otherwise the file's name.
+    `data.reward_fn_key`), where it has one; otherwise the file's name. Where `verl_omni_dataset_reason` allows,
+    verl-omni's own dataset code reads the files (`_verl_omni_rows`; the prompts are then `VerlOmniPrompts`).
 
     With `with_extras`, also a dict per prompt holding its `reward_model` / `extra_info` columns (empty for
     text files and files without them)."""
-    if files is None or (not isinstance(files, str) and len(files) == 0):
+    paths = _paths(files)
+    if paths is None:
         p = builtin_prompts()
         return (p, ["builtin"] * len(p), [{} for _ in p]) if with_extras else (p, ["builtin"] * len(p))
+    for f in paths:
+        if not Path(f).exists():
+            raise ValueError(f"{key}: {f!r} does not exist; give a .txt (one prompt per line) or .parquet "
+                             "file")
+    read = _verl_omni_rows if verl_omni_dataset_reason(paths) is None else _our_rows
+    prompts, sources, extras = read(paths, prompt_key, source_key)
+    if not prompts:
+        raise ValueError(f"{key}={files!r} holds no prompts")
+    return (prompts, sources, extras) if with_extras else (prompts, sources)
+
+
+def _prompt_text(value) -> str:
+    """A prompt cell: a chat (list of messages) → its user text (`chat_text`); anything else → str."""
+    return chat_text(value) if isinstance(value, (list, tuple, np.ndarray)) else str(value)
+
+
+def _our_rows(paths: list[str], prompt_key: str, source_key: str):
+    """(prompts, sources, extras) of the files by this module's rules."""
     prompts: list[str] = []
     sources: list[str] = []
     extras: list[dict] = []
-    for f in [files] if isinstance(files, str) else list(files):
+    for f in paths:
         path = Path(f)
-        if not path.exists():
-            raise ValueError(f"{key}: {f!r} does not exist; give a .txt (one prompt per line) or .parquet "
-                             "file")
         if path.suffix == ".parquet":
             import pandas as pd
 
             df = pd.read_parquet(path)
             if prompt_key not in df.columns:
                 raise ValueError(f"data.prompt_key={prompt_key!r} is not a column of {f}; columns: {list(df.columns)}")
-            col = [str(x) if not isinstance(x, (list, np.ndarray)) else chat_text(x) for x in df[prompt_key]]
+            col = [_prompt_text(x) for x in df[prompt_key]]
             extras += [{c: _plain(row[c]) for c in EXTRA_COLUMNS if c in df.columns} for _, row in df.iterrows()]
             sources += [str(x) for x in df[source_key]] if source_key in df.columns else [path.name] * len(col)
         else:
@@ -69,9 +144,61 @@ def load_prompts(files: str | Sequence[str] | None, prompt_key: str = "prompt", 
             extras += [{} for _ in col]
             sources += [path.name] * len(col)
         prompts += col
-    if not prompts:
-        raise ValueError(f"{key}={files!r} holds no prompts")
-    return (prompts, sources, extras) if with_extras else (prompts, sources)
+    return prompts, sources, extras
+
+
+class VerlOmniPrompts(list):
+    """Prompt texts read by verl-omni's dataset code, carrying that dataset: `PromptStream` orders their epochs with
+    verl-omni's `create_rl_sampler` over it (`epoch_order`)."""
+
+    def __init__(self, texts, dataset) -> None:
+        super().__init__(texts)
+        self.dataset = dataset
+        self._orders: dict[tuple[int, bool], tuple[object, list]] = {}  # (seed, shuffle) -> (sampler, epochs)
+
+    def epoch_order(self, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+        """The prompts' order in `epoch`: each epoch one pass of verl-omni's sampler for data.seed / data.shuffle
+        (a new iterator per epoch, as the dataloader takes one)."""
+        key = (int(seed), bool(shuffle))
+        if key not in self._orders:
+            from omegaconf import OmegaConf
+            from verl_omni.utils.dataset.rl_dataset import create_rl_sampler
+
+            config = OmegaConf.create({"shuffle": bool(shuffle), "seed": int(seed)})
+            self._orders[key] = (create_rl_sampler(config, self.dataset), [])
+        sampler, orders = self._orders[key]
+        while len(orders) <= epoch:
+            orders.append([int(i) for i in sampler])
+        return orders[epoch]
+
+
+def _verl_omni_rows(paths: list[str], prompt_key: str, source_key: str):
+    """(prompts, sources, extras) of parquet files as verl-omni's `create_rl_dataset` gives the rows (no tokenizer
+    or processor: `verl_omni_dataset_reason`); a file without the `source_key` column names its rows' source, as in
+    `_our_rows`."""
+    import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+    from verl_omni.utils.dataset.rl_dataset import create_rl_dataset
+
+    for f in paths:
+        columns = pq.read_schema(f).names
+        if prompt_key not in columns:
+            raise ValueError(f"data.prompt_key={prompt_key!r} is not a column of {f}; columns: {columns}")
+    config = OmegaConf.create({"prompt_key": prompt_key, "filter_overlong_prompts": False})
+    dataset = create_rl_dataset(list(paths), config, tokenizer=None, processor=None, is_train=True)
+    # per row: its file's name where that file has no `source_key` column (concatenated, its rows hold None)
+    names = [None if source_key in pq.read_schema(f).names else Path(f).name
+             for f in paths for _ in range(pq.read_metadata(f).num_rows)]
+    columns = set(dataset.dataframe.column_names)
+    prompts: list[str] = []
+    sources: list[str] = []
+    extras: list[dict] = []
+    for i in range(len(dataset)):
+        row = dataset[i]
+        prompts.append(_prompt_text(row["raw_prompt"]))
+        sources.append(str(row[source_key]) if names[i] is None else names[i])
+        extras.append({c: _plain(row[c]) for c in EXTRA_COLUMNS if c in columns})
+    return VerlOmniPrompts(prompts, dataset), sources, extras
 
 
 def _plain(value):
@@ -182,6 +309,17 @@ class PromptStream:
         """Full batches per epoch (verl's `len(train_dataloader)` with drop_last)."""
         return len(self.prompts) // self.batch_size
 
+    @property
+    def reader(self) -> str:
+        """Whose code read the prompts and orders the epochs: "verl-omni" (its dataset and sampler) or "digenrl"."""
+        return "verl-omni" if isinstance(self.prompts, VerlOmniPrompts) else "digenrl"
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The prompts' order in `epoch`: verl-omni's sampler over its dataset, or the same rule (`epoch_order`)."""
+        if isinstance(self.prompts, VerlOmniPrompts):
+            return self.prompts.epoch_order(self.seed, epoch, self.shuffle)
+        return epoch_order(len(self.prompts), self.seed, epoch, self.shuffle)
+
     def next_indices(self) -> list[tuple[int, int]]:
         """(stream position, index into `prompts`) of the next step's prompts; advances the cursor."""
         out = []
@@ -190,7 +328,7 @@ class PromptStream:
             step, offset = divmod(self.cursor, self.batch_size)
             epoch, k = divmod(step, self.steps_per_epoch)
             if epoch not in orders:
-                orders[epoch] = epoch_order(len(self.prompts), self.seed, epoch, self.shuffle)
+                orders[epoch] = self.epoch_order(epoch)
             out.append((self.cursor, orders[epoch][k * self.batch_size + offset]))
             self.cursor += 1
         return out

@@ -69,3 +69,48 @@ def test_data_sources_counts_the_column_and_the_prompts_without_one(tmp_path):
     assert data_sources(files) == ({"ocr": 2, "jpeg_compressibility": 1}, 3)
     assert data_sources(str(tmp_path / "p.parquet"), "kind") == ({"x": 2, "y": 1}, 0)
     assert data_sources(None) == ({}, 8)  # the built-in prompts
+
+
+def test_without_verl_omni_the_packages_rules_read_the_prompts_and_the_plan_says_so(tmp_path, monkeypatch):
+    """The fall-back where verl-omni is not installed (or the files are not parquet): our rules read the prompts
+    (`reader` "digenrl"), and the plan's decision line says why; with verl-omni installed, its dataset code reads a
+    parquet file instead (tests/verl_omni/test_verl_omni_dataset_runtime.py)."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    from digenrl_verl.config.verl_omni import RecipeKeys, build_data
+    from digenrl_verl.trainer.data import verl_omni_dataset_reason
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as where verl-omni is not installed
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "a red fox"}]
+    pd.DataFrame({"prompt": [chat] * 4, "data_source": ["ocr"] * 4}).to_parquet(tmp_path / "p.parquet")
+    (tmp_path / "t.txt").write_text("a\nb\n")
+    path = str(tmp_path / "p.parquet")
+    assert verl_omni_dataset_reason(path) == "verl_omni is not installed"
+    assert verl_omni_dataset_reason([path, str(tmp_path / "t.txt")]).endswith("t.txt is not parquet, which "
+                                                                             "verl-omni's dataset reads")
+    assert verl_omni_dataset_reason(None) == "the built-in prompts"
+    prompts, sources = load_prompts(path)
+    assert (prompts, sources) == (["a red fox"] * 4, ["ocr"] * 4)
+    assert PromptStream(prompts, sources, 2).reader == "digenrl"
+    keys = RecipeKeys(OmegaConf.create({"data": {"train_files": path, "prompt_key": "prompt", "seed": 1,
+                                                 "shuffle": True, "val_files": None, "val_max_samples": -1,
+                                                 "reward_fn_key": "data_source"}}))
+    build_data(keys)
+    [line] = [d for d in keys.decisions if d.startswith("data.train_files: ")]
+    assert "this package's rules (verl_omni is not installed)" in line
+
+
+def test_multimodal_columns_keep_the_packages_rules(tmp_path, monkeypatch):
+    """verl's dataset hands an `images` column to the model's processor (none is built here): such files keep our
+    rules, which read the prompt text only, even where verl-omni is installed."""
+    import importlib.util
+
+    from digenrl_verl.trainer.data import verl_omni_dataset_reason
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # as where verl-omni is installed
+    pd.DataFrame({"prompt": ["a"], "images": [[b"x"]]}).to_parquet(tmp_path / "p.parquet")
+    pd.DataFrame({"prompt": ["a"]}).to_parquet(tmp_path / "q.parquet")
+    assert "has ['images'] columns" in verl_omni_dataset_reason(str(tmp_path / "p.parquet"))
+    assert verl_omni_dataset_reason(str(tmp_path / "q.parquet")) is None

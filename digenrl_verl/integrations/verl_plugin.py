@@ -1,16 +1,17 @@
 """verl's plugin hook (entry-point group `verl.plugins`, loaded by `import verl`): puts DigenRL in verl-omni's v1
-trainer registry as `trainer.v1.trainer_mode=digenrl`, in every process, with no verl-omni file patched; and
+trainer registry as `trainer.v1.trainer_mode=digenrl`, and our TSP engine in verl's engine registry (vendor
+`digenrl_tsp`), in every process, with no verl-omni file patched; and
 registers the package's CPU platform (`digenrl_verl.platform.cpu`), which a process selects with
 ``VERL_PLATFORM=cpu`` (never auto-detected: on a machine without an accelerator verl falls back to ``nvidia``, and
 verl-omni's `auto_set_device` then turns ``trainer.device=cpu`` into ``cuda``).
 
 verl imports its plugins in every process that imports verl (the driver, Ray's task runner, every worker), and
 most of them never build a verl-omni trainer; importing verl-omni's trainer modules here would cost each of them
-seconds. So this module only watches for the module that defines verl-omni's registry
-(`verl_omni.trainer.diffusion.v1.trainer_base`, TRAINER_BASE): when a process imports it (verl-omni's
-`DiffusionTaskRunnerV1.run` does, to look the trainer mode up), `register_diffusion_trainer("digenrl")` runs on it
-right after its code (the same post-import idiom verl-omni uses for vLLM's fused-MoE alias). Where verl-omni is not
-installed this does nothing.
+seconds. So this module only watches for the modules of AFTER_IMPORT: when a process imports verl-omni's trainer
+registry (`verl_omni.trainer.diffusion.v1.trainer_base`; `DiffusionTaskRunnerV1.run` does, to look the trainer mode
+up), `register_diffusion_trainer("digenrl")` runs on it right after its code; when it imports verl-omni's FSDP
+diffusion engine, our TSP subclass registers (the same post-import idiom verl-omni uses for vLLM's fused-MoE
+alias). Where verl-omni is not installed this only registers the CPU platform.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import importlib.util
 import sys
 
 TRAINER_BASE = "verl_omni.trainer.diffusion.v1.trainer_base"
+#: verl-omni's FSDP diffusion engine module: once it is imported, our TSP engine subclass registers in verl's engine
+#: registry (vendor `digenrl_tsp`, `integrations.verl_omni_tsp`)
+DIFFUSERS_ENGINE = "verl_omni.workers.engine.fsdp.diffusers_impl"
 
 
 def register_in(trainer_base) -> None:
@@ -30,46 +34,76 @@ def register_in(trainer_base) -> None:
         trainer_base.register_diffusion_trainer(TRAINER_MODE)(DigenRLDiffusionTrainer)
 
 
-class _RegisterAfterExec(importlib.abc.Loader):
-    """The real loader of TRAINER_BASE, then `register_in` on the module it filled."""
+def register_tsp_engine(_engine_module) -> None:
+    import digenrl_verl.integrations.verl_omni_tsp  # noqa: F401  (registers on import)
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+
+#: module → what runs on it right after its code (or at once, when it is already imported)
+AFTER_IMPORT = {TRAINER_BASE: register_in, DIFFUSERS_ENGINE: register_tsp_engine}
+
+
+class _RunAfterExec(importlib.abc.Loader):
+    """A watched module's real loader, then its AFTER_IMPORT callback on the module it filled."""
+
+    def __init__(self, loader: importlib.abc.Loader, after) -> None:
         self.loader = loader
+        self.after = after
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
     def exec_module(self, module) -> None:
         self.loader.exec_module(module)
-        register_in(module)
+        self.after(module)
 
     def __getattr__(self, name: str):  # get_source, get_filename, ...: the real loader's
         return getattr(self.loader, name)
 
 
-class _TrainerBaseFinder(importlib.abc.MetaPathFinder):
-    """Finds TRAINER_BASE with the other finders and wraps its loader (once; then leaves sys.meta_path)."""
+class _WatchFinder(importlib.abc.MetaPathFinder):
+    """Finds the watched modules with the other finders and wraps their loaders (each once; leaves sys.meta_path
+    when none is left to watch)."""
+
+    def __init__(self, watched: dict) -> None:
+        self.watched = dict(watched)
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != TRAINER_BASE:
+        if fullname not in self.watched:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        after = self.watched.pop(fullname)
+        if not self.watched:
+            sys.meta_path.remove(self)
+        spec = _find_with_the_others(self, fullname)
         if spec is not None and spec.loader is not None:
-            spec.loader = _RegisterAfterExec(spec.loader)
+            spec.loader = _RunAfterExec(spec.loader, after)
         return spec
 
 
+def _find_with_the_others(finder: _WatchFinder, fullname: str):
+    present = finder in sys.meta_path
+    if present:
+        sys.meta_path.remove(finder)
+    try:
+        return importlib.util.find_spec(fullname)
+    finally:
+        if present:
+            sys.meta_path.insert(0, finder)
+
+
 def install() -> None:
-    """Register the CPU platform; the trainer mode now if the registry is already imported, else when it is
-    (idempotent)."""
+    """Register the CPU platform; run each AFTER_IMPORT callback now if its module is already imported, else when
+    it is (idempotent)."""
     import digenrl_verl.platform.cpu  # noqa: F401  (registers "cpu" in verl's PlatformRegistry)
 
-    if TRAINER_BASE in sys.modules:
-        register_in(sys.modules[TRAINER_BASE])
-    elif not any(isinstance(f, _TrainerBaseFinder) for f in sys.meta_path) \
+    pending = {}
+    for name, after in AFTER_IMPORT.items():
+        if name in sys.modules:
+            after(sys.modules[name])
+        else:
+            pending[name] = after
+    if pending and not any(isinstance(f, _WatchFinder) for f in sys.meta_path) \
             and importlib.util.find_spec("verl_omni") is not None:
-        sys.meta_path.insert(0, _TrainerBaseFinder())
+        sys.meta_path.insert(0, _WatchFinder(pending))
 
 
 install()

@@ -49,8 +49,10 @@ class PlatformCPU(PlatformBase):
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         return False  # opt-in only (VERL_PLATFORM=cpu): never chosen by verl's auto-detection
 
-    def current_device(self) -> int:
-        return 0  # verl's get_device_id(): "cpu:0" is a valid torch device
+    def current_device(self) -> torch.device:
+        # verl's get_device_id() feeds FSDP2 (`module.to(device_id)`, `device_id=`): an int there means an
+        # accelerator index ("Cannot access accelerator device" on a CPU host), the host's device is torch's "cpu"
+        return torch.device("cpu")
 
     def device_count(self) -> int:
         return 1

@@ -101,19 +101,25 @@ def test_the_plugin_is_an_installed_external_trainer_with_its_section():
 
 
 _LOOKUP = ("from verl_omni.trainer.diffusion.v1 import get_diffusion_trainer_cls as get\n"
-           "try:\n    print('mode:', get('digenrl').__qualname__)\nexcept ValueError as e:\n    print('mode:', e)\n")
+           "try:\n    print('mode:', get('digenrl').__qualname__)\nexcept ValueError as e:\n    print('mode:', e)\n"
+           "import verl_omni.workers.engine.fsdp.diffusers_impl\n"
+           "from verl.workers.engine.base import EngineRegistry\n"
+           "print('engine:', EngineRegistry.get_engine_cls('diffusion_model', 'fsdp2').__qualname__)\n")
 
 
 @pytest.mark.slow
 def test_import_verl_registers_the_v1_trainer_mode_in_a_fresh_process():
     """verl loads our `verl.plugins` entry point in every process that imports it; verl-omni's registry module,
-    once imported, holds `digenrl` (what DiffusionTaskRunnerV1 looks up). With verl's plugins off it does not."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    once imported, holds `digenrl` (what DiffusionTaskRunnerV1 looks up), and verl's engine registry our TSP engine
+    (vendor digenrl_tsp) once verl-omni's FSDP diffusion engine is imported. With verl's plugins off neither."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VERL_ENGINE_DEVICE": "cuda", "VERL_ENGINE_VENDOR": "digenrl_tsp"}
     on = subprocess.run([sys.executable, "-c", _LOOKUP], env=env, capture_output=True, text=True, timeout=600)
     off = subprocess.run([sys.executable, "-c", _LOOKUP], env={**env, "VERL_USE_EXTERNAL_PLUGINS": "none"},
                          capture_output=True, text=True, timeout=600)
     assert "mode: DigenRLDiffusionTrainer" in on.stdout, on.stdout[-2000:] + on.stderr[-2000:]
+    assert "engine: TSPDiffusersFSDPEngine" in on.stdout  # importing verl-omni's engine registered ours beside it
     assert "mode: Unknown diffusion trainer 'digenrl'" in off.stdout, off.stdout[-2000:]
+    assert "engine: PPODiffusersFSDPEngine" in off.stdout  # verl's plugins off: the vendor finds nothing of ours
 
 
 # ------------------------------------------------------------------------------------------ entry points, forked

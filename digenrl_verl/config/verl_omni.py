@@ -1140,7 +1140,7 @@ def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig
     once the step's last group is scored: a disaggregated step's updates then wait for its last reward (GAP
     pipelining off: `pipeline=False`; TCSS may still generate the next step meanwhile), said in the plan with the
     switch that allows pipelining. Colocated steps score everything before updating anyway."""
-    if not keys("algorithm.global_std") or digenrl.mode != "disaggregated" or not digenrl.pipeline:
+    if not advantage_std(keys)[0] or digenrl.mode != "disaggregated" or not digenrl.pipeline:
         return digenrl
     keys.decide("algorithm.global_std=True (verl-omni's default): advantages use the std of the whole step's rewards, "
                 "so a step's updates wait for its last reward (GAP pipelining off for the updates; TCSS may still "
@@ -1149,13 +1149,32 @@ def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig
     return replace(digenrl, pipeline=False)
 
 
+#: the std keys verl-omni's `compute_advantage` passes to the Flow-GRPO estimator only: with
+#: `algorithm.adv_estimator=dance_grpo` the same estimator runs on its defaults (global std, divided by it)
+STD_KEYS = ("algorithm.global_std", "algorithm.norm_adv_by_std_in_grpo")
+
+
+def advantage_std(keys: RecipeKeys) -> tuple[bool, bool]:
+    """(global_std, norm_adv_by_std) as verl-omni applies them: the keys' values for flow_grpo; always (True, True)
+    for dance_grpo, whatever the keys say."""
+    if keys("algorithm.adv_estimator") == "dance_grpo":
+        return True, True
+    return bool(keys(STD_KEYS[0])), bool(keys(STD_KEYS[1]))
+
+
 def build_advantage(keys: RecipeKeys) -> AdvantageConfig:
     """verl-omni's Flow-GRPO advantages: its stds are over [B, T] rows (each reward repeated over the sample's T
-    trained timesteps, `compute_flow_grpo_outcome_advantage`), so T is the run's trained steps per sample."""
+    trained timesteps, `compute_flow_grpo_outcome_advantage`), so T is the run's trained steps per sample. A std
+    key that verl-omni ignores (DanceGRPO) and the user set otherwise is warned about by name."""
     timesteps = trained_steps_per_sample(keys)
+    global_std, norm = advantage_std(keys)
+    for key, used in zip(STD_KEYS, (global_std, norm)):
+        if bool(keys(key)) != used:
+            warnings.warn(f"{key}={keys(key)} has no effect with algorithm.adv_estimator=dance_grpo: verl-omni's "
+                          "compute_advantage passes it to the flow_grpo estimator only, so DanceGRPO advantages "
+                          "always divide by the step's global std (as here)", UserWarning, stacklevel=3)
     with user_keys(ADVANTAGE_KEYS):
-        return AdvantageConfig(global_std=bool(keys("algorithm.global_std")),
-                               norm_adv_by_std=bool(keys("algorithm.norm_adv_by_std_in_grpo")),
+        return AdvantageConfig(global_std=global_std, norm_adv_by_std=norm,
                                adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max"),
                                timesteps_per_sample=timesteps)
 

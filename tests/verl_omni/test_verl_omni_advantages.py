@@ -9,6 +9,8 @@ main-suite twin of the formula: tests/trainer/test_trainer_verl_omni_advantages_
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -72,3 +74,24 @@ def test_a_runs_advantages_are_verl_omnis(tiny_flux_dir, overrides):
     cfg = AdvantageConfig(global_std=True, adv_clip_max=None, timesteps_per_sample=run.advantage.timesteps_per_sample)
     ours = normalize_rewards(torch.tensor(REWARDS), UIDS, cfg).advantages.double()
     assert torch.allclose(ours, _verl_omni(t, True), atol=1e-6, rtol=0)
+
+
+def test_dance_grpo_ignores_the_std_keys_in_verl_omni_and_here(tiny_flux_dir):
+    """verl-omni's compute_advantage with adv_estimator=dance_grpo and global_std / norm_adv_by_std_in_grpo False:
+    the estimator runs on its defaults (the global std, divided by). A DanceGRPO run config with those keys False
+    gives the same advantages here."""
+    scores = torch.tensor(REWARDS, dtype=torch.float32)[:, None]
+    batch = DataProto.from_dict({"sample_level_rewards": scores.expand(-1, 3)},
+                                non_tensors={"uid": np.array(UIDS, dtype=object)})
+    theirs = ray_diffusion_trainer.compute_advantage(batch, "dance_grpo", norm_adv_by_std_in_grpo=False,
+                                                     global_std=False).batch["advantages"][:, 0].double()
+    with pytest.warns(UserWarning, match="has no effect with algorithm.adv_estimator=dance_grpo"):
+        run = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
+                                 "algorithm.adv_estimator=dance_grpo", "actor_rollout_ref.model.algorithm=dance_grpo",
+                                 "actor_rollout_ref.actor.diffusion_loss.loss_mode=dance_grpo",
+                                 "actor_rollout_ref.rollout.algo.sde_type=dance_sde", "algorithm.global_std=false",
+                                 "algorithm.norm_adv_by_std_in_grpo=false"]))
+    cfg = replace(run.advantage, adv_clip_max=None, timesteps_per_sample=3)
+    ours = normalize_rewards(torch.tensor(REWARDS), UIDS, cfg).advantages.double()
+    assert torch.allclose(ours, theirs, atol=1e-6, rtol=0)
+    assert torch.allclose(theirs, _verl_omni(3, True), atol=1e-6, rtol=0)  # = flow_grpo with the global std

@@ -9,8 +9,8 @@ verl imports its plugins in every process that imports verl (the driver, Ray's t
 most of them never build a verl-omni trainer; importing verl-omni's trainer modules here would cost each of them
 seconds. So this module only watches for the modules of AFTER_IMPORT: when a process imports verl-omni's trainer
 registry (`verl_omni.trainer.diffusion.v1.trainer_base`; `DiffusionTaskRunnerV1.run` does, to look the trainer mode
-up), `register_diffusion_trainer("digenrl")` runs on it right after its code; when it imports verl-omni's FSDP
-diffusion engine, our TSP subclass registers (the same post-import idiom verl-omni uses for vLLM's fused-MoE
+up), `register_diffusion_trainer("digenrl")` runs on it right after its code; when it imports verl-omni's engine
+package, our TSP subclasses register (the same post-import idiom verl-omni uses for vLLM's fused-MoE
 alias). Where verl-omni is not installed this only registers the CPU platform.
 """
 
@@ -21,9 +21,10 @@ import importlib.util
 import sys
 
 TRAINER_BASE = "verl_omni.trainer.diffusion.v1.trainer_base"
-#: verl-omni's FSDP diffusion engine module: once it is imported, our TSP engine subclass registers in verl's engine
-#: registry (vendor `digenrl_tsp`, `integrations.verl_omni_tsp`)
-DIFFUSERS_ENGINE = "verl_omni.workers.engine.fsdp.diffusers_impl"
+#: verl-omni's engine package (its FSDP and VeOmni diffusion engines): once it is imported, our TSP engine
+#: subclasses register in verl's engine registry (vendor `digenrl_tsp`, `integrations.verl_omni_tsp`). The package,
+#: not the FSDP module: our module imports both engines, and the package is complete only after its __init__.
+ENGINES = "verl_omni.workers.engine"
 
 
 def register_in(trainer_base) -> None:
@@ -39,7 +40,7 @@ def register_tsp_engine(_engine_module) -> None:
 
 
 #: module → what runs on it right after its code (or at once, when it is already imported)
-AFTER_IMPORT = {TRAINER_BASE: register_in, DIFFUSERS_ENGINE: register_tsp_engine}
+AFTER_IMPORT = {TRAINER_BASE: register_in, ENGINES: register_tsp_engine}
 
 
 class _RunAfterExec(importlib.abc.Loader):

@@ -951,6 +951,11 @@ def _build_rollout(keys: RecipeKeys, algorithm: str) -> RolloutConfig:
     if cfg.num_train_steps < 1:
         raise ValueError(f"{A}.rollout.algo.sde_type={cfg.sde_type!r} trains no step; use sde, cps or dance_sde for "
                          "training")
+    if cfg.timestep_fraction < 1 and cfg.timestep_selection in ("flow_grpo", "dance_grpo"):
+        keys.decide(f"algorithm.timestep_fraction={cfg.timestep_fraction}: {cfg.num_train_steps} of the "
+                    f"{cfg.num_inference_steps} steps are trained, as in Flow-GRPO's reference code; verl-omni reads "
+                    "this key for DiffusionNFT only and trains every step (algorithm.timestep_fraction=1.0, its "
+                    "default, trains as verl-omni does)")
     return cfg
 
 

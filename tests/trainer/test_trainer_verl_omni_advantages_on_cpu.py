@@ -90,3 +90,16 @@ def test_dance_grpo_advantages_always_use_the_global_std_as_verl_omni(tiny_flux_
     flow = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", "algorithm.global_std=false",
                               "trainer.digenrl.mode=disaggregated"]))
     assert flow.advantage.global_std is False and flow.digenrl.pipeline is True  # flow_grpo: the key is followed
+
+
+def test_a_timestep_fraction_below_one_is_a_decision_naming_verl_omnis_rule(tiny_flux_dir):
+    """verl-omni's Flow-GRPO / DanceGRPO train every step whatever algorithm.timestep_fraction says (its
+    _select_train_timesteps serves DiffusionNFT only); below 1 this package trains the first floor(N*f), as
+    Flow-GRPO's reference code does, and the plan says so. At verl-omni's default 1.0 there is nothing to say."""
+    def decisions(*extra):
+        run = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", *extra]))
+        return [d for d in run.decisions if d.startswith("algorithm.timestep_fraction")]
+
+    assert decisions()[0].startswith("algorithm.timestep_fraction=0.99: 5 of the 6 steps are trained")
+    assert "verl-omni reads this key for DiffusionNFT only" in decisions()[0]
+    assert decisions("algorithm.timestep_fraction=1.0") == []

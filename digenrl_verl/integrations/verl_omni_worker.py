@@ -1,0 +1,179 @@
+"""The accumulating actor worker ("TSP actor worker") on verl-omni's training engine: `TSPActorWorker`.
+
+Imports verl-omni at module level: import it only where verl-omni is installed (the verl-omni tier, a worker process
+of a verl-omni run). Importing it also registers the TSP engine (`verl_omni_tsp`, vendor ``digenrl_tsp``).
+
+What it is. verl-omni's trainer builds its actor as `ActorRolloutRefWorker` (verl_omni/workers/engine_workers.py),
+whose ``self.actor`` is verl-omni's `TrainingWorker` (its copy of verl's, with the diffusion flops counter): the
+Ray-facing ``update_actor`` calls ``self.actor.train_mini_batch(data)``, which per mini-batch runs
+``engine.train_batch`` = zero grad, `forward_backward_batch` over the mini-batch's micro-batches (each
+micro-batch x timestep loss divided by ``gradient_accumulation_steps`` = micro-batches x T), ``optimizer_step``
+(grad clip at ``actor.grad_clip`` -> ``optim.clip_grad``, non-finite skip) and, after the last mini-batch,
+``lr_scheduler_step``. `TSPActorWorker` subclasses that `TrainingWorker` (engine built the same way, by verl's
+`EngineRegistry`: the TSP engine when ``VERL_ENGINE_VENDOR=digenrl_tsp``) and splits that step for GAP pipelining:
+
+- `accumulate(micro_batch)`: `forward_backward_batch` of the rows given (one micro-batch, or several of
+  ``micro_batch_size_per_gpu`` rows) with NO optimizer step; gradients add up across calls. Each loss is divided by
+  ``num_micro_batches x T`` where ``num_micro_batches`` is how many micro-batches (per data-parallel rank) the next
+  `optimizer_step` covers (the non-tensor key ``grad_accum_micro_batches`` of the batch, else `set_accumulation`'s
+  value): the scaling verl-omni's `train_mini_batch` applies to a mini-batch of that many micro-batches, so A then B
+  then one step equals one mini-batch A+B. Returns verl-omni's per-micro-batch metrics (its `_postprocess_output`).
+- `optimizer_step(update_lr_scheduler=True)`: the engine's own ``optimizer_step`` (verl-omni's clip) and
+  ``lr_scheduler_step``, then the gradients are zeroed; returns ``{"grad_norm", "lr", "micro_batches"}``. As in
+  `train_mini_batch` the scheduler steps once per PPO update: pass False for all but the update's last step.
+- `export_weights()`: the engine's ``get_per_tensor_param(base_sync_done=True)`` (the LoRA tensors when LoRA, as
+  verl-omni's own LoRA sync gathers them, else the full state; names prefixed ``transformer.`` as verl-omni sends
+  them to its rollout). Found here (fsdp2, CPU, world size 1 and 2): verl-omni's LoRA collector
+  (`collect_lora_params`, base_sync_done=True, layered or not) raises "collected 0 parameters" on the tiny
+  Qwen-Image; the worker then gathers the adapter's parameters itself, under the collector's names. Returned as
+  a name -> CPU tensor dict, the form `digenrl_verl.weights.sync.Collectives.send_weights`
+  takes. Every rank must call it (FSDP gathers).
+
+The train mode. verl-omni's `EngineTrainModeCtx` zeroes the gradients on exit (and offloads when offload is on),
+so the worker enters it at the first `accumulate` after a step and leaves it in `optimizer_step`: the gradients
+live between calls, parameters stay loaded. Do not run `infer_batch` / eval-mode calls between `accumulate` and
+`optimizer_step` with param offload on (their exit offloads the module, gradients included).
+
+Dispatch: `accumulate` uses verl's ``make_nd_compute_dataproto_dispatch_fn(mesh_name="train")`` like
+`train_batch` (each data-parallel rank gets its chunk); `optimizer_step`, `set_accumulation` and `export_weights`
+are ``Dispatch.ONE_TO_ALL``, so a `RayWorkerGroup` of this class works as one of verl-omni's `TrainingWorker`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from codetiming import Timer
+from tensordict import TensorDict
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.utils import tensordict_utils as tu
+from verl_omni.utils.mfu import collect_diffusion_flops_meta
+from verl_omni.workers.engine_workers import TrainingWorker
+
+import digenrl_verl.integrations.verl_omni_tsp  # noqa: F401  (registers the TSP engine under vendor digenrl_tsp)
+
+ACCUM_KEY = "grad_accum_micro_batches"
+
+
+def scaled_loss(loss_function: Callable, gradient_accumulation_steps: int) -> Callable:
+    """`loss_function` seeing ``gradient_accumulation_steps`` (micro-batches of the step x timesteps) in place of
+    the count of the call's own micro-batches that verl-omni's `_run_forward_backward_batch` writes."""
+
+    def loss(model_output, data: TensorDict, dp_group=None):
+        tu.assign_non_tensor(data, gradient_accumulation_steps=gradient_accumulation_steps)
+        return loss_function(model_output=model_output, data=data, dp_group=dp_group)
+
+    return loss
+
+
+class TSPActorWorker(TrainingWorker):
+    """verl-omni's `TrainingWorker` with gradient accumulation across calls (see the module docstring)."""
+
+    def __init__(self, config, num_micro_batches: Optional[int] = None):
+        super().__init__(config)
+        self.num_micro_batches = num_micro_batches
+        self._train_ctx = None
+        self._accumulated_rows = 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_accumulation(self, num_micro_batches: int) -> None:
+        """Micro-batches (per data-parallel rank) each optimizer step covers, when a batch does not say."""
+        if num_micro_batches < 1:
+            raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches}")
+        self.num_micro_batches = num_micro_batches
+
+    def _micro_batches_per_step(self, data: TensorDict) -> int:
+        value = tu.pop(data, key=ACCUM_KEY, default=None)
+        value = self.num_micro_batches if value is None else int(value)
+        if value is None or value < 1:
+            raise ValueError(f"accumulate: how many micro-batches the optimizer step covers is unknown: set the "
+                             f"batch's non-tensor {ACCUM_KEY!r} or call set_accumulation(n) (got {value})")
+        return value
+
+    def _enter_train_mode(self) -> None:
+        if self._train_ctx is None:
+            ctx = self.engine.train_mode(disable_auto_offload=False)
+            ctx.__enter__()
+            self._train_ctx = ctx
+            self._accumulated_rows = 0
+            self.engine.optimizer_zero_grad()
+
+    def _leave_train_mode(self) -> None:
+        ctx, self._train_ctx = self._train_ctx, None
+        if ctx is not None:
+            ctx.__exit__(None, None, None)  # verl-omni's exit: zero the gradients (and offload when configured)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"), blocking=False)
+    def accumulate(self, data: TensorDict) -> Optional[TensorDict]:
+        """Forward/backward of `data` (this rank's rows) through the engine, gradients added, no step."""
+        assert self.loss_fn is not None, "set_loss_fn first (verl-omni's diffusion_loss)"
+        assert not self.engine_config.forward_only, "accumulate needs a trainable engine (forward_only is set)"
+        num_micro_batches = self._micro_batches_per_step(data)
+        num_timesteps = int(data["all_timesteps"].shape[1])
+        defaults = dict(use_remove_padding=self.model_config.get("use_remove_padding", False),
+                        use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
+                        max_token_len_per_gpu=self.engine_config.max_token_len_per_gpu,
+                        micro_batch_size_per_gpu=self.engine_config.micro_batch_size_per_gpu,
+                        use_fused_kernels=self.engine_config.use_fused_kernels)
+        tu.assign_non_tensor(data, **{k: v for k, v in defaults.items() if k not in data.keys()})
+        flops_meta = collect_diffusion_flops_meta(self.flops_counter, data,
+                                                  pipeline_config=getattr(self.model_config, "pipeline", None))
+        self._enter_train_mode()
+        loss_function = scaled_loss(self.loss_fn, num_micro_batches * num_timesteps)
+        with Timer(name="accumulate", logger=None) as timer:
+            output = self.engine.forward_backward_batch(data, loss_function, forward_only=False)
+        self._accumulated_rows += data.batch_size[0]
+        if not self.engine.is_mp_src_rank_with_outputs():
+            return None
+        output.pop("model_output", None)
+        return self._postprocess_output(output, global_token_num=None, delta_time=timer.last, forward_only=False,
+                                        images_seqlens=None, diffusion_flops_meta=flops_meta).cpu()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def optimizer_step(self, update_lr_scheduler: bool = True) -> dict:
+        """One optimizer step over what `accumulate` added up (verl-omni's clip and LR scheduler); grads zeroed."""
+        if self._train_ctx is None:
+            raise RuntimeError("optimizer_step: nothing accumulated since the last step")
+        micro = self.engine_config.micro_batch_size_per_gpu
+        micro_batches = -(-self._accumulated_rows // micro) if micro else None
+        try:
+            grad_norm = self.engine.optimizer_step()
+            if update_lr_scheduler:
+                lr = self.engine.lr_scheduler_step()
+            else:
+                lr = self.engine.lr_scheduler.get_last_lr()[0] if self.engine.lr_scheduler is not None else None
+        finally:
+            self._leave_train_mode()
+        return {"grad_norm": grad_norm, "lr": lr, "micro_batches": micro_batches}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_weights(self, base_sync_done: bool = True, layered_summon: bool = False,
+                       adapter_name: Optional[str] = None, with_peft_config: bool = False):
+        """The engine's export (`get_per_tensor_param`) as {name: CPU tensor}, with the peft config if asked.
+        LoRA: ``base_sync_done=True`` gives the adapter tensors only (what verl-omni's `_gather_lora_weights`
+        sends each step), False the base weights (its first sync to a dummy-loaded rollout). Full fine-tune: the
+        whole state (verl-omni casts sharded tensors to bf16 for the rollout)."""
+        try:
+            per_tensor, peft_config = self.engine.get_per_tensor_param(
+                layered_summon=layered_summon, base_sync_done=base_sync_done, adapter_name=adapter_name)
+            weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in per_tensor}
+        except RuntimeError as error:  # verl-omni's FSDP2 LoRA collector finds no tensors here (module docstring)
+            if not (base_sync_done and "collected 0 parameters" in str(error)):
+                raise
+            weights, peft_config = self._lora_tensors(adapter_name or "default")
+        return (weights, peft_config) if with_peft_config else weights
+
+    def _lora_tensors(self, adapter_name: str) -> tuple[dict, Optional[dict]]:
+        """The adapter's LoRA parameters, gathered (every rank), named as verl-omni's collector names them
+        (``transformer.<module>.lora_A.weight``: the adapter name dropped)."""
+        from torch.distributed.tensor import DTensor
+
+        module = getattr(self.engine.module, "_fsdp_wrapped_module", self.engine.module)
+        weights = {}
+        for name, param in self.engine.module.named_parameters():
+            if "lora_" in name and f".{adapter_name}." in name:
+                full = param.full_tensor() if isinstance(param, DTensor) else param
+                key = "transformer." + name.replace("_fsdp_wrapped_module.", "").replace(f".{adapter_name}.", ".")
+                weights[key] = full.detach().to("cpu", copy=True)
+        peft_config = getattr(module, "peft_config", {}).get(adapter_name)
+        return weights, (peft_config.to_dict() if peft_config is not None else None)

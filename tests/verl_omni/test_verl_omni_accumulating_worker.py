@@ -1,0 +1,331 @@
+"""The accumulating actor worker (`digenrl_verl.integrations.verl_omni_worker.TSPActorWorker`) against verl-omni's
+own `TrainingWorker.train_mini_batch`.
+
+Two workers are built in one process the way verl-omni's `ActorRolloutRefWorker.init_model` builds its actor (its
+Hydra model / actor configs -> `TrainingWorkerConfig`, `reset()`, `set_loss_fn(diffusion_loss)`), fsdp2, fp32, the
+CPU platform with the gloo group started first, from the same tiny Qwen-Image directory and the same weights
+(LoRA factors set to the same random values). verl-omni's worker runs `train_mini_batch` over micro-batches A+B as
+ONE mini-batch (2 micro-batches of MICRO rows per rank: its loss divided by 2 x T); ours runs `accumulate(A)`,
+`accumulate(B)`, `optimizer_step()`. Twice (Adam state and the warm-up LR schedule carry over). Checked after
+each step: every parameter (max |w - w_ref| / max |w_ref| <= 1e-6, and the update itself, max |dw - dw_ref| /
+max |dw_ref|), grad_norm and lr. Then `export_weights()` against the engine's parameters.
+
+Mutations (each must fail): ``step_each`` steps after each micro-batch (2 optimizer steps per mini-batch);
+``scale`` declares 1 micro-batch per step (each loss divided by T only: twice the gradient).
+Each case runs in a fresh interpreter (this file as a script: the platform is chosen before verl is imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+if __name__ != "__main__":
+    pytest.importorskip("verl_omni", reason="no verl-omni (the verl-omni tier: scripts/test_verl_omni.sh)")
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM_STEPS, MICRO, HEIGHT, ROUNDS = 3, 2, 64, 3
+TOLERANCE = 1e-6
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------- the worker process
+
+def _actor_config(model_dir: str, lora: bool, world: int):
+    import verl_omni
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config_root = Path(verl_omni.__file__).parent / "trainer" / "config" / "diffusion"
+    model_overrides = [f"path={model_dir}", f"tokenizer_path={model_dir}/tokenizer", f"lora_rank={8 if lora else 0}",
+                       "lora_alpha=16", f"pipeline.height={HEIGHT}", f"pipeline.width={HEIGHT}",
+                       f"pipeline.num_inference_steps={NUM_STEPS}", "pipeline.true_cfg_scale=1.0",
+                       "algo.noise_level=1.2", "algo.sde_type=sde", "attn_backend=native",
+                       "enable_gradient_checkpointing=False"]
+    with initialize_config_dir(config_dir=str(config_root / "model"), version_base=None):
+        model_config = omega_conf_to_dataclass(compose(config_name="diffusion_model", overrides=model_overrides))
+    actor_overrides = ["strategy=fsdp2", "diffusion_loss.loss_mode=flow_grpo", "diffusion_loss.clip_ratio=0.2",
+                       "diffusion_loss.adv_clip_max=5.0", f"ppo_mini_batch_size={MICRO * 2}",
+                       f"ppo_micro_batch_size_per_gpu={MICRO}", "optim.lr=1e-3", "optim.lr_warmup_steps=4",
+                       "optim.total_training_steps=10", "grad_clip=1.0", "fsdp_config.model_dtype=fp32",
+                       "fsdp_config.dtype=float32", "+fsdp_config.mixed_precision.param_dtype=fp32",
+                       f"fsdp_config.fsdp_size={world}"]
+    with initialize_config_dir(config_dir=str(config_root / "actor"), version_base=None):
+        actor_config = omega_conf_to_dataclass(compose(config_name="dp_diffusion_actor", overrides=actor_overrides))
+    actor_config.model_config = model_config
+    return actor_config
+
+
+def _build(cls, actor_config, env: dict):
+    """A worker as verl-omni's ActorRolloutRefWorker.init_model builds its actor; `env` picks the engine."""
+    from copy import deepcopy
+    from functools import partial
+
+    from verl.workers.config import TrainingWorkerConfig
+    from verl_omni.workers.utils.losses import diffusion_loss
+
+    config = deepcopy(actor_config)
+    training_config = TrainingWorkerConfig(model_type="diffusion_model", model_config=config.model_config,
+                                           engine_config=config.engine, optimizer_config=config.optim,
+                                           checkpoint_config=config.checkpoint)
+    training_config.engine_config.micro_batch_size_per_gpu = MICRO
+    training_config.engine_config.infer_micro_batch_size_per_gpu = MICRO
+    for key in ("VERL_ENGINE_DEVICE", "VERL_ENGINE_VENDOR"):
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    worker = cls(config=training_config)
+    worker.reset()
+    worker.set_loss_fn(partial(diffusion_loss, config=config))
+    return worker
+
+
+def _batch(model_config, rows: int, seed: int):
+    """A rollout batch in verl-omni's layout (as its engine test builds one)."""
+    import torch
+    from tensordict import TensorDict
+    from verl_omni.pipelines.utils import build_scheduler
+    from verl_omni.workers.utils.padding import embeds_padding_2_no_padding
+
+    tconf = json.loads((Path(model_config.local_path) / "transformer" / "config.json").read_text())
+    tokens, dim, text = (HEIGHT // 16) ** 2, tconf["in_channels"], tconf["joint_attention_dim"]
+    g = torch.Generator().manual_seed(seed)
+    latents = torch.randn(rows, NUM_STEPS + 1, tokens, dim, generator=g)
+    td = TensorDict({
+        "old_log_probs": torch.zeros(rows, NUM_STEPS), "advantages": torch.randn(rows, NUM_STEPS, generator=g),
+        "all_latents": latents,
+        "all_timesteps": build_scheduler(model_config).timesteps[:NUM_STEPS].float()[None].repeat(rows, 1),
+        "prompt_embeds": torch.randn(rows, 7, text, generator=g),
+        "prompt_embeds_mask": torch.ones(rows, 7, dtype=torch.int32),
+        "negative_prompt_embeds": torch.randn(rows, 7, text, generator=g),
+        "negative_prompt_embeds_mask": torch.ones(rows, 7, dtype=torch.int32),
+    }, batch_size=rows)
+    return embeds_padding_2_no_padding(td)
+
+
+def _with_meta(td, **extra):
+    from verl.utils import tensordict_utils as tu
+
+    td = td.clone()
+    tu.assign_non_tensor(td, micro_batch_size_per_gpu=MICRO, height=HEIGHT, width=HEIGHT, vae_scale_factor=8,
+                         **extra)
+    return td
+
+
+def _near_policy(engine, td, seed: int) -> None:
+    """Old log-probs = the current policy's plus a little noise: ratios near 1, (nearly) every row has gradient."""
+    import torch
+
+    with torch.no_grad(), engine.eval_mode():
+        out = engine.forward_backward_batch(_with_meta(td), None, forward_only=True)["model_output"]
+    g = torch.Generator().manual_seed(seed)
+    td["old_log_probs"] = out["log_probs"] + 0.05 * torch.randn(out["log_probs"].shape, generator=g)
+    td["old_prev_sample_mean"] = out["prev_sample_mean"] + 0.01 * torch.randn(out["prev_sample_mean"].shape,
+                                                                              generator=g)
+
+
+def _params(engine) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+            for n, p in engine.module.named_parameters() if p.requires_grad}
+
+
+def _same_weights(workers, lora: bool) -> None:
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    g = torch.Generator().manual_seed(123)
+    named = [dict(w.engine.module.named_parameters()) for w in workers]
+    for name, ref in named[0].items():
+        full = (ref.full_tensor() if isinstance(ref, DTensor) else ref).detach().clone()
+        if lora and "lora_" in name:
+            full = torch.randn(full.shape, generator=g, dtype=full.dtype) * 0.05
+        for params in named:
+            p = params[name]
+            with torch.no_grad():
+                p.copy_(distribute_tensor(full, p.device_mesh, p.placements) if isinstance(p, DTensor) else full)
+
+
+def _rel(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a, (sorted(a)[:3], sorted(b)[:3])
+    return max(float((a[n] - b[n]).abs().max() / b[n].abs().max().clamp_min(1e-30)) for n in b)
+
+
+def _ours_step(worker, part_a, part_b, mutation: str) -> dict:
+    """accumulate(A), accumulate(B), optimizer_step() (or a mutation of it); the step's grad_norm / lr."""
+    declared = 1 if mutation == "scale" else 2
+    worker.accumulate(_with_meta(part_a, grad_accum_micro_batches=declared))
+    if mutation == "step_each":
+        worker.optimizer_step(update_lr_scheduler=False)
+    worker.accumulate(_with_meta(part_b, grad_accum_micro_batches=declared))
+    return worker.optimizer_step()
+
+
+def _export_check(worker, lora: bool) -> dict:
+    """export_weights() against the engine's parameters: every exported tensor equal (in the export's dtype) to
+    the parameter of its name; which trainable (LoRA) parameters were not exported."""
+    weights = worker.export_weights()
+    params = {f"transformer.{n}": p for n, p in _params(worker.engine).items()}
+    wanted = {n for n in params if "lora_" in n or not lora}
+    report = {"exported": len(weights), "matched": 0, "export_err": 0.0, "unmatched": [], "dtypes": []}
+    seen = set()
+    for name, tensor in weights.items():
+        key = name if name in params else name.replace(".weight", ".default.weight").replace(".bias", ".default.bias")
+        if key not in params:
+            report["unmatched"].append(name)
+            continue
+        seen.add(key)
+        report["matched"] += 1
+        ref = params[key]
+        err = float((tensor - ref.to(tensor.dtype)).abs().max().float() / ref.abs().max().clamp_min(1e-30))
+        report["export_err"] = max(report["export_err"], err)
+        report["dtypes"] = sorted(set(report["dtypes"]) | {str(tensor.dtype)})
+    report["not_exported"] = sorted(wanted - seen)
+    report["wanted"] = len(wanted)
+    report["non_lora"] = [n for n in weights if "lora_" not in n][:5]
+    return report
+
+
+def worker(rank: int, world: int, port: int, args: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), DIGENRL_TSP_CHUNK_SIZE=str(MICRO * 2))
+    import torch
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from verl.utils import tensordict_utils as tu
+    from verl_omni.workers.engine_workers import TrainingWorker
+
+    from digenrl_verl.integrations.verl_omni_worker import TSPActorWorker
+
+    actor_config = _actor_config(args["model_dir"], args["lora"], world)
+    stock = _build(TrainingWorker, actor_config, {"VERL_ENGINE_DEVICE": "cuda"})  # verl-omni's stock engine
+    ours = _build(TSPActorWorker, actor_config,
+                  {"VERL_ENGINE_VENDOR": "digenrl_tsp"} if args["engine"] == "tsp" else {"VERL_ENGINE_DEVICE": "cuda"})
+    _same_weights([stock, ours], args["lora"])
+    td = _batch(actor_config.model_config, 2 * MICRO, seed=7 + rank)
+    _near_policy(stock.engine, td, seed=11 + rank)
+    report = {"engines": [type(stock.engine).__name__, type(ours.engine).__name__], "steps": []}
+    before = _params(stock.engine)
+    for _ in range(ROUNDS):
+        whole = _with_meta(td, mini_batch_size=2 * MICRO * world, epochs=1, seed=1,
+                           dataloader_kwargs={"shuffle": False})
+        ref_metrics = tu.get(stock.train_mini_batch(whole), "metrics")
+        part_a, part_b = (tu.index_select_tensor_dict(td, torch.arange(i * MICRO, (i + 1) * MICRO)) for i in (0, 1))
+        step = _ours_step(ours, part_a, part_b, args["mutation"])
+        ref, got = _params(stock.engine), _params(ours.engine)
+        report["steps"].append({
+            "weight_err": _rel(got, ref),
+            "update_max": max(float((got[n] - before[n]).abs().max()) for n in got),
+            "update_err": _rel({n: got[n] - before[n] for n in got}, {n: ref[n] - before[n] for n in ref}),
+            "grad_norm": [float(ref_metrics["grad_norm"][-1] if isinstance(ref_metrics["grad_norm"], list)
+                                else ref_metrics["grad_norm"]), step["grad_norm"]],
+            "lr": [float(ref_metrics["lr"][-1] if isinstance(ref_metrics["lr"], list) else ref_metrics["lr"]),
+                   step["lr"]], "micro_batches": step["micro_batches"]})
+        before = ref
+    report["export"] = _export_check(ours, args["lora"])
+    if rank == 0:
+        Path(args["out"]).write_text(json.dumps(report))
+    torch.distributed.destroy_process_group()
+
+
+def main(argv: list[str]) -> None:
+    args = json.loads(argv[0])
+    world, port = args["world"], _free_port()
+    if world == 1:
+        worker(0, 1, port, args)
+        return
+    import torch.multiprocessing as mp
+
+    mp.spawn(worker, args=(world, port, args), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+
+
+# ---------------------------------------------------------------- the tests
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory) -> str:
+    from digenrl_verl.models.tiny import build_tiny_model_dir
+
+    return str(build_tiny_model_dir("QwenImagePipeline", tmp_path_factory.mktemp("accum_worker") / "qwen", seed=0))
+
+
+def run_case(model_dir: str, tmp_path: Path, *, lora: bool, engine: str = "stock", world: int = 1,
+             mutation: str = "") -> dict:
+    out = tmp_path / f"report-{lora}-{engine}-{world}-{mutation}.json"
+    args = dict(model_dir=model_dir, lora=lora, engine=engine, world=world, mutation=mutation, out=str(out))
+    env = {**os.environ, "VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "digenrl_verl.platform.cpu",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    start = time.time()
+    proc = subprocess.run([sys.executable, __file__, json.dumps(args)], env=env, cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    report = json.loads(out.read_text())
+    print(f"\naccumulating worker lora={lora} engine={engine} world={world} mutation={mutation!r}: {report} "
+          f"({time.time() - start:.1f} s)")
+    return report
+
+
+def _steps_match(report: dict, update_tolerance: float) -> bool:
+    assert report["steps"][-1]["update_max"] > 0, report  # the reference moved (warm-up: the first lr is 0)
+    for step in report["steps"]:
+        ref_norm, norm = step["grad_norm"]
+        if not (step["weight_err"] <= TOLERANCE and step["update_err"] <= update_tolerance
+                and abs(norm - ref_norm) <= 1e-5 * abs(ref_norm) and step["lr"][0] == pytest.approx(step["lr"][1])):
+            return False
+    return True
+
+
+def _check_export(report: dict, lora: bool) -> None:
+    export = report["export"]
+    assert export["exported"] > 0 and export["matched"] == export["exported"] and not export["unmatched"], export
+    assert export["export_err"] == 0.0, export  # equal in the export's dtype (verl-omni sends DTensors as bf16)
+    assert not export["not_exported"], export
+    if lora:
+        assert not export["non_lora"], export
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_accumulate_then_step_equals_train_mini_batch(qwen_dir, tmp_path, lora):
+    report = run_case(qwen_dir, tmp_path, lora=lora)
+    assert report["engines"] == ["PPODiffusersFSDPEngine", "PPODiffusersFSDPEngine"], report
+    assert all(step["micro_batches"] == 2 for step in report["steps"]), report
+    assert _steps_match(report, update_tolerance=1e-5), report
+    _check_export(report, lora)
+
+
+@pytest.mark.slow
+def test_accumulate_on_the_tsp_engine(qwen_dir, tmp_path):
+    report = run_case(qwen_dir, tmp_path, lora=True, engine="tsp")
+    assert report["engines"] == ["PPODiffusersFSDPEngine", "TSPDiffusersFSDPEngine"], report
+    assert _steps_match(report, update_tolerance=1e-3), report  # Adam's first steps amplify the TSP's 1e-7 grads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation", ["step_each", "scale"])
+def test_mutations_fail(qwen_dir, tmp_path, mutation):
+    assert not _steps_match(run_case(qwen_dir, tmp_path, lora=False, mutation=mutation), update_tolerance=1e-5)
+
+
+@pytest.mark.slow
+def test_world_size_2(qwen_dir, tmp_path):
+    # full fine-tune (the LoRA export at world size 2 goes through the worker's own gather, as at world size 1)
+    report = run_case(qwen_dir, tmp_path, lora=False, world=2)
+    assert _steps_match(report, update_tolerance=1e-5), report
+    _check_export(report, lora=False)

@@ -107,7 +107,8 @@ def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # unpacks verl-omni and runs git in subprocesses
 def test_verl_omni_series_git_ams_onto_a1139baf_and_its_hook_finds_our_trainer(tmp_path, monkeypatch):
     """`git am` of the whole series onto the a1139baf tree (as proposed upstream); the result adds the hook module,
-    its CPU test, its docs page in the index, and `trainer.trainer_class` in the YAML and the generated references.
+    its CPU test, its docs page in the index, `trainer.trainer_class` in the YAML and the generated references, and
+    the hook in v0 `main_diffusion` only (v1 selects a trainer through its registry, unpatched).
     The hook module, loaded from the patched tree, resolves our trainer by the FQN our entry point names."""
     if not OMNI_ARCHIVE.is_file():
         pytest.skip(f"{OMNI_ARCHIVE} is missing (verl-omni's source archive)")
@@ -128,9 +129,10 @@ def test_verl_omni_series_git_ams_onto_a1139baf_and_its_hook_finds_our_trainer(t
                  "_generated_diffusion_veomni_trainer.yaml"):
         assert "  trainer_class: null" in (config / name).read_text(), name
     assert "- optional trainer_plugins@trainer: installed" in (config / "diffusion_trainer.yaml").read_text()
-    for entry in ("main_diffusion.py", "main_diffusion_v1.py"):
-        text = (tree / "verl_omni" / "trainer" / entry).read_text()
-        assert "register_plugin_configs()" in text and "if run_external_trainer(config):" in text, entry
+    text = (tree / "verl_omni" / "trainer" / "main_diffusion.py").read_text()  # v0: the hook
+    assert "register_plugin_configs()" in text and "if run_external_trainer(config):" in text
+    v1 = (tree / "verl_omni" / "trainer" / "main_diffusion_v1.py").read_text()  # v1: untouched (trainer registry)
+    assert "run_external_trainer" not in v1 and "register_plugin_configs" not in v1
     from digenrl_verl.integrations.verl_omni import DigenRLDiffusionTrainer, entry_points_txt
 
     # our entry point as pip writes it from setup.py's entry_points, on sys.path; the hook module from the tree

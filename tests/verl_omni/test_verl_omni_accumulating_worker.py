@@ -17,53 +17,30 @@ Each case runs in a fresh interpreter (this file as a script: the platform is ch
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 if __name__ != "__main__":
     pytest.importorskip("verl_omni", reason="no verl-omni (the verl-omni tier: scripts/test_verl_omni.sh)")
+if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
+    sys.path.append(str(Path(__file__).resolve().parent))
+from _engine_harness import (  # noqa: E402
+    finish_rank, hydra_configs, init_gloo, near_policy, rel, rollout_batch, run_main, run_script, same_weights,
+    tiny_qwen_dir, trainable_params, with_meta)
 
-ROOT = Path(__file__).resolve().parents[2]
 NUM_STEPS, MICRO, HEIGHT, ROUNDS = 3, 2, 64, 3
 TOLERANCE = 1e-6
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------- the worker process
 
 def _actor_config(model_dir: str, lora: bool, world: int):
-    import verl_omni
-    from hydra import compose, initialize_config_dir
-    from verl.utils.config import omega_conf_to_dataclass
-
-    config_root = Path(verl_omni.__file__).parent / "trainer" / "config" / "diffusion"
-    model_overrides = [f"path={model_dir}", f"tokenizer_path={model_dir}/tokenizer", f"lora_rank={8 if lora else 0}",
-                       "lora_alpha=16", f"pipeline.height={HEIGHT}", f"pipeline.width={HEIGHT}",
-                       f"pipeline.num_inference_steps={NUM_STEPS}", "pipeline.true_cfg_scale=1.0",
-                       "algo.noise_level=1.2", "algo.sde_type=sde", "attn_backend=native",
-                       "enable_gradient_checkpointing=False"]
-    with initialize_config_dir(config_dir=str(config_root / "model"), version_base=None):
-        model_config = omega_conf_to_dataclass(compose(config_name="diffusion_model", overrides=model_overrides))
-    actor_overrides = ["strategy=fsdp2", "diffusion_loss.loss_mode=flow_grpo", "diffusion_loss.clip_ratio=0.2",
-                       "diffusion_loss.adv_clip_max=5.0", f"ppo_mini_batch_size={MICRO * 2}",
-                       f"ppo_micro_batch_size_per_gpu={MICRO}", "optim.lr=1e-3", "optim.lr_warmup_steps=4",
-                       "optim.total_training_steps=10", "grad_clip=1.0", "fsdp_config.model_dtype=fp32",
-                       "fsdp_config.dtype=float32", "+fsdp_config.mixed_precision.param_dtype=fp32",
-                       f"fsdp_config.fsdp_size={world}"]
-    with initialize_config_dir(config_dir=str(config_root / "actor"), version_base=None):
-        actor_config = omega_conf_to_dataclass(compose(config_name="dp_diffusion_actor", overrides=actor_overrides))
+    model_config, actor_config = hydra_configs(
+        model_dir, lora=lora, loss_mode="flow_grpo", num_steps=NUM_STEPS, height=HEIGHT, micro=MICRO, world=world,
+        optim=["optim.lr=1e-3", "optim.lr_warmup_steps=4", "optim.total_training_steps=10", "grad_clip=1.0"])
     actor_config.model_config = model_config
     return actor_config
 
@@ -91,76 +68,8 @@ def _build(cls, actor_config, env: dict):
     return worker
 
 
-def _batch(model_config, rows: int, seed: int):
-    """A rollout batch in verl-omni's layout (as its engine test builds one)."""
-    import torch
-    from tensordict import TensorDict
-    from verl_omni.pipelines.utils import build_scheduler
-    from verl_omni.workers.utils.padding import embeds_padding_2_no_padding
-
-    tconf = json.loads((Path(model_config.local_path) / "transformer" / "config.json").read_text())
-    tokens, dim, text = (HEIGHT // 16) ** 2, tconf["in_channels"], tconf["joint_attention_dim"]
-    g = torch.Generator().manual_seed(seed)
-    latents = torch.randn(rows, NUM_STEPS + 1, tokens, dim, generator=g)
-    td = TensorDict({
-        "old_log_probs": torch.zeros(rows, NUM_STEPS), "advantages": torch.randn(rows, NUM_STEPS, generator=g),
-        "all_latents": latents,
-        "all_timesteps": build_scheduler(model_config).timesteps[:NUM_STEPS].float()[None].repeat(rows, 1),
-        "prompt_embeds": torch.randn(rows, 7, text, generator=g),
-        "prompt_embeds_mask": torch.ones(rows, 7, dtype=torch.int32),
-        "negative_prompt_embeds": torch.randn(rows, 7, text, generator=g),
-        "negative_prompt_embeds_mask": torch.ones(rows, 7, dtype=torch.int32),
-    }, batch_size=rows)
-    return embeds_padding_2_no_padding(td)
-
-
 def _with_meta(td, **extra):
-    from verl.utils import tensordict_utils as tu
-
-    td = td.clone()
-    tu.assign_non_tensor(td, micro_batch_size_per_gpu=MICRO, height=HEIGHT, width=HEIGHT, vae_scale_factor=8,
-                         **extra)
-    return td
-
-
-def _near_policy(engine, td, seed: int) -> None:
-    """Old log-probs = the current policy's plus a little noise: ratios near 1, (nearly) every row has gradient."""
-    import torch
-
-    with torch.no_grad(), engine.eval_mode():
-        out = engine.forward_backward_batch(_with_meta(td), None, forward_only=True)["model_output"]
-    g = torch.Generator().manual_seed(seed)
-    td["old_log_probs"] = out["log_probs"] + 0.05 * torch.randn(out["log_probs"].shape, generator=g)
-    td["old_prev_sample_mean"] = out["prev_sample_mean"] + 0.01 * torch.randn(out["prev_sample_mean"].shape,
-                                                                              generator=g)
-
-
-def _params(engine) -> dict:
-    from torch.distributed.tensor import DTensor
-
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
-            for n, p in engine.module.named_parameters() if p.requires_grad}
-
-
-def _same_weights(workers, lora: bool) -> None:
-    import torch
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    g = torch.Generator().manual_seed(123)
-    named = [dict(w.engine.module.named_parameters()) for w in workers]
-    for name, ref in named[0].items():
-        full = (ref.full_tensor() if isinstance(ref, DTensor) else ref).detach().clone()
-        if lora and "lora_" in name:
-            full = torch.randn(full.shape, generator=g, dtype=full.dtype) * 0.05
-        for params in named:
-            p = params[name]
-            with torch.no_grad():
-                p.copy_(distribute_tensor(full, p.device_mesh, p.placements) if isinstance(p, DTensor) else full)
-
-
-def _rel(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys() and a, (sorted(a)[:3], sorted(b)[:3])
-    return max(float((a[n] - b[n]).abs().max() / b[n].abs().max().clamp_min(1e-30)) for n in b)
+    return with_meta(td, micro=MICRO, height=HEIGHT, **extra)
 
 
 def _ours_step(worker, part_a, part_b, mutation: str) -> dict:
@@ -177,7 +86,7 @@ def _export_check(worker, lora: bool) -> dict:
     """export_weights() against the engine's parameters: every exported tensor equal (in the export's dtype) to
     the parameter of its name; which trainable (LoRA) parameters were not exported."""
     weights = worker.export_weights()
-    params = {f"transformer.{n}": p for n, p in _params(worker.engine).items()}
+    params = {f"transformer.{n}": p for n, p in trainable_params(worker.engine).items()}
     wanted = {n for n in params if "lora_" in n or not lora}
     report = {"exported": len(weights), "matched": 0, "export_err": 0.0, "unmatched": [], "dtypes": []}
     seen = set()
@@ -199,12 +108,8 @@ def _export_check(worker, lora: bool) -> dict:
 
 
 def worker(rank: int, world: int, port: int, args: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), DIGENRL_TSP_CHUNK_SIZE=str(MICRO * 2))
+    init_gloo(rank, world, port, DIGENRL_TSP_CHUNK_SIZE=str(MICRO * 2))
     import torch
-
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     from verl.utils import tensordict_utils as tu
     from verl_omni.workers.engine_workers import TrainingWorker
 
@@ -214,71 +119,49 @@ def worker(rank: int, world: int, port: int, args: dict) -> None:
     stock = _build(TrainingWorker, actor_config, {"VERL_ENGINE_DEVICE": "cuda"})  # verl-omni's stock engine
     ours = _build(TSPActorWorker, actor_config,
                   {"VERL_ENGINE_VENDOR": "digenrl_tsp"} if args["engine"] == "tsp" else {"VERL_ENGINE_DEVICE": "cuda"})
-    _same_weights([stock, ours], args["lora"])
-    td = _batch(actor_config.model_config, 2 * MICRO, seed=7 + rank)
-    _near_policy(stock.engine, td, seed=11 + rank)
+    same_weights([stock.engine, ours.engine], args["lora"])
+    td = rollout_batch(actor_config.model_config, 2 * MICRO, seed=7 + rank, num_steps=NUM_STEPS, height=HEIGHT,
+                       random_old=False)
+    near_policy(stock.engine, td, _with_meta(td), seed=11 + rank)
     report = {"engines": [type(stock.engine).__name__, type(ours.engine).__name__], "steps": []}
-    before = _params(stock.engine)
+    before = trainable_params(stock.engine)
     for _ in range(ROUNDS):
         whole = _with_meta(td, mini_batch_size=2 * MICRO * world, epochs=1, seed=1,
                            dataloader_kwargs={"shuffle": False})
         ref_metrics = tu.get(stock.train_mini_batch(whole), "metrics")
         part_a, part_b = (tu.index_select_tensor_dict(td, torch.arange(i * MICRO, (i + 1) * MICRO)) for i in (0, 1))
         step = _ours_step(ours, part_a, part_b, args["mutation"])
-        ref, got = _params(stock.engine), _params(ours.engine)
+        ref, got = trainable_params(stock.engine), trainable_params(ours.engine)
         report["steps"].append({
-            "weight_err": _rel(got, ref),
+            "weight_err": rel(got, ref),
             "update_max": max(float((got[n] - before[n]).abs().max()) for n in got),
-            "update_err": _rel({n: got[n] - before[n] for n in got}, {n: ref[n] - before[n] for n in ref}),
+            "update_err": rel({n: got[n] - before[n] for n in got}, {n: ref[n] - before[n] for n in ref}),
             "grad_norm": [float(ref_metrics["grad_norm"][-1] if isinstance(ref_metrics["grad_norm"], list)
                                 else ref_metrics["grad_norm"]), step["grad_norm"]],
             "lr": [float(ref_metrics["lr"][-1] if isinstance(ref_metrics["lr"], list) else ref_metrics["lr"]),
                    step["lr"]], "micro_batches": step["micro_batches"]})
         before = ref
     report["export"] = _export_check(ours, args["lora"])
-    if rank == 0:
-        Path(args["out"]).write_text(json.dumps(report))
-    torch.distributed.destroy_process_group()
-
-
-def main(argv: list[str]) -> None:
-    args = json.loads(argv[0])
-    world, port = args["world"], _free_port()
-    if world == 1:
-        worker(0, 1, port, args)
-        return
-    import torch.multiprocessing as mp
-
-    mp.spawn(worker, args=(world, port, args), nprocs=world, join=True)
+    finish_rank(rank, args, report)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(worker, sys.argv[1:])
 
 
 # ---------------------------------------------------------------- the tests
 
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory) -> str:
-    from digenrl_verl.models.tiny import build_tiny_model_dir
-
-    return str(build_tiny_model_dir("QwenImagePipeline", tmp_path_factory.mktemp("accum_worker") / "qwen", seed=0))
+    return tiny_qwen_dir(tmp_path_factory, "accum_worker")
 
 
 def run_case(model_dir: str, tmp_path: Path, *, lora: bool, engine: str = "stock", world: int = 1,
              mutation: str = "") -> dict:
     out = tmp_path / f"report-{lora}-{engine}-{world}-{mutation}.json"
     args = dict(model_dir=model_dir, lora=lora, engine=engine, world=world, mutation=mutation, out=str(out))
-    env = {**os.environ, "VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "digenrl_verl.platform.cpu",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
-    start = time.time()
-    proc = subprocess.run([sys.executable, __file__, json.dumps(args)], env=env, cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    report = json.loads(out.read_text())
-    print(f"\naccumulating worker lora={lora} engine={engine} world={world} mutation={mutation!r}: {report} "
-          f"({time.time() - start:.1f} s)")
-    return report
+    return run_script(__file__, args,
+                      f"accumulating worker lora={lora} engine={engine} world={world} mutation={mutation!r}")
 
 
 def _steps_match(report: dict, update_tolerance: float) -> bool:

@@ -1,0 +1,201 @@
+"""What the verl-omni tier's engine tests share (test_verl_omni_tsp_engine.py, test_verl_omni_accumulating_worker.py).
+
+Both build verl-omni engines / workers from its Hydra configs on the CPU platform (gloo, fp32), from the same tiny
+Qwen-Image directory, and run each case in a fresh interpreter: the test file itself as a script (the platform must
+be chosen before verl is imported), spawning the gloo ranks for world size > 1, the report written as JSON.
+
+A plain module, not a package or conftest: each test file puts this folder on sys.path (pytest's importlib mode does
+not; a script's own folder is already there). Nothing here imports verl or torch at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------- in the fresh interpreter
+
+def run_main(worker, argv: list[str]) -> None:
+    """The script's entry: `worker(rank, world, port, args)` for the JSON args, in this process for world size 1,
+    else on `world` spawned ranks."""
+    args = json.loads(argv[0])
+    world, port = args["world"], free_port()
+    if world == 1:
+        worker(0, 1, port, args)
+        return
+    import torch.multiprocessing as mp
+
+    mp.spawn(worker, args=(world, port, args), nprocs=world, join=True)
+
+
+def init_gloo(rank: int, world: int, port: int, **env: str) -> None:
+    """This rank's environment (plus `env`), one torch thread, the gloo group (started before any engine)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), **env)
+    import torch
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def finish_rank(rank: int, args: dict, report: dict) -> None:
+    """Rank 0 writes the report to args["out"] (JSON); every rank leaves the gloo group."""
+    import torch
+
+    if rank == 0:
+        Path(args["out"]).write_text(json.dumps(report))
+    torch.distributed.destroy_process_group()
+
+
+def hydra_configs(model_dir: str, *, lora: bool, loss_mode: str, num_steps: int, height: int, micro: int,
+                  world: int, optim: list[str]):
+    """verl-omni's model and actor configs (its Hydra files) for the tiny model: fsdp2, fp32, `optim` overrides."""
+    import verl_omni
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config_root = Path(verl_omni.__file__).parent / "trainer" / "config" / "diffusion"
+    model_overrides = [f"path={model_dir}", f"tokenizer_path={model_dir}/tokenizer", f"lora_rank={8 if lora else 0}",
+                       "lora_alpha=16", f"pipeline.height={height}", f"pipeline.width={height}",
+                       f"pipeline.num_inference_steps={num_steps}", "pipeline.true_cfg_scale=1.0",
+                       "algo.noise_level=1.2", "algo.sde_type=sde", "attn_backend=native",
+                       "enable_gradient_checkpointing=False"]
+    with initialize_config_dir(config_dir=str(config_root / "model"), version_base=None):
+        model_config = omega_conf_to_dataclass(compose(config_name="diffusion_model", overrides=model_overrides))
+    actor_overrides = ["strategy=fsdp2", f"diffusion_loss.loss_mode={loss_mode}", "diffusion_loss.clip_ratio=0.2",
+                       "diffusion_loss.adv_clip_max=5.0", f"ppo_mini_batch_size={micro * 2}",
+                       f"ppo_micro_batch_size_per_gpu={micro}", *optim, "fsdp_config.model_dtype=fp32",
+                       "fsdp_config.dtype=float32", "+fsdp_config.mixed_precision.param_dtype=fp32",
+                       f"fsdp_config.fsdp_size={world}"]
+    with initialize_config_dir(config_dir=str(config_root / "actor"), version_base=None):
+        actor_config = omega_conf_to_dataclass(compose(config_name="dp_diffusion_actor", overrides=actor_overrides))
+    return model_config, actor_config
+
+
+def rollout_batch(model_config, rows: int, seed: int, *, num_steps: int, height: int, random_old: bool):
+    """A rollout batch in verl-omni's layout (as its own engine test builds one), without the non-tensor meta.
+    `random_old`: old log-probs and SDE means drawn at random (else zero log-probs and no means)."""
+    import torch
+    from tensordict import TensorDict
+    from verl_omni.pipelines.utils import build_scheduler
+    from verl_omni.workers.utils.padding import embeds_padding_2_no_padding
+
+    tconf = json.loads((Path(model_config.local_path) / "transformer" / "config.json").read_text())
+    tokens, dim, text = (height // 16) ** 2, tconf["in_channels"], tconf["joint_attention_dim"]
+    g = torch.Generator().manual_seed(seed)
+    timesteps = build_scheduler(model_config).timesteps[:num_steps].float()[None].repeat(rows, 1)
+    latents = torch.randn(rows, num_steps + 1, tokens, dim, generator=g)
+    fields = {
+        "old_log_probs": (torch.randn(rows, num_steps, generator=g) * 0.1 if random_old
+                          else torch.zeros(rows, num_steps)),
+        "advantages": torch.randn(rows, num_steps, generator=g),
+        "all_latents": latents, "all_timesteps": timesteps,
+    }
+    if random_old:
+        fields["old_prev_sample_mean"] = latents[:, 1:] + 0.01 * torch.randn(rows, num_steps, tokens, dim,
+                                                                             generator=g)
+    fields.update({
+        "prompt_embeds": torch.randn(rows, 7, text, generator=g),
+        "prompt_embeds_mask": torch.ones(rows, 7, dtype=torch.int32),
+        "negative_prompt_embeds": torch.randn(rows, 7, text, generator=g),
+        "negative_prompt_embeds_mask": torch.ones(rows, 7, dtype=torch.int32),
+    })
+    return embeds_padding_2_no_padding(TensorDict(fields, batch_size=rows))
+
+
+def with_meta(td, *, micro: int, height: int, **extra):
+    """A copy of `td` with the non-tensor meta verl-omni's engine reads (plus `extra`)."""
+    from verl.utils import tensordict_utils as tu
+
+    td = td.clone()
+    tu.assign_non_tensor(td, micro_batch_size_per_gpu=micro, height=height, width=height, vae_scale_factor=8,
+                         **extra)
+    return td
+
+
+def near_policy(engine, td, inputs, seed: int) -> None:
+    """Old log-probs / SDE means in `td` = the current policy's on `inputs` (`td` ready for the engine) plus a
+    little noise: ratios near 1, few rows clipped, so (nearly) every row and step carries gradient."""
+    import torch
+
+    with torch.no_grad(), engine.eval_mode():
+        out = engine.forward_backward_batch(inputs, None, forward_only=True)["model_output"]
+    g = torch.Generator().manual_seed(seed)
+    td["old_log_probs"] = out["log_probs"] + 0.05 * torch.randn(out["log_probs"].shape, generator=g)
+    mean = out["prev_sample_mean"]
+    td["old_prev_sample_mean"] = mean + 0.01 * torch.randn(mean.shape, generator=g)
+
+
+def full_tensor(t):
+    """The whole tensor of a (possibly sharded) DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def same_weights(engines, lora: bool) -> None:
+    """Copy the first engine's weights into the others; LoRA: both factors set to the same seeded values."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    g = torch.Generator().manual_seed(123)
+    named = [dict(e.module.named_parameters()) for e in engines]
+    for name, ref in named[0].items():
+        full = full_tensor(ref).detach().clone()
+        if lora and "lora_" in name:
+            full = torch.randn(full.shape, generator=g, dtype=full.dtype) * 0.05
+        for params in named:
+            p = params[name]
+            value = distribute_tensor(full, p.device_mesh, p.placements) if isinstance(p, DTensor) else full
+            with torch.no_grad():
+                p.copy_(value)
+
+
+def trainable_params(engine) -> dict:
+    """{name: a copy of the whole tensor} of the engine's trainable parameters."""
+    return {n: full_tensor(p).detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+
+
+def rel(a: dict, b: dict) -> float:
+    """max over tensors of max |a - b| / max |b| (the same names in both)."""
+    assert a.keys() == b.keys() and a, (sorted(a)[:3], sorted(b)[:3])
+    return max(float((a[n] - b[n]).abs().max() / b[n].abs().max().clamp_min(1e-30)) for n in b)
+
+
+# ---------------------------------------------------------------- in the test process
+
+def tiny_qwen_dir(tmp_path_factory, name: str) -> str:
+    from digenrl_verl.models.tiny import build_tiny_model_dir
+
+    return str(build_tiny_model_dir("QwenImagePipeline", tmp_path_factory.mktemp(name) / "qwen", seed=0))
+
+
+def cpu_env(**extra: str) -> dict:
+    """The environment of a fresh interpreter on verl's CPU platform (our platform module, the repo importable)."""
+    return {**os.environ, "VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "digenrl_verl.platform.cpu",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra}
+
+
+def run_script(script: str, args: dict, label: str) -> dict:
+    """`python <script> <json args>` (one thread per rank); the report it wrote to args["out"], printed."""
+    start = time.time()
+    proc = subprocess.run([sys.executable, script, json.dumps(args)], env=cpu_env(OMP_NUM_THREADS="1"),
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    report = json.loads(Path(args["out"]).read_text())
+    print(f"\n{label}: {report} ({time.time() - start:.1f} s)")
+    return report

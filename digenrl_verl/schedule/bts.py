@@ -152,33 +152,8 @@ def _step(c: BtsCosts, st: _State, choice: int | None) -> tuple[float, _State | 
                 now, phase, waiting = free + k * cyc, _IDLE, False
                 continue
         if trn_task == 1 and ks == 0 and phase != _IDLE:
-            # Backlog: UPDATEs back to back while the generator keeps cycling GEN+SCORE. Same events in
-            # the same order as the slow path, without its bookkeeping; stops when the trainer idles.
-            ge = gen_end if phase == _GEN else -_INF
-            nxt = gen_end + sc if phase == _GEN else gen_end
-            while True:
-                if nxt <= trn_end:
-                    now = nxt
-                    ready += 1
-                    if p > 0:
-                        p -= 1
-                        ge = now + g
-                        nxt = ge + sc
-                    else:
-                        nxt = _INF
-                else:
-                    now = last_update = trn_end
-                    if ready == 0:
-                        break
-                    ready -= 1
-                    trn_end = now + t
+            now, p, phase, gen_end, ready, last_update = _drain_backlog(c, p, phase, gen_end, ready, trn_end)
             trn_task = 0
-            if nxt == _INF:
-                phase = _IDLE
-            elif ge > now:
-                phase, gen_end = _GEN, ge
-            else:
-                phase, gen_end = _SCORE, nxt
             continue
         gen_next = gen_end if phase != _IDLE else _INF
         trn_next = trn_end if trn_task else _INF
@@ -197,6 +172,38 @@ def _step(c: BtsCosts, st: _State, choice: int | None) -> tuple[float, _State | 
             else:
                 ks += 1
             trn_task = 0
+
+
+def _drain_backlog(c: BtsCosts, p: int, phase: int, gen_end: float, ready: int, trn_end: float) \
+        -> tuple[float, int, int, float, int, float]:
+    """`_step`'s backlog fast path: UPDATEs back to back while the generator keeps cycling GEN+SCORE (the trainer
+    busy with an UPDATE, the scoring queue empty, the generator not idle). Same events in the same order as
+    `_step`'s slow path, without its bookkeeping; stops when the trainer idles. Returns (now, pending, phase,
+    gen_end, ready, last_update) there."""
+    g, sc, t = c.gen, c.score, c.update
+    ge = gen_end if phase == _GEN else -_INF
+    nxt = gen_end + sc if phase == _GEN else gen_end
+    while True:
+        if nxt <= trn_end:
+            now = nxt
+            ready += 1
+            if p > 0:
+                p -= 1
+                ge = now + g
+                nxt = ge + sc
+            else:
+                nxt = _INF
+        else:
+            now = last_update = trn_end
+            if ready == 0:
+                break
+            ready -= 1
+            trn_end = now + t
+    if nxt == _INF:
+        return now, p, _IDLE, gen_end, ready, last_update
+    if ge > now:
+        return now, p, _GEN, ge, ready, last_update
+    return now, p, _SCORE, nxt, ready, last_update
 
 
 def _as_tuple(s: BtsState) -> _State:

@@ -298,12 +298,11 @@ def register() -> type:
     """Register `DigenRLDiffusionTrainer` as verl-omni's v1 trainer mode `digenrl` (idempotent; an unpatched
     verl-omni). Raises VerlOmniNotInstalled with the install command."""
     require_verl_omni()
-    from verl_omni.trainer.diffusion.v1 import DIFFUSION_TRAINER_REGISTRY, register_diffusion_trainer
+    from verl_omni.trainer.diffusion.v1 import trainer_base
 
-    current = DIFFUSION_TRAINER_REGISTRY.get(TRAINER_MODE)
-    if current is not None and current is not DigenRLDiffusionTrainer:
-        raise ValueError(f"verl-omni trainer mode {TRAINER_MODE!r} is already registered by {current!r}")
-    register_diffusion_trainer(TRAINER_MODE)(DigenRLDiffusionTrainer)
+    from digenrl_verl.integrations.verl_plugin import register_in
+
+    register_in(trainer_base)
     return DigenRLDiffusionTrainer
 
 

@@ -28,11 +28,14 @@ ENGINES = "verl_omni.workers.engine"
 
 
 def register_in(trainer_base) -> None:
-    """Register DigenRL's trainer in `trainer_base`'s registry (the module object, complete or just executed)."""
+    """Register DigenRL's trainer in `trainer_base`'s registry (the module object, complete or just executed);
+    idempotent. Another class under the name: ValueError naming it."""
     from digenrl_verl.integrations.verl_omni import TRAINER_MODE, DigenRLDiffusionTrainer
 
-    if trainer_base.DIFFUSION_TRAINER_REGISTRY.get(TRAINER_MODE) is None:
-        trainer_base.register_diffusion_trainer(TRAINER_MODE)(DigenRLDiffusionTrainer)
+    current = trainer_base.DIFFUSION_TRAINER_REGISTRY.get(TRAINER_MODE)
+    if current is not None and current is not DigenRLDiffusionTrainer:
+        raise ValueError(f"verl-omni trainer mode {TRAINER_MODE!r} is already registered by {current!r}")
+    trainer_base.register_diffusion_trainer(TRAINER_MODE)(DigenRLDiffusionTrainer)
 
 
 def register_tsp_engine(_engine_module) -> None:

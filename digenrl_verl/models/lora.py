@@ -101,16 +101,18 @@ def read_lora_adapter(path: str) -> LoraAdapter:
     if not os.path.isfile(file):
         raise ValueError(f"{ADAPTER_KEY}={path!r} has {PEFT_CONFIG} but no {PEFT_WEIGHTS}: save the adapter with "
                          "peft's save_pretrained (safe_serialization=True)")
+    if peft_dir:  # peft's own readers, as a PeftModel.from_pretrained would read it
+        from peft import PeftConfig
+        from peft.utils import load_peft_weights
+
+        cfg = PeftConfig.from_pretrained(path)
+        if cfg.peft_type != "LORA":
+            raise ValueError(f"{ADAPTER_KEY}={path!r} is a {cfg.peft_type} adapter; only LoRA is supported")
+        state = {k.removeprefix("base_model.model."): v for k, v in load_peft_weights(path, device="cpu").items()}
+        config = {k: getattr(cfg, k) for k in _PEFT_FIELDS if getattr(cfg, k, None) is not None}
+        return LoraAdapter(path, "peft", config, state)
     with safe_open(file, "pt") as f:
         state, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
-    if peft_dir:
-        with open(os.path.join(path, PEFT_CONFIG)) as fh:
-            cfg = json.load(fh)
-        if cfg.get("peft_type", "LORA") != "LORA":
-            raise ValueError(f"{ADAPTER_KEY}={path!r} is a {cfg.get('peft_type')} adapter; only LoRA is supported")
-        state = {k.removeprefix("base_model.model."): v for k, v in state.items()}
-        config = {k: cfg[k] for k in _PEFT_FIELDS if cfg.get(k) is not None}
-        return LoraAdapter(path, "peft", config, state)
     state = {k[len(DIFFUSERS_PREFIX):]: v for k, v in state.items() if k.startswith(DIFFUSERS_PREFIX)}
     if not any(".lora_A" in k for k in state):
         raise ValueError(f"{ADAPTER_KEY}={path!r}: {file} has no LoRA key under {DIFFUSERS_PREFIX!r} (verl-omni's "

@@ -180,14 +180,14 @@ def _verl_omni_rows(paths: list[str], prompt_key: str, source_key: str):
     from omegaconf import OmegaConf
     from verl_omni.utils.dataset.rl_dataset import create_rl_dataset
 
-    for f in paths:
-        columns = pq.read_schema(f).names
+    schemas = {f: pq.read_schema(f).names for f in paths}
+    for f, columns in schemas.items():
         if prompt_key not in columns:
             raise ValueError(f"data.prompt_key={prompt_key!r} is not a column of {f}; columns: {columns}")
     config = OmegaConf.create({"prompt_key": prompt_key, "filter_overlong_prompts": False})
     dataset = create_rl_dataset(list(paths), config, tokenizer=None, processor=None, is_train=True)
     # per row: its file's name where that file has no `source_key` column (concatenated, its rows hold None)
-    names = [None if source_key in pq.read_schema(f).names else Path(f).name
+    names = [None if source_key in schemas[f] else Path(f).name
              for f in paths for _ in range(pq.read_metadata(f).num_rows)]
     columns = set(dataset.dataframe.column_names)
     prompts: list[str] = []
@@ -241,9 +241,10 @@ def data_sources(files: str | Sequence[str] | None, source_key: str = "data_sour
     (`load_prompts` names those by their file). Missing files are left to `load_prompts`' error."""
     counts: dict[str, int] = {}
     without = 0
-    if files is None or (not isinstance(files, str) and len(files) == 0):
+    paths = _paths(files)
+    if paths is None:
         return counts, len(builtin_prompts())
-    for f in [files] if isinstance(files, str) else list(files):
+    for f in paths:
         path = Path(f)
         if not path.exists():
             continue

@@ -62,8 +62,11 @@ def finish_rank(rank: int, args: dict, report: dict) -> None:
 
 
 def hydra_configs(model_dir: str, *, lora: bool, loss_mode: str, num_steps: int, height: int, micro: int,
-                  world: int, optim: list[str]):
-    """verl-omni's model and actor configs (its Hydra files) for the tiny model: fsdp2, fp32, `optim` overrides."""
+                  world: int, optim: list[str], sde_type: str = "sde", true_cfg_scale: float = 1.0,
+                  clip_ratio: float | None = 0.2, model_extra: tuple[str, ...] = (),
+                  actor_extra: tuple[str, ...] = ()):
+    """verl-omni's model and actor configs (its Hydra files) for the tiny model: fsdp2, fp32, `optim` overrides.
+    `clip_ratio` None keeps verl-omni's default (1e-4); `model_extra` / `actor_extra`: more overrides."""
     import verl_omni
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
@@ -71,16 +74,17 @@ def hydra_configs(model_dir: str, *, lora: bool, loss_mode: str, num_steps: int,
     config_root = Path(verl_omni.__file__).parent / "trainer" / "config" / "diffusion"
     model_overrides = [f"path={model_dir}", f"tokenizer_path={model_dir}/tokenizer", f"lora_rank={8 if lora else 0}",
                        "lora_alpha=16", f"pipeline.height={height}", f"pipeline.width={height}",
-                       f"pipeline.num_inference_steps={num_steps}", "pipeline.true_cfg_scale=1.0",
-                       "algo.noise_level=1.2", "algo.sde_type=sde", "attn_backend=native",
-                       "enable_gradient_checkpointing=False"]
+                       f"pipeline.num_inference_steps={num_steps}", f"pipeline.true_cfg_scale={true_cfg_scale}",
+                       "algo.noise_level=1.2", f"algo.sde_type={sde_type}", "attn_backend=native",
+                       "enable_gradient_checkpointing=False", *model_extra]
     with initialize_config_dir(config_dir=str(config_root / "model"), version_base=None):
         model_config = omega_conf_to_dataclass(compose(config_name="diffusion_model", overrides=model_overrides))
-    actor_overrides = ["strategy=fsdp2", f"diffusion_loss.loss_mode={loss_mode}", "diffusion_loss.clip_ratio=0.2",
+    clip = [] if clip_ratio is None else [f"diffusion_loss.clip_ratio={clip_ratio}"]
+    actor_overrides = ["strategy=fsdp2", f"diffusion_loss.loss_mode={loss_mode}", *clip,
                        "diffusion_loss.adv_clip_max=5.0", f"ppo_mini_batch_size={micro * 2}",
                        f"ppo_micro_batch_size_per_gpu={micro}", *optim, "fsdp_config.model_dtype=fp32",
                        "fsdp_config.dtype=float32", "+fsdp_config.mixed_precision.param_dtype=fp32",
-                       f"fsdp_config.fsdp_size={world}"]
+                       f"fsdp_config.fsdp_size={world}", *actor_extra]
     with initialize_config_dir(config_dir=str(config_root / "actor"), version_base=None):
         actor_config = omega_conf_to_dataclass(compose(config_name="dp_diffusion_actor", overrides=actor_overrides))
     return model_config, actor_config
@@ -117,6 +121,33 @@ def rollout_batch(model_config, rows: int, seed: int, *, num_steps: int, height:
     return embeds_padding_2_no_padding(TensorDict(fields, batch_size=rows))
 
 
+def video_rollout_batch(model_config, rows: int, seed: int, *, steps: range, height: int, frames: int):
+    """A rollout batch in verl-omni's layout for a Wan-style video transformer (latents (B, C, F, H, W) per step,
+    as its wan22_dance_grpo rollout records an SDE window): only the window `steps` of the scheduler's timesteps,
+    latents for those steps and the one after; old log-probs zero (set them with `near_policy`)."""
+    import torch
+    from tensordict import TensorDict
+    from verl_omni.pipelines.utils import build_scheduler
+    from verl_omni.workers.utils.padding import embeds_padding_2_no_padding
+
+    tconf = json.loads((Path(model_config.local_path) / "transformer" / "config.json").read_text())
+    channels, text = tconf["in_channels"], tconf["text_dim"]
+    latent_frames, side = (frames - 1) // 4 + 1, height // 8  # the Wan VAE: 4x in time, 8x in space
+    g = torch.Generator().manual_seed(seed)
+    timesteps = build_scheduler(model_config).timesteps[steps.start:steps.stop].float()[None].repeat(rows, 1)
+    window = len(steps)
+    fields = {
+        "old_log_probs": torch.zeros(rows, window), "advantages": torch.randn(rows, window, generator=g),
+        "all_latents": torch.randn(rows, window + 1, channels, latent_frames, side, side, generator=g),
+        "all_timesteps": timesteps,
+        "prompt_embeds": torch.randn(rows, 7, text, generator=g),
+        "prompt_embeds_mask": torch.ones(rows, 7, dtype=torch.int32),
+        "negative_prompt_embeds": torch.randn(rows, 5, text, generator=g),
+        "negative_prompt_embeds_mask": torch.ones(rows, 5, dtype=torch.int32),
+    }
+    return embeds_padding_2_no_padding(TensorDict(fields, batch_size=rows))
+
+
 def with_meta(td, *, micro: int, height: int, **extra):
     """A copy of `td` with the non-tensor meta verl-omni's engine reads (plus `extra`)."""
     from verl.utils import tensordict_utils as tu
@@ -127,15 +158,16 @@ def with_meta(td, *, micro: int, height: int, **extra):
     return td
 
 
-def near_policy(engine, td, inputs, seed: int) -> None:
+def near_policy(engine, td, inputs, seed: int, noise: float = 0.05) -> None:
     """Old log-probs / SDE means in `td` = the current policy's on `inputs` (`td` ready for the engine) plus a
-    little noise: ratios near 1, few rows clipped, so (nearly) every row and step carries gradient."""
+    little noise (`noise` on the log-probs): ratios near 1, few rows clipped at clip_ratio 0.2, so (nearly) every
+    row and step carries gradient."""
     import torch
 
     with torch.no_grad(), engine.eval_mode():
         out = engine.forward_backward_batch(inputs, None, forward_only=True)["model_output"]
     g = torch.Generator().manual_seed(seed)
-    td["old_log_probs"] = out["log_probs"] + 0.05 * torch.randn(out["log_probs"].shape, generator=g)
+    td["old_log_probs"] = out["log_probs"] + noise * torch.randn(out["log_probs"].shape, generator=g)
     mean = out["prev_sample_mean"]
     td["old_prev_sample_mean"] = mean + 0.01 * torch.randn(mean.shape, generator=g)
 

@@ -2,6 +2,9 @@
 
     python -m digenrl_verl.bench tsp [--json] [--repeats N] [--threads 1] [--device cpu]
     python -m digenrl_verl.bench tsp --size mid --device cuda --dtype bf16 --lora-rank 32 --no-memory --json
+    python -m digenrl_verl.bench tsp --engine verl_omni --json   # verl-omni's stock engine vs its TSP subclass
+
+`--engine verl_omni` runs digenrl_verl.bench.tsp_verl_omni instead (its own options; needs verl-omni).
 
 Model: the tiny FLUX "bench" directory (`build_tiny_model_dir("FluxPipeline", size="bench")`: 2 double +
 2 single blocks, 2 heads × 32 dims, rope axes (8, 12, 12)) through the real FluxAdapter, 128 px → 64 latent
@@ -48,6 +51,7 @@ MID_DIMS = dict(num_layers=6, num_single_layers=12, num_attention_heads=8, atten
                 axes_dims_rope=(16, 56, 56))
 SIZES = {"bench": 128, "mid": 512}  # size → image side in px (64 and 1024 latent tokens)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+ENGINES = ("digenrl", "verl_omni")
 
 
 def build_model_dir(size: str, path: str, device: str = "cpu", dims: dict[str, Any] | None = None) -> str:
@@ -212,7 +216,17 @@ def _quiet() -> None:
 
 
 def main(argv: list[str]) -> int:
+    engine = argparse.ArgumentParser(prog="python -m digenrl_verl.bench tsp", add_help=False)
+    engine.add_argument("--engine", choices=ENGINES, default="digenrl")
+    known, rest = engine.parse_known_args(argv)
+    if known.engine == "verl_omni":
+        from digenrl_verl.bench import tsp_verl_omni
+
+        return tsp_verl_omni.main(rest)
     parser = argparse.ArgumentParser(prog="python -m digenrl_verl.bench tsp", description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", choices=ENGINES, default="digenrl",
+                        help="digenrl: this package's update path (default); verl_omni: verl-omni's engine, "
+                             "stock vs TSP (bench/tsp_verl_omni.py, its own options)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")

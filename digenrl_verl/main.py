@@ -14,7 +14,7 @@ import signal
 import threading
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_module
@@ -22,6 +22,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from ray.exceptions import RayError
 
 from digenrl_verl.config.runtime import RESUME_MODES
 from digenrl_verl.schedule.types import ScheduleError
@@ -98,12 +99,14 @@ def keep_drawn_seeds(cfg: DictConfig, path) -> None:
             OmegaConf.update(cfg, key, value, merge=False)
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: DictConfig, host: Mapping[str, Any] | None = None) -> int:
+    """Validate, plan, and train `cfg` (0: done or dry run, 2: a bad config, 1: the run failed). `host`: verl-omni's
+    composed ``actor_rollout_ref``, resolved, when the run comes from verl-omni's entry point (`build_run`)."""
     try:
         ckpt, start = resume_point(cfg)
         if ckpt is not None:
             keep_drawn_seeds(cfg, ckpt)
-        spec = build_run(cfg, start_step=start)
+        spec = build_run(cfg, start_step=start, host=host)
         if ckpt is not None:
             check_resumable(ckpt, spec)
     except ValueError as e:
@@ -144,6 +147,9 @@ def run(cfg: DictConfig) -> int:
         print(f"digenrl: stopped: {e}", file=sys.stderr)
         return EXIT_FAILED
     except ValueError as e:  # e.g. a pool the Ray cluster cannot place, found when the pools are built
+        if isinstance(e, RayError):  # a worker's ValueError (Ray's error subclasses the worker's): the run failed
+            print(f"digenrl: the run failed in a worker: {e}", file=sys.stderr)
+            return EXIT_FAILED
         print(f"digenrl: invalid config: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     finally:

@@ -87,6 +87,10 @@ class PoolsConfig:
         return getattr(self, role)
 
 
+#: `trainer.digenrl.trainer_engine` values (`DigenRLConfig`)
+TRAINER_ENGINES = ("auto", "digenrl", "verl_omni")
+
+
 @dataclass(frozen=True)
 class DigenRLConfig(ScheduleSettings):
     """`trainer.digenrl.*`: the scheduling settings (mode, gap, pipeline, `tsp`, `tag`, `tcss`, task_timeout_s;
@@ -100,6 +104,12 @@ class DigenRLConfig(ScheduleSettings):
         torch_threads: intra-op threads per worker process.
         max_nonfinite_steps: consecutive steps with NaN/inf rewards or losses before the run stops.
         final_eval_prompts: prompts sampled deterministically (ODE) and scored with the final weights (0 = off).
+        trainer_engine: what trains on the trainer pool. ``verl_omni``: verl-omni's own actor worker and training
+            engine (its FSDP engine with the TSP subclass, its LoRA, optimizer, loss and checkpoints;
+            `integrations.verl_omni_trainer`), reading verl-omni's composed ``actor_rollout_ref`` config: a run
+            from verl-omni's entry point. ``digenrl``: the package's own trainer (the standalone entry point,
+            no verl-omni installed). ``auto`` (default): ``verl_omni`` when the run comes from verl-omni's entry
+            point, else ``digenrl``.
     """
 
     task_timeout_s: Optional[float] = 600.0  # the product's default; the simulator's runs have no timeout
@@ -109,9 +119,12 @@ class DigenRLConfig(ScheduleSettings):
     torch_threads: int = 1
     max_nonfinite_steps: int = 3
     final_eval_prompts: int = 4
+    trainer_engine: str = "auto"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.trainer_engine not in TRAINER_ENGINES:
+            raise ConfigError("trainer_engine", self.trainer_engine, f"use one of {list(TRAINER_ENGINES)}")
         for name, low in (("torch_threads", 1), ("max_nonfinite_steps", 1), ("final_eval_prompts", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -33,7 +33,7 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from digenrl_verl.config.digenrl import DigenRLConfig, PoolConfig, PoolsConfig
+from digenrl_verl.config.digenrl import SECTION, DigenRLConfig, PoolConfig, PoolsConfig
 from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec, ValidationSpec
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.diffusion.loss import LossConfig
@@ -521,20 +521,46 @@ def _is_on(rule: Rule, value: Any, keys: RecipeKeys) -> bool:
     return value == rule
 
 
-def unsupported_on(keys: RecipeKeys) -> list[tuple[str, Any, str]]:
-    """(key, value, why) for every UNSUPPORTED key whose feature is on."""
+#: Keys verl-omni's own actor worker reads when it trains (`trainer.digenrl.trainer_engine=verl_omni`): the UNSUPPORTED
+#: and NO_EFFECT entries under them are verl-omni's business then, not refused or warned here. Prefixes of dotted keys.
+HOST_TRAINER_KEYS = (
+    f"{A}.actor.fsdp_config.", f"{A}.actor.optim.", f"{A}.actor.checkpoint", f"{A}.actor.veomni_config",
+    f"{A}.actor.loss_scale_factor", "model_engine", f"{A}.model.enable_gradient_checkpointing",
+    f"{A}.model.attn_backend", f"{A}.model.lora_dtype", f"{A}.model.transformer_subfolder",
+    f"{A}.actor.diffusion_loss.",
+)
+#: verl-omni's losses that need only old log-probs, advantages and old SDE means (what this path delivers)
+_HOST_LOSSES = ("flow_grpo", "dance_grpo", "grpo_guard", "flow_dppo")
+#: of those, what the accumulating worker cannot serve yet (still refused, naming why)
+HOST_TRAINER_LIMITS: dict[str, tuple[Rule, str]] = {
+    f"{A}.actor.diffusion_loss.loss_mode": (
+        lambda v, keys: str(v) not in _HOST_LOSSES,
+        f"the generators deliver old log-probs, advantages and (recomputed) old SDE means, which verl-omni's losses "
+        f"{list(_HOST_LOSSES)} take; the others need reference / teacher outputs or another engine (DiffusionNFT, "
+        "DPO)"),
+}
+def host_reads(key: str) -> bool:
+    """`key` is read by verl-omni's actor worker when it trains (HOST_TRAINER_KEYS)."""
+    return any(key == p or key.startswith(p) for p in HOST_TRAINER_KEYS)
+
+
+def unsupported_on(keys: RecipeKeys, trainer_engine: str = "digenrl") -> list[tuple[str, Any, str]]:
+    """(key, value, why) for every UNSUPPORTED key whose feature is on; with `trainer_engine` ``verl_omni`` the keys
+    verl-omni's actor worker reads are its (HOST_TRAINER_KEYS) but for HOST_TRAINER_LIMITS."""
+    host = trainer_engine == "verl_omni"
+    rules = {k: r for k, r in UNSUPPORTED.items() if not (host and host_reads(k))}
     found = []
-    for key, (rule, why) in UNSUPPORTED.items():
+    for key, (rule, why) in {**rules, **(HOST_TRAINER_LIMITS if host else {})}.items():
         value = keys.peek(key)
         if value is not None and _is_on(rule, value, keys):
             found.append((key, value, why))
     return found
 
 
-def check_unsupported(keys: RecipeKeys) -> None:
+def check_unsupported(keys: RecipeKeys, trainer_engine: str = "digenrl") -> None:
     """ValueError naming every UNSUPPORTED key whose feature is on (one line each), so a recipe learns all its
     blockers at once."""
-    found = unsupported_on(keys)
+    found = unsupported_on(keys, trainer_engine)
     if found:
         raise ValueError("\n".join(f"{key}={value!r} is not supported by digenrl_verl: {why}"
                                     for key, value, why in found))
@@ -563,10 +589,13 @@ def _unresolved(cfg: DictConfig, key: str) -> Any:
     return child._value()
 
 
-def warn_no_effect(keys: RecipeKeys) -> list[str]:
-    """A UserWarning for each NO_EFFECT key set to something other than the shipped default; returns the keys."""
+def warn_no_effect(keys: RecipeKeys, trainer_engine: str = "digenrl") -> list[str]:
+    """A UserWarning for each NO_EFFECT key set to something other than the shipped default; returns the keys. With
+    `trainer_engine` ``verl_omni`` the keys verl-omni's actor worker reads (HOST_TRAINER_KEYS) are not warned."""
     warned = []
     for key, why in NO_EFFECT.items():
+        if trainer_engine == "verl_omni" and host_reads(key):
+            continue
         default = _unresolved(shipped_defaults(), key)  # as written: a copy of another key (${...}) stays a copy
         if _unresolved(keys.cfg, key) != default:
             value = keys.peek(key)
@@ -1138,6 +1167,53 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
     return TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp.chunk_size,
                      recompute_old_log_probs=bool(recompute), log_prob_micro_batch_size=log_prob_micro,
                      sharding=build_sharding(keys, digenrl, n))
+
+
+def trainer_engine_of(digenrl: DigenRLConfig, host: Any) -> str:
+    """`trainer.digenrl.trainer_engine` resolved: ``auto`` is ``verl_omni`` when verl-omni's composed config came
+    with the run (`host`: a run from verl-omni's entry point), else ``digenrl``."""
+    if digenrl.trainer_engine != "auto":
+        return digenrl.trainer_engine
+    return "verl_omni" if host is not None else "digenrl"
+
+
+def build_trainer_engine(keys: RecipeKeys, digenrl: DigenRLConfig, train: TrainSpec, host: Any,
+                         mini_batches: int) -> TrainSpec:
+    """`train` on the engine `trainer_engine_of` picks. ``verl_omni``: verl-omni's actor worker reads `host` (its
+    composed ``actor_rollout_ref``); what that worker cannot do yet is refused here, before any worker starts,
+    naming the key and the fix."""
+    engine = trainer_engine_of(digenrl, host)
+    key = f"{SECTION}.trainer_engine"
+    if engine == "digenrl":
+        return train
+    if host is None:
+        raise ValueError(f"{key}=verl_omni trains with verl-omni's actor worker, built from the config verl-omni "
+                         "composed: start the run from verl-omni's entry point (python -m "
+                         "digenrl_verl.integrations.verl_omni ..., or verl-omni's main_diffusion_v1 with "
+                         f"trainer.v1.trainer_mode=digenrl), or set {key}=digenrl")
+    if importlib.util.find_spec("verl_omni") is None:
+        raise ValueError(f"{key}=verl_omni: verl-omni is not installed in this environment; install it "
+                         f"(pip install verl-omni, see README) or set {key}=digenrl")
+    if train.loss.kl_coef > 0:
+        raise ValueError(f"{A}.actor.use_kl_loss=true with {key}=verl_omni: the reference model's log-probs "
+                         "(verl-omni's ref worker) are not produced on this path yet; set use_kl_loss=false or "
+                         f"{key}=digenrl")
+    if train.recompute_old_log_probs and mini_batches > 1:
+        raise ValueError(f"{A}.actor.ppo_mini_batch_size: {mini_batches} optimizer steps per global step with the "
+                         f"old log-probs recomputed and {key}=verl_omni: a later mini-batch would recompute them with "
+                         "weights already stepped (verl-omni computes the whole batch's first); set "
+                         f"ppo_mini_batch_size to the step's prompts, {A}.rollout.recompute_old_log_probs=false, or "
+                         f"{key}=digenrl")
+    if digenrl.tcss.staleness > 0:
+        keys.decide(f"{SECTION}.tcss.staleness={digenrl.tcss.staleness} with {key}=verl_omni: the stale rows go "
+                    f"through verl-omni's loss ({A}.actor.diffusion_loss.loss_mode) against their behaviour log-probs "
+                    f"(its clip), not the package's decoupled objective ({SECTION}.tcss.objective is not used)")
+    keys.decide(f"{key}=verl_omni: the trainer pool is verl-omni's actor worker (its engine, with the TSP "
+                f"subclass; its LoRA, optimizer, LR schedule, loss and checkpoints), configured by verl-omni's "
+                f"composed {A}; the package's own trainer settings are not used. Its weights reach the generators "
+                f"through the package's transport ({A}.rollout.checkpoint_engine.backend is for verl-omni's rollout "
+                "replicas, not used here)")
+    return replace(train, engine="verl_omni", host_config=host)
 
 
 def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:

@@ -183,6 +183,16 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
     return ours
 
 
+def host_actor_rollout_ref(source: Any) -> dict[str, Any] | None:
+    """verl-omni's composed ``actor_rollout_ref``, resolved to plain containers (what its actor worker is built
+    from, `integrations.verl_omni_trainer`), or None when `source` has none."""
+    node = OmegaConf.select(source, "actor_rollout_ref") if isinstance(source, DictConfig) else \
+        _dig(dict(source), "actor_rollout_ref")
+    if node is None:
+        return None
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+
+
 def _merge_section(section: DictConfig, mine: Mapping[str, Any]) -> DictConfig:
     """Our typed section with the user's `trainer.digenrl` keys (a whole section from the hook, or the `+` keys of
     the v1 entry point); a key or value the section does not take is a ValueError naming it."""
@@ -289,7 +299,7 @@ class DigenRLDiffusionTrainer:
         """Run it through `digenrl_verl.main.run`; a status other than 0 (a bad config: 2, a failed run: 1) leaves
         with that status (SystemExit), after our message."""
         self.init()
-        status = entry.run(self.run_config)
+        status = entry.run(self.run_config, host=host_actor_rollout_ref(self.config))
         if status != entry.EXIT_OK:
             raise SystemExit(status)
 

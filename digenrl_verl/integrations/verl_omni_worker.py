@@ -53,6 +53,7 @@ from verl_omni.workers.engine_workers import TrainingWorker
 import digenrl_verl.integrations.verl_omni_tsp  # noqa: F401  (registers the TSP engine under vendor digenrl_tsp)
 
 ACCUM_KEY = "grad_accum_micro_batches"
+DENOMINATOR_KEY = "loss_denominator"
 
 
 def scaled_loss(loss_function: Callable, gradient_accumulation_steps: int) -> Callable:
@@ -66,14 +67,55 @@ def scaled_loss(loss_function: Callable, gradient_accumulation_steps: int) -> Ca
     return loss
 
 
+def row_scaled_loss(loss_function: Callable, denominator: float, dp_size: int) -> Callable:
+    """`loss_function` scaled so that the gradient is (sum over rows and timesteps of the loss) / `denominator`
+    whatever the cut into calls and micro-batches: a call's mean over its `rows` is divided by
+    ``denominator / (rows x dp_size)`` (FSDP then averages over the `dp_size` data-parallel ranks)."""
+
+    def loss(model_output, data: TensorDict, dp_group=None):
+        rows = int(data["advantages"].shape[0])
+        tu.assign_non_tensor(data, gradient_accumulation_steps=denominator / (rows * dp_size))
+        return loss_function(model_output=model_output, data=data, dp_group=dp_group)
+
+    return loss
+
+
 class TSPActorWorker(TrainingWorker):
     """verl-omni's `TrainingWorker` with gradient accumulation across calls (see the module docstring)."""
 
     def __init__(self, config, num_micro_batches: Optional[int] = None):
         super().__init__(config)
+        self._init_accumulation(num_micro_batches)
+
+    def _init_accumulation(self, num_micro_batches: Optional[int]) -> None:
         self.num_micro_batches = num_micro_batches
         self._train_ctx = None
         self._accumulated_rows = 0
+
+    @classmethod
+    def adopt(cls, worker: TrainingWorker, num_micro_batches: Optional[int] = None) -> "TSPActorWorker":
+        """Make the `TrainingWorker` verl-omni's `ActorRolloutRefWorker.init_model` built (its engine, loss and
+        dispatch already set up by verl-omni's code) this accumulating worker, in place: the class adds methods and
+        three fields only, so nothing is built twice."""
+        if not isinstance(worker, TrainingWorker):
+            raise TypeError(f"adopt: expected verl-omni's TrainingWorker, got {type(worker).__name__}")
+        worker.__class__ = cls
+        worker._init_accumulation(num_micro_batches)
+        return worker
+
+    def recompute(self, data: TensorDict) -> TensorDict:
+        """verl-omni's old-log-prob pass on `data` (its `infer_batch`: eval mode, no loss): ``log_probs`` and
+        ``prev_sample_mean`` [B, T, ...] with the current weights. Between `accumulate` and `optimizer_step` the
+        module is put back in train mode after it (the gradients are untouched: the eval context does not zero
+        them; with parameter offload it would offload them, so that is refused)."""
+        if self._train_ctx is not None and self.engine.is_param_offload_enabled:
+            raise RuntimeError("actor_rollout_ref.actor.fsdp_config.param_offload=true: a recompute between two "
+                               "accumulations would offload the accumulated gradients")
+        tu.assign_non_tensor(data, compute_loss=False)
+        output = self.infer_batch(data)
+        if self._train_ctx is not None:
+            self._train_ctx.__enter__()  # train mode again (module.train(), the model's train configuration)
+        return output
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_accumulation(self, num_micro_batches: int) -> None:
@@ -108,7 +150,8 @@ class TSPActorWorker(TrainingWorker):
         """Forward/backward of `data` (this rank's rows) through the engine, gradients added, no step."""
         assert self.loss_fn is not None, "set_loss_fn first (verl-omni's diffusion_loss)"
         assert not self.engine_config.forward_only, "accumulate needs a trainable engine (forward_only is set)"
-        num_micro_batches = self._micro_batches_per_step(data)
+        denominator = tu.pop(data, key=DENOMINATOR_KEY, default=None)
+        num_micro_batches = self._micro_batches_per_step(data) if denominator is None else None
         num_timesteps = int(data["all_timesteps"].shape[1])
         defaults = dict(use_remove_padding=self.model_config.get("use_remove_padding", False),
                         use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
@@ -119,13 +162,14 @@ class TSPActorWorker(TrainingWorker):
         flops_meta = collect_diffusion_flops_meta(self.flops_counter, data,
                                                   pipeline_config=getattr(self.model_config, "pipeline", None))
         self._enter_train_mode()
-        loss_function = scaled_loss(self.loss_fn, num_micro_batches * num_timesteps)
+        loss_function = (scaled_loss(self.loss_fn, num_micro_batches * num_timesteps) if denominator is None
+                         else row_scaled_loss(self.loss_fn, float(denominator), self.engine.get_data_parallel_size()))
         with Timer(name="accumulate", logger=None) as timer:
             output = self.engine.forward_backward_batch(data, loss_function, forward_only=False)
         self._accumulated_rows += data.batch_size[0]
         if not self.engine.is_mp_src_rank_with_outputs():
             return None
-        output.pop("model_output", None)
+        # the model outputs (log_probs [B, T], ...) stay in what it returns: the caller's per-row statistics
         return self._postprocess_output(output, global_token_num=None, delta_time=timer.last, forward_only=False,
                                         images_seqlens=None, diffusion_flops_meta=flops_meta).cpu()
 

@@ -1,7 +1,8 @@
 """verl's plugin hook (entry-point group `verl.plugins`, loaded by `import verl`): puts DigenRL in verl-omni's v1
 trainer registry as `trainer.v1.trainer_mode=digenrl`, and our TSP engine in verl's engine registry (vendor
 `digenrl_tsp`), in every process, with no verl-omni file patched; and
-registers the package's CPU platform (`digenrl_verl.platform.cpu`), which a process selects with
+names verl-omni's actor worker as the training engine ``verl_omni`` (`workers.training`), and registers the package's
+CPU platform (`digenrl_verl.platform.cpu`), which a process selects with
 ``VERL_PLATFORM=cpu`` (never auto-detected: on a machine without an accelerator verl falls back to ``nvidia``, and
 verl-omni's `auto_set_device` then turns ``trainer.device=cpu`` into ``cuda``).
 
@@ -94,10 +95,22 @@ def _find_with_the_others(finder: _WatchFinder, fullname: str):
             sys.meta_path.insert(0, finder)
 
 
+def register_training_engine() -> None:
+    """Name verl-omni's actor worker as the training engine ``verl_omni`` (`workers.training`); its module, which
+    imports verl-omni, is imported only by runs that select it."""
+    from digenrl_verl.workers.training import TRAINING_ENGINES, TrainingEngineEntry
+
+    TRAINING_ENGINES.add(TrainingEngineEntry("verl_omni", "digenrl_verl.integrations.verl_omni_trainer",
+                                             "VerlOmniTrainerWorker", "VerlOmniColocatedWorker",
+                                             "verl-omni's actor worker"))
+
+
 def install() -> None:
-    """Register the CPU platform; run each AFTER_IMPORT callback now if its module is already imported, else when
-    it is (idempotent)."""
+    """Register the CPU platform and the ``verl_omni`` training engine; run each AFTER_IMPORT callback now if its
+    module is already imported, else when it is (idempotent)."""
     import digenrl_verl.platform.cpu  # noqa: F401  (registers "cpu" in verl's PlatformRegistry)
+
+    register_training_engine()
 
     pending = {}
     for name, after in AFTER_IMPORT.items():

@@ -10,6 +10,10 @@ A checkpoint of global step k (the state after k optimizer steps, policy version
 | `optimizer.json` | param groups (lr, betas, ...) and parameter names in optimizer order |
 | `rng.safetensors` | torch CPU RNG state of the trainer |
 | `meta.json` | global step, policy version, data cursor, TCSS state, cost-profile snapshot, config |
+| `actor/` | with `trainer.digenrl.trainer_engine=verl_omni`, in place of the optimizer and RNG files: verl-omni's own
+  actor checkpoint, written by its engine's `save_checkpoint` (verl-omni's layout, `<root>/global_step_<k>/actor`) |
+
+and `<root>/latest_checkpointed_iteration.txt` holds the newest step, as verl writes it.
 
 The first four are written and read by the workers (`weights.state.save_trainer_state` / `load_trainer_state`,
 re-exported here); this module owns the directory, `meta.json` and the atomic commit.
@@ -42,6 +46,7 @@ __all__ = ["CheckpointWriter", "checkpoint_dir", "latest_checkpoint", "read_meta
            "save_trainer_state"]
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"  # verl's name
 
 
 def checkpoint_dir(root: str | Path, step: int) -> Path:
@@ -82,7 +87,7 @@ class CheckpointWriter:
             json.dump(dict(meta), f, indent=1, default=str)
             f.flush()
             os.fsync(f.fileno())
-        for path in tmp.iterdir():
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):  # a host's checkpoint may be a folder (actor/)
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
         final = checkpoint_dir(self.root, step)
@@ -95,6 +100,7 @@ class CheckpointWriter:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         self._prune(keep_path=final)
+        write_latest_iteration(self.root, step)
         return final
 
     def _prune(self, keep_path: Path) -> None:
@@ -108,6 +114,14 @@ class CheckpointWriter:
         for _, p in done[: max(0, len(done) - self.keep)]:
             if p != keep_path:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def write_latest_iteration(root: Path, step: int) -> None:
+    """verl's pointer to the newest checkpoint, `<root>/latest_checkpointed_iteration.txt` (the step, as verl and
+    verl-omni's trainers write and read it), replaced atomically."""
+    tmp = root / f"{LATEST_ITERATION_FILE}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.write_text(str(int(step)))
+    os.replace(tmp, root / LATEST_ITERATION_FILE)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -20,9 +20,9 @@ from digenrl_verl.config.digenrl import DigenRLConfig
 from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec, ValidationSpec
 from digenrl_verl.config.verl_omni import (RecipeKeys, build_advantage, build_checkpoint, build_data, build_digenrl,
                                            build_layout, build_logging, build_model, build_policy, build_shape,
-                                           build_train, build_validation, check_unsupported, differences,
-                                           honour_global_std,
-                                           warn_no_effect, warn_unknown)
+                                           build_train, build_trainer_engine, build_validation, check_unsupported,
+                                           differences, honour_global_std, trainer_engine_of, warn_no_effect,
+                                           warn_unknown)
 from digenrl_verl.config.verl_omni_reward import build_reward
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.rewards.compose import RewardConfig
@@ -81,8 +81,7 @@ class RunSpec:
                           for role, p in ((r, self.digenrl.pools[r]) for r in self.digenrl.roles))
         engine = self.policy.engine
         generation_dtype = self.policy.dtype if engine.name == "diffusers" else engine.dtype
-        trainer = (f"FSDP2 (fully_shard) over {self.digenrl.pools['trainer'].size} ranks" if self.train.sharding.sharded
-                   else "whole model per rank (ddp)")
+        trainer = self._trainer_engine()
         custom = self.reward.custom_reward_function_path
         lines = [
             f"model: {self.policy.model_path} ({self.architecture}), "
@@ -99,11 +98,8 @@ class RunSpec:
             *([self._colocated_plan()] if s.mode == "colocated" else []),
             *([self._minibatch_plan()] if s.mini_batches_per_step > 1 else []),
             f"engines: generation {self.policy.engine.name} ({generation_dtype} on {self.policy.device}); "
-            f"trainer {trainer}, model dtype {self.policy.dtype}",
-            f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}"
-            f"{'; stale rows: ' + self._stale_objective() if s.tcss.staleness else ''}; lr={self.train.optim.lr}; "
-            f"old log-probs: {'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}"
-            f"{self._log_prob_micro()}",
+            f"trainer {trainer}",
+            self._loss_line(),
             f"reward: {self.reward.weights()}{f' (custom: {custom})' if custom else ''}",
             f"output: {self.output_dir}",
             *_block("decisions", self.decisions),
@@ -111,6 +107,30 @@ class RunSpec:
                     self.differences),
         ]
         return "\n".join(lines)
+
+    def _trainer_engine(self) -> str:
+        """What trains, as the `engines:` line says it."""
+        if self.train.engine == "verl_omni":
+            actor = self.train.host_config["actor"]
+            fsdp = actor.get("fsdp_config", {})
+            return (f"verl-omni's actor worker ({actor.get('strategy')}, TSP engine; sequence parallel "
+                    f"{fsdp.get('ulysses_sequence_parallel_size', 1)}, model dtype {fsdp.get('model_dtype')})")
+        ranks = self.digenrl.pools["trainer"].size
+        sharding = f"FSDP2 (fully_shard) over {ranks} ranks" if self.train.sharding.sharded else \
+            "whole model per rank (ddp)"
+        return f"{sharding}, model dtype {self.policy.dtype}"
+
+    def _loss_line(self) -> str:
+        s = self.schedule
+        stale = f"; stale rows: {self._stale_objective()}" if s.tcss.staleness else ""
+        old = f"{'recomputed' if self.train.recompute_old_log_probs else 'from rollout'}{self._log_prob_micro()}"
+        if self.train.engine == "verl_omni":
+            actor = self.train.host_config["actor"]
+            loss = actor.get("diffusion_loss", {})
+            return (f"loss: verl-omni's {loss.get('loss_mode', 'flow_grpo')} (clip={loss.get('clip_ratio')}){stale}; "
+                    f"lr={actor.get('optim', {}).get('lr')}; old log-probs: {old}")
+        return (f"loss: clip={self.train.loss.clip_ratio} kl_coef={self.train.loss.kl_coef}{stale}; "
+                f"lr={self.train.optim.lr}; old log-probs: {old}")
 
     def plan(self) -> dict[str, Any]:
         """The machine-readable plan (`plan.json`): the resolved keys, the pools, the schedule, the decisions and the
@@ -124,7 +144,8 @@ class RunSpec:
                              "gap": self.schedule.gap, "pipeline": self.schedule.pipeline,
                              "tsp": self.schedule.tsp.enabled, "tag": self.schedule.tag.policy,
                              "staleness": self.schedule.tcss.staleness},
-                "architecture": self.architecture, "decisions": list(self.decisions),
+                "architecture": self.architecture, "trainer_engine": self.train.engine,
+                "decisions": list(self.decisions),
                 "differences_from_verl_omni": list(self.differences)}
 
     def write_plan(self, path: str | Path | None = None) -> Path:
@@ -193,17 +214,23 @@ def schedule_of(digenrl: DigenRLConfig, **shape) -> ScheduleConfig:
     return ScheduleConfig.of(digenrl, pools=pools, **shape)
 
 
-def build_run(cfg: DictConfig, *, start_step: int = 0) -> RunSpec:
-    """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix."""
+def build_run(cfg: DictConfig, *, start_step: int = 0, host: Mapping[str, Any] | None = None) -> RunSpec:
+    """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix.
+
+    `host`: verl-omni's composed ``actor_rollout_ref`` (resolved) when the run comes from verl-omni's entry point;
+    its actor worker then trains (`trainer.digenrl.trainer_engine`)."""
     keys = RecipeKeys(cfg)
-    check_unsupported(keys)
-    warn_no_effect(keys)
-    digenrl = honour_global_std(keys, build_layout(keys, build_digenrl(keys)))
+    section = build_digenrl(keys)
+    engine = trainer_engine_of(section, host)  # verl-omni's actor worker reads its keys itself (HOST_TRAINER_KEYS)
+    check_unsupported(keys, engine)
+    warn_no_effect(keys, engine)
+    digenrl = honour_global_std(keys, build_layout(keys, section))
     model = build_model(keys)
     policy = build_policy(keys, digenrl, path=model.path, algorithm=model.algorithm, start_version=start_step)
     data = build_data(keys)
     shape = build_shape(keys, digenrl, len(load_prompts(data.train_files, data.prompt_key)[0]))  # verl's epochs
-    train = build_train(keys, digenrl, policy, shape.n, shape.total_steps)
+    train = build_trainer_engine(keys, digenrl, build_train(keys, digenrl, policy, shape.n, shape.total_steps), host,
+                                 shape.mini_batches)
     reward = build_reward(keys, digenrl)
     advantage = build_advantage(keys)
     checkpoint = build_checkpoint(keys)

@@ -50,6 +50,7 @@ from digenrl_verl.trainer.reporting import RunReporter, data_metrics, perf_metri
 from digenrl_verl.viz.gantt import save_gantt
 from digenrl_verl.weights.sync import CollectiveSpec, free_port
 from digenrl_verl.workers import roles
+from digenrl_verl.workers.training import TRAINING_ENGINES
 from digenrl_verl.workers.judge import JudgePool
 from digenrl_verl.workers.pools import PoolManager, PoolSpec, check_placeable, make_ray_pool, make_worker_group
 
@@ -200,9 +201,11 @@ class DigenRLTrainer:
         return LOCAL_NODE_IP, str(free_port(LOCAL_NODE_IP))
 
     def worker_class(self, role: str):
-        """The verl Worker class of a pool (one generator worker serves every `actor_rollout_ref.rollout.name`)."""
-        return {"colocated": roles.ColocatedWorker, "generator": roles.GeneratorWorker,
-                "trainer": roles.TrainerWorker}[role]
+        """The verl Worker class of a pool (one generator worker serves every `actor_rollout_ref.rollout.name`); the
+        trainer ranks' from the training engine `trainer.digenrl.trainer_engine` resolved to (`workers.training`)."""
+        if role == "generator":
+            return roles.GeneratorWorker
+        return TRAINING_ENGINES.worker_class(self.run.train.engine, role)
 
     def worker_args(self, role: str) -> dict[str, Any]:
         threads = self.run.digenrl.torch_threads

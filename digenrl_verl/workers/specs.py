@@ -7,6 +7,7 @@ sits below the workers; they are importable from here too, as the workers' whole
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.engines.spec import PolicySpec, RolloutEngineSpec
@@ -73,6 +74,11 @@ class TrainSpec:
         log_prob_micro_batch_size: samples per forward of that recompute pass, per rank (verl-omni's
             `actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu`); None = a rank's whole micro-batch.
         sharding: replicated data parallel or FSDP2 over the trainer ranks (`workers.sharding`).
+        engine: what trains (`trainer.digenrl.trainer_engine` resolved): ``digenrl`` (the package's trainer, the
+            fields above) or ``verl_omni`` (verl-omni's actor worker built from `host_config`; of the fields above
+            it reads `tsp_chunk_size` and `recompute_old_log_probs`, verl-omni's code reads the rest from the host
+            config).
+        host_config: verl-omni's composed ``actor_rollout_ref`` section, resolved (engine ``verl_omni`` only).
     """
 
     loss: LossConfig = field(default_factory=LossConfig)
@@ -81,3 +87,11 @@ class TrainSpec:
     recompute_old_log_probs: bool = False
     log_prob_micro_batch_size: int | None = None
     sharding: ShardingSpec = field(default_factory=ShardingSpec)
+    engine: str = "digenrl"
+    host_config: Optional[Mapping[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("digenrl", "verl_omni"):
+            raise ValueError(f"TrainSpec.engine={self.engine!r}: use 'digenrl' or 'verl_omni'")
+        if self.engine == "verl_omni" and not self.host_config:
+            raise ValueError("TrainSpec.engine='verl_omni' needs verl-omni's composed actor_rollout_ref (host_config)")

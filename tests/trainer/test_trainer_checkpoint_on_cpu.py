@@ -42,7 +42,9 @@ def test_keep_last_n_and_latest(tmp_path):
     writer = ckpt.CheckpointWriter(tmp_path, keep=2)
     for step in (2, 4, 6):
         _save(writer, m, opt, step)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_4", "global_step_6"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_4", "global_step_6",
+                                                          "latest_checkpointed_iteration.txt"]
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "6"  # verl's pointer to the newest
     assert ckpt.latest_checkpoint(tmp_path).name == "global_step_6"
 
 

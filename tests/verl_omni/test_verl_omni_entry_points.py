@@ -47,6 +47,7 @@ from hydra import compose as hydra_compose  # noqa: E402
 from hydra import initialize_config_dir  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
 from digenrl_verl.integrations.verl_omni import (  # noqa: E402
     ENTRY_POINT_NAME,
@@ -282,7 +283,9 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     cmd = [sys.executable, "-m", entry, *argv, f"hydra.run.dir={tmp_path / 'hydra'}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     text = proc.stdout + proc.stderr
-    assert proc.returncode == 0, text[-4000:]
+    (tmp_path / "entry_point.log").write_text(text)  # the whole console, for a failure's diagnosis
+    ours = "\n".join(line for line in text.splitlines() if re.match(r"\s*(\(.*?\)\s*)?digenrl", line))
+    assert proc.returncode == 0, ours[-3000:] + "\n...\n" + text[-4000:]
     assert HANDED in text
     if not v1:
         assert "the run is handed to digenrl_verl.integrations.verl_omni.DigenRLDiffusionTrainer" in text
@@ -300,3 +303,27 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     assert steps[0]["actor/grad_norm"] > 0  # a real update
     assert summary["samples"] == 4  # tiny: 2 prompts x n=2
     assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"] and {w["version"] for w in workers} == {1}
+    # the trainer pool was verl-omni's actor worker; its checkpoint is in verl-omni's layout, and verl-omni resumes it
+    assert "trainer.digenrl.trainer_engine=verl_omni: the trainer pool is verl-omni's actor worker" in text
+    assert "trainer verl-omni's actor worker (fsdp2, TSP engine" in text
+    _check_host_resumes(out / "checkpoints", argv, tmp_path)
+
+
+def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
+    """`<root>/global_step_1/actor` (verl-omni's layout) and verl's `latest_checkpointed_iteration.txt`; verl-omni's
+    stock actor worker, built from the config verl-omni composes for the same command line, loads the checkpoint
+    with its own `load_checkpoint` and holds the weights the generators hold (`_load_host_checkpoint.py`)."""
+    step = root / "global_step_1"
+    assert (step / "actor").is_dir() and (root / "latest_checkpointed_iteration.txt").read_text() == "1"
+    composed = _verl_omni_config([a for a in argv if not a.startswith("hydra.")])
+    args = {"actor_rollout_ref": OmegaConf.to_container(composed.actor_rollout_ref, resolve=True),
+            "checkpoint": str(step), "out": str(tmp_path / "host_resume.json")}
+    script = str(Path(__file__).resolve().parent / "_load_host_checkpoint.py")
+    proc = subprocess.run([sys.executable, script, json.dumps(args)], cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1",
+                                            "VERL_USE_EXTERNAL_MODULES": "digenrl_verl.platform.cpu"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(Path(args["out"]).read_text())
+    print(f"verl-omni's actor worker resumed {step}: {report}")
+    assert report["matched"] == report["ours"] == report["theirs"] > 0, report
+    assert report["lora_b_max"] > 0 and report["max_diff"] == 0.0, report

@@ -198,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per engine (median reported)")
-    parser.add_argument("--heights", default="64,128", help="comma-separated image sides in px (64 -> 16 tokens)")
+    parser.add_argument("--heights", default="64,128,256", help="comma-separated image sides in px (64 -> 16 tokens)")
     parser.add_argument("--steps", type=int, default=5, help="timesteps T per sample")
     parser.add_argument("--micro", type=int, default=2, help="samples B per micro-batch")
     parser.add_argument("--micro-batches", type=int, default=2)

@@ -71,14 +71,14 @@ def _block_tokens(engine) -> list[int]:
     """Records, per call, the longest sequence among the first transformer block's outputs on this rank into the
     list returned. Its outputs, not inputs: diffusers' context parallelism splits the block's inputs inside the
     call and leaves its outputs split (Qwen-Image's _cp_plan), so under SP 2 they hold half the tokens."""
+    import torch
+
     seen: list[int] = []
     block = next(m for n, m in engine.module.named_modules() if n.endswith("blocks.0"))
 
     def hook(module, args, output):
         outputs = output if isinstance(output, tuple) else (output,)
         seen.append(max(int(t.shape[1]) for t in outputs if isinstance(t, torch.Tensor) and t.dim() == 3))
-
-    import torch
 
     block.register_forward_hook(hook)
     return seen

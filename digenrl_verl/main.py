@@ -26,7 +26,7 @@ from ray.exceptions import RayError
 
 from digenrl_verl.config.runtime import RESUME_MODES
 from digenrl_verl.schedule.types import ScheduleError
-from digenrl_verl.trainer.checkpoint import latest_checkpoint, read_meta
+from digenrl_verl.trainer.checkpoint import is_host_checkpoint, latest_checkpoint, read_meta
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.ray_runtime import connect_ray
 from digenrl_verl.trainer.runner import DigenRLTrainer, NonFiniteError
@@ -55,9 +55,9 @@ def resume_point(cfg: DictConfig):
         path = latest_checkpoint(cfg.trainer.default_local_dir)
     elif mode == "resume_path":
         path = cfg.trainer.resume_from_path
-        if not path or not (Path(path) / "meta.json").is_file():
-            raise ValueError(f"trainer.resume_from_path={path!r} is not a checkpoint directory (no meta.json); "
-                             "point it at a global_step_<k> directory")
+        if not path or not ((Path(path) / "meta.json").is_file() or is_host_checkpoint(path)):
+            raise ValueError(f"trainer.resume_from_path={path!r} is not a checkpoint directory (no meta.json, no "
+                             "verl-omni actor/); point it at a global_step_<k> directory")
         path = Path(path)
     else:
         raise ValueError(f"unknown trainer.resume_mode={mode!r}; valid choices: {list(RESUME_MODES)}")
@@ -69,6 +69,12 @@ def resume_point(cfg: DictConfig):
 def check_resumable(path, spec) -> None:
     """The checkpoint must match the run's batch shape (the data cursor and groups depend on it)."""
     meta = read_meta(path)
+    if meta.get("host_checkpoint"):  # verl-omni's: its actor worker must load it; it records no batch shape
+        if spec.train.engine != "verl_omni":
+            raise ValueError(f"checkpoint {path} is verl-omni's (actor/ only): resume it with verl-omni's actor "
+                             "worker (trainer.digenrl.trainer_engine=verl_omni, from verl-omni's entry point), or "
+                             "trainer.resume_mode=disable")
+        return
     for key, name in (("prompts_per_step", "data.train_batch_size"), ("n", "actor_rollout_ref.rollout.n")):
         if meta.get(key) != getattr(spec, key):
             raise ValueError(f"checkpoint {path} was written with {name}={meta.get(key)}, this run sets "

@@ -50,9 +50,11 @@ B=2, k=3 (chunks 3 + 2); tests/verl_omni/test_verl_omni_tsp_engine.py): gradient
 `PPODiffusersFSDPEngine` on the same weights and batch, max over tensors of max|diff| / max|stock|: 1.7e-7
 (full fine-tune, flow_grpo), 2.6e-7 (full, grpo_guard), 2.4e-7 / 2.5e-7 (LoRA 8), 2.1e-7 (LoRA, grpo_guard,
 world size 2 over gloo); per-step log-probs, losses and metrics equal. One loss call over the k*B rows (scaled by
-k): 0.25 on grpo_guard. Speed, `forward_backward_batch` of 4 samples, median of 7 runs, baseline the stock engine
-in the same process: 0.96 s -> 0.83 s full (1.15x), 0.60 s -> 0.54 s LoRA (1.11x); this model is so small that
-per-call Python overhead dominates (a colleague measured 2.3-4.5x on larger tiny shapes).
+k): 0.25 on grpo_guard. Speed (`python -m digenrl_verl.bench tsp --engine verl_omni --json`, docs/benchmarks.md;
+baseline verl-omni's stock engine in the same process, same weights and batch, one `forward_backward_batch` of 2
+samples x 2 micro-batches, T=5, all steps in one forward, median of 7): 2.48x at 16 latent tokens, 2.24x at 64,
+1.83x at 256, 1.04x at 1024 (compute-bound on this CPU); chunks of 3 timesteps 1.62x / 1.42x at 16 / 256 tokens;
+chunks of one timestep are the loop (1.01x).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ A checkpoint of global step k (the state after k optimizer steps, policy version
 | `actor/` | with `trainer.digenrl.trainer_engine=verl_omni`, in place of the optimizer and RNG files: verl-omni's own
   actor checkpoint, written by its engine's `save_checkpoint` (verl-omni's layout, `<root>/global_step_<k>/actor`) |
 
-and `<root>/latest_checkpointed_iteration.txt` holds the newest step, as verl writes it.
+and `<root>/latest_checkpointed_iteration.txt` holds the newest step, as verl writes it. A checkpoint verl-omni's own
+trainer wrote (`global_step_<k>/actor/` only) resumes a run whose trainer is verl-omni's actor worker: `read_meta`
+gives its step, the trainers load `actor/`, and the generators get the weights from trainer rank 0 (the runner).
 
 The first four are written and read by the workers (`weights.state.save_trainer_state` / `load_trainer_state`,
 re-exported here); this module owns the directory, `meta.json` and the atomic commit.
@@ -42,11 +44,12 @@ from typing import Any, Mapping
 
 from digenrl_verl.weights.state import load_trainer_state, save_trainer_state
 
-__all__ = ["CheckpointWriter", "checkpoint_dir", "latest_checkpoint", "read_meta", "load_trainer_state",
-           "save_trainer_state"]
+__all__ = ["CheckpointWriter", "checkpoint_dir", "is_host_checkpoint", "latest_checkpoint", "read_meta",
+           "load_trainer_state", "save_trainer_state"]
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"  # verl's name
+HOST_ACTOR_DIR = "actor"  # verl-omni's actor checkpoint inside global_step_<k>
 
 
 def checkpoint_dir(root: str | Path, step: int) -> Path:
@@ -54,16 +57,31 @@ def checkpoint_dir(root: str | Path, step: int) -> Path:
 
 
 def latest_checkpoint(root: str | Path | None) -> Path | None:
-    """The complete checkpoint with the highest step under `root` (temporary directories are ignored)."""
+    """The complete checkpoint with the highest step under `root` (temporary directories are ignored): ours (its
+    meta.json written last), or verl-omni's (`is_host_checkpoint`: its `actor/`, at most the step verl's
+    `latest_checkpointed_iteration.txt` names, which verl-omni's trainer writes once the step is saved)."""
     if root is None or not Path(root).is_dir():
         return None
-    found = [(int(m.group(1)), p) for p in Path(root).iterdir()
-             if (m := STEP_DIR.match(p.name)) and (p / "meta.json").is_file()]
+    pointer = Path(root) / LATEST_ITERATION_FILE
+    newest = int(pointer.read_text().strip()) if pointer.is_file() else -1
+    found = [(int(m.group(1)), p) for p in Path(root).iterdir() if (m := STEP_DIR.match(p.name))
+             and ((p / "meta.json").is_file() or (is_host_checkpoint(p) and int(m.group(1)) <= newest))]
     return max(found)[1] if found else None
 
 
+def is_host_checkpoint(path: str | Path) -> bool:
+    """A checkpoint verl-omni's trainer wrote (`global_step_<k>/actor/`, no meta.json of ours)."""
+    return (Path(path) / HOST_ACTOR_DIR).is_dir() and not (Path(path) / "meta.json").is_file()
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / "meta.json").read_text())
+    """meta.json; for verl-omni's checkpoint (`is_host_checkpoint`) what its directory tells: the step (= the policy
+    version) and ``host_checkpoint: true``."""
+    path = Path(path)
+    if is_host_checkpoint(path) and (m := STEP_DIR.match(path.name)):
+        step = int(m.group(1))
+        return {"global_step": step, "policy_version": step, "host_checkpoint": True}
+    return json.loads((path / "meta.json").read_text())
 
 
 class CheckpointWriter:

@@ -526,6 +526,8 @@ class DigenRLTrainer:
     def load_checkpoint(self, path: Path) -> int:
         """Restore every worker from `path` (trainers: weights + optimizer + RNG; generators: weights)."""
         meta = read_meta(path)
+        if meta.get("host_checkpoint"):
+            return self._load_host_checkpoint(path, int(meta["policy_version"]))
         for key in ("prompts_per_step", "n"):
             want = getattr(self.run, key)
             if meta[key] != want:
@@ -541,6 +543,21 @@ class DigenRLTrainer:
         if saved is not None and saved != now:
             print(f"digenrl: resuming with {now} generator(s), the checkpoint was written with {saved}: the lanes are "
                   "re-planned; the cost estimates (per worker class and unit of work) are kept", file=sys.stderr)
+        return version
+
+    def _load_host_checkpoint(self, path: Path, version: int) -> int:
+        """verl-omni's checkpoint (`trainer.checkpoint.is_host_checkpoint`): the trainers load its `actor/`, then
+        trainer rank 0 sends the weights to every generator, as a SYNC does (a verl-omni checkpoint has no weights
+        file the generators could read)."""
+        trainers = {w: a for w, a in self.workers.items() if w.startswith(("trn:", "col:"))}
+        ray.get([a.load_checkpoint.remote(str(path), version) for a in trainers.values()])
+        generators = {w: a for w, a in self.workers.items() if worker_pool(w) == "gen"}
+        if generators:
+            ranks = [worker_rank(w) for w in generators]
+            ray.get([a.send_weights.remote(version, ranks) for a in trainers.values()]
+                    + [a.receive_weights.remote(version) for a in generators.values()])
+        print(f"digenrl: resumed verl-omni's checkpoint {path} (step {version}): the trainers loaded its actor/, "
+              "the generators received the weights; the prompt order goes on from the step", file=sys.stderr)
         return version
 
     def generator_ids(self) -> list[str]:

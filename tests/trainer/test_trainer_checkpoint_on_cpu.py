@@ -75,3 +75,25 @@ def test_loading_into_another_model_names_the_mismatch(tmp_path):
     other = torch.nn.Sequential(torch.nn.Linear(3, 2))
     with pytest.raises(ValueError, match="does not match the model"):
         ckpt.load_trainer_state(path, dict(other.named_parameters()), None)
+
+
+def test_a_verl_omni_checkpoint_is_found_and_read(tmp_path):
+    """verl-omni's layout (global_step_<k>/actor/, verl's latest_checkpointed_iteration.txt, no meta.json): found by
+    `latest_checkpoint` up to the step the pointer names, its step read from the directory, and refused by a run
+    whose trainer is not verl-omni's actor worker."""
+    from types import SimpleNamespace
+
+    from digenrl_verl.main import check_resumable
+    from digenrl_verl.trainer.checkpoint import is_host_checkpoint
+
+    for step in (3, 5):
+        (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
+    assert ckpt.latest_checkpoint(tmp_path) is None  # no pointer: verl-omni has not finished saving either
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\n")
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "global_step_3"  # step 5 is past the pointer: incomplete
+    assert is_host_checkpoint(tmp_path / "global_step_3")
+    assert ckpt.read_meta(tmp_path / "global_step_3") == {"global_step": 3, "policy_version": 3, "host_checkpoint": True}
+    ours = SimpleNamespace(train=SimpleNamespace(engine="digenrl"), prompts_per_step=2, n=2)
+    with pytest.raises(ValueError, match="trainer.digenrl.trainer_engine=verl_omni"):
+        check_resumable(tmp_path / "global_step_3", ours)
+    check_resumable(tmp_path / "global_step_3", SimpleNamespace(train=SimpleNamespace(engine="verl_omni")))

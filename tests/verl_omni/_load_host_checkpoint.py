@@ -9,6 +9,9 @@ first, since verl-omni registers it for cuda and npu only) builds its engine fro
 ``model.safetensors`` (the weights DigenRL's generators hold at that step): the report has the largest difference
 (after casting to the file's dtype), how many tensors matched, and the largest |weight| of the LoRA ``B`` factors
 (zero at initialisation: a loaded, trained adapter has them nonzero).
+
+With ``mode: save`` (args ``root``, ``step``, ``weights_out``) it writes a checkpoint as verl-omni's trainer does
+instead (`_save`), for the reverse check: a DigenRL run resumes it.
 """
 
 from __future__ import annotations
@@ -21,33 +24,74 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from _engine_harness import finish_rank, init_gloo, run_main  # noqa: E402
 
 
-def worker(rank: int, world: int, port: int, args: dict) -> None:
-    init_gloo(rank, world, port)
+def _stock_actor(actor_rollout_ref: dict):
+    """verl-omni's stock actor worker (role actor) built by its own init_model from the composed section."""
     from omegaconf import OmegaConf
-    from safetensors.torch import load_file
-    from torch.distributed.tensor import DTensor
     from verl.workers.engine.base import EngineRegistry
     from verl_omni.workers.engine.fsdp.diffusers_impl import PPODiffusersFSDPEngine
     from verl_omni.workers.engine_workers import ActorRolloutRefWorker
 
-    from digenrl_verl.integrations.verl_omni_trainer import canonical_name
-
     # verl-omni registers its stock engine for cuda and npu only: here it is the cpu one (the class unchanged)
     EngineRegistry.register(model_type="diffusion_model", backend=["fsdp", "fsdp2"], device="cpu")(
         PPODiffusersFSDPEngine)
-    config = OmegaConf.create(args["actor_rollout_ref"])
+    config = OmegaConf.create(actor_rollout_ref)
     config.rollout.checkpoint_engine.backend = "naive"
     host = ActorRolloutRefWorker(config=config, role="actor")
     host.init_model()
+    return host
+
+
+def _trainable(host) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    from digenrl_verl.integrations.verl_omni_trainer import canonical_name
+
+    return {canonical_name(n): (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+            for n, p in host.actor.engine.module.named_parameters() if p.requires_grad}
+
+
+def _load(host, args: dict) -> dict:
+    from safetensors.torch import load_file
+
+    from digenrl_verl.integrations.verl_omni_trainer import canonical_name
+
     host.load_checkpoint(str(Path(args["checkpoint"]) / "actor"))
-    theirs = {canonical_name(n): (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
-              for n, p in host.actor.engine.module.named_parameters() if p.requires_grad}
+    theirs = _trainable(host)
     ours = {canonical_name(n): t for n, t in load_file(str(Path(args["checkpoint"]) / "model.safetensors")).items()}
     shared = sorted(ours.keys() & theirs.keys())
     diff = max(float((theirs[k].to(ours[k].dtype).float() - ours[k].float()).abs().max()) for k in shared)
     lora_b = max((float(ours[k].abs().max()) for k in shared if "lora_B" in k), default=float("nan"))
-    finish_rank(rank, args, {"max_diff": diff, "matched": len(shared), "ours": len(ours), "theirs": len(theirs),
-                             "lora_b_max": lora_b, "dtype": str(next(iter(ours.values())).dtype)})
+    return {"max_diff": diff, "matched": len(shared), "ours": len(ours), "theirs": len(theirs),
+            "lora_b_max": lora_b, "dtype": str(next(iter(ours.values())).dtype)}
+
+
+def _save(host, args: dict) -> dict:
+    """As verl-omni's trainer saves step k: the actor's checkpoint in global_step_<k>/actor, then verl's pointer;
+    the LoRA factors first set to seeded random values (a trained-looking adapter); the weights also written to
+    args["weights_out"] (canonical names) for the caller's comparison."""
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in host.actor.engine.module.named_parameters():
+            if p.requires_grad and "lora_" in name:
+                full = torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * 0.05
+                p.copy_(distribute_tensor(full, p.device_mesh, p.placements) if isinstance(p, DTensor) else full)
+    root, step = Path(args["root"]), int(args["step"])
+    host.save_checkpoint(str(root / f"global_step_{step}" / "actor"), global_step=step)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    weights = _trainable(host)
+    save_file({k: v.float().contiguous() for k, v in weights.items()}, args["weights_out"])
+    return {"saved": len(weights), "step": step}
+
+
+def worker(rank: int, world: int, port: int, args: dict) -> None:
+    init_gloo(rank, world, port)
+    host = _stock_actor(args["actor_rollout_ref"])
+    report = _save(host, args) if args.get("mode") == "save" else _load(host, args)
+    finish_rank(rank, args, report)
 
 
 if __name__ == "__main__":

@@ -241,6 +241,11 @@ def test_every_example_script_through_verl_omnis_own_entry_point(replayed, varia
 #: recipe -> the entry point its script calls; SD3.5 keeps trainer.use_v1=true (dropped at the handover, said)
 TWINS = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni.trainer.main_diffusion_v1",
          "wan22_dancegrpo": "verl_omni.trainer.main_diffusion"}
+#: the trainer engine each twin runs on. Wan stays on the package's trainer: verl-omni's Wan2.2 DanceGRPO adapter
+#: builds its σ schedule with `model.pipeline.shift` (default 5.0) over linspace(1, 0, N+1), the package's sampler
+#: takes the model's own scheduler (the tiny twin's flow_shift 3.0), and on verl-omni's trainer the run is refused
+#: naming actor_rollout_ref.model.pipeline (the σ check of integrations/verl_omni_batch.py) until the two agree
+TWIN_ENGINES = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni", "wan22_dancegrpo": "digenrl"}
 _REWARD = '''
 def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
     """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""
@@ -248,13 +253,9 @@ def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=
 '''
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TWINS))
-def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp_path):
-    """The recipe's override list (its blockers switched off but trainer.use_v1, its `tiny` sizes, one generator
-    and one trainer CPU worker from verl-omni's layout keys) through `python -m <its entry point>`, v1 with
-    `trainer.v1.trainer_mode=digenrl` (verl-omni's own task runner builds our trainer), v0 with
-    trainer.trainer_class=digenrl: one disaggregated step, weights back on the generator."""
+def _twin_argv(name: str, tmp_path: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    """The tiny twin's command line for its entry point (model, reward files and parquet prompts written under
+    `tmp_path`; the run's output in `tmp_path/run`, checkpoints in `tmp_path/run/checkpoints`), plus `extra`."""
     import pandas as pd
 
     from digenrl_verl.models.tiny import build_tiny_model_dir
@@ -271,11 +272,18 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     out = tmp_path / "run"
     ours = "+trainer.digenrl" if v1 else "trainer.digenrl"  # no section composed on verl-omni's v1 entry point
     select = [*SELECT_V1, *V1_CPU] if v1 else [SELECT]
-    argv = recipe.render(str(model), str(tmp_path), str(tmp_path),
+    return recipe.render(str(model), str(tmp_path), str(tmp_path),
                          switch_off=[k for k in recipe.blockers if k != "trainer.use_v1"],
                          extra=[*recipe.tiny, "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
                                 "actor_rollout_ref.rollout.nnodes=0", f"{ours}.output_dir={out}",
-                                f"trainer.default_local_dir={out}/checkpoints", *select])
+                                # FSDP1 (the Wan recipe's strategy=fsdp) syncs module states from a GPU: fsdp2 on CPU
+                                "actor_rollout_ref.actor.strategy=fsdp2",
+                                f"trainer.default_local_dir={out}/checkpoints", *select, *extra])
+
+
+def _run_twin(entry: str, argv: list[str], tmp_path: Path) -> str:
+    """`python -m <entry> <argv>` as a user on a CPU host; its console (also in tmp_path/entry_point.log), which
+    must end with status 0."""
     # a CPU host: verl's CPU platform (registered by our verl.plugins entry point), else verl falls back to nvidia
     # and verl-omni's auto_set_device turns trainer.device=cpu into cuda
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0",
@@ -286,6 +294,21 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     (tmp_path / "entry_point.log").write_text(text)  # the whole console, for a failure's diagnosis
     ours = "\n".join(line for line in text.splitlines() if re.match(r"\s*(\(.*?\)\s*)?digenrl", line))
     assert proc.returncode == 0, ours[-3000:] + "\n...\n" + text[-4000:]
+    return text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp_path):
+    """The recipe's override list (its blockers switched off but trainer.use_v1, its `tiny` sizes, one generator
+    and one trainer CPU worker from verl-omni's layout keys) through `python -m <its entry point>`, v1 with
+    `trainer.v1.trainer_mode=digenrl` (verl-omni's own task runner builds our trainer), v0 with
+    trainer.trainer_class=digenrl: one disaggregated step, weights back on the generator."""
+    entry, engine = TWINS[name], TWIN_ENGINES[name]
+    v1 = entry.endswith("_v1")
+    argv = _twin_argv(name, tmp_path, extra=(f"{'+' if v1 else ''}trainer.digenrl.trainer_engine={engine}",))
+    out = tmp_path / "run"
+    text = _run_twin(entry, argv, tmp_path)
     assert HANDED in text
     if not v1:
         assert "the run is handed to digenrl_verl.integrations.verl_omni.DigenRLDiffusionTrainer" in text
@@ -303,10 +326,57 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     assert steps[0]["actor/grad_norm"] > 0  # a real update
     assert summary["samples"] == 4  # tiny: 2 prompts x n=2
     assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"] and {w["version"] for w in workers} == {1}
+    if engine != "verl_omni":
+        return
     # the trainer pool was verl-omni's actor worker; its checkpoint is in verl-omni's layout, and verl-omni resumes it
     assert "trainer.digenrl.trainer_engine=verl_omni: the trainer pool is verl-omni's actor worker" in text
     assert "trainer verl-omni's actor worker (fsdp2, TSP engine" in text
     _check_host_resumes(out / "checkpoints", argv, tmp_path)
+
+
+def _host_script(args: dict) -> dict:
+    """`_load_host_checkpoint.py` with `args` in a fresh interpreter on verl's CPU platform; its report."""
+    script = str(Path(__file__).resolve().parent / "_load_host_checkpoint.py")
+    proc = subprocess.run([sys.executable, script, json.dumps(args)], cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1",
+                                            "VERL_USE_EXTERNAL_MODULES": "digenrl_verl.platform.cpu"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(Path(args["out"]).read_text())
+
+
+def _composed_actor(argv: list[str]) -> dict:
+    """verl-omni's composed actor_rollout_ref for the command line, resolved."""
+    composed = _verl_omni_config([a for a in argv if not a.startswith("hydra.")])
+    return OmegaConf.to_container(composed.actor_rollout_ref, resolve=True)
+
+
+@pytest.mark.slow
+def test_a_verl_omni_checkpoint_resumes_a_digenrl_run(tmp_path):
+    """verl-omni's stock actor worker writes step 1 as verl-omni's trainer does (global_step_1/actor, the pointer;
+    its LoRA set to seeded values); the SD3.5 twin through main_diffusion_v1 with two steps resumes there (auto):
+    it trains step 2 only, the generators received the loaded weights, and step 2's weights are the saved ones plus
+    one small update (far from a fresh adapter, whose B factors are zero)."""
+    from safetensors.torch import load_file
+
+    from digenrl_verl.integrations.verl_omni_trainer import canonical_name
+
+    name = "sd35_flowgrpo_lora_v1_separate_async"
+    argv = _twin_argv(name, tmp_path, extra=("trainer.total_training_steps=2", "trainer.save_freq=1"))
+    root = tmp_path / "run" / "checkpoints"
+    saved = _host_script({"mode": "save", "actor_rollout_ref": _composed_actor(argv), "root": str(root), "step": 1,
+                          "weights_out": str(tmp_path / "saved.safetensors"), "out": str(tmp_path / "save.json")})
+    assert saved["saved"] > 0
+    text = _run_twin(TWINS[name], argv, tmp_path)
+    assert f"resuming from {root / 'global_step_1'} (step 1)" in text and "resumed verl-omni's checkpoint" in text
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["summary"]["steps"] == 1 and {w["version"] for w in written["workers"]} == {2}
+    before = load_file(str(tmp_path / "saved.safetensors"))
+    after = {canonical_name(k): v for k, v in load_file(str(root / "global_step_2" / "model.safetensors")).items()}
+    assert before.keys() == after.keys()
+    moved = max(float((after[k].float() - before[k]).abs().max()) for k in before)
+    scale = max(float(before[k].abs().max()) for k in before if "lora_B" in k)
+    print(f"resumed from verl-omni's step 1: step 2 moved the weights by at most {moved:.2e} (|B| up to {scale:.2e})")
+    assert 0 < moved < 0.1 * scale
 
 
 def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
@@ -315,15 +385,8 @@ def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
     with its own `load_checkpoint` and holds the weights the generators hold (`_load_host_checkpoint.py`)."""
     step = root / "global_step_1"
     assert (step / "actor").is_dir() and (root / "latest_checkpointed_iteration.txt").read_text() == "1"
-    composed = _verl_omni_config([a for a in argv if not a.startswith("hydra.")])
-    args = {"actor_rollout_ref": OmegaConf.to_container(composed.actor_rollout_ref, resolve=True),
-            "checkpoint": str(step), "out": str(tmp_path / "host_resume.json")}
-    script = str(Path(__file__).resolve().parent / "_load_host_checkpoint.py")
-    proc = subprocess.run([sys.executable, script, json.dumps(args)], cwd=str(ROOT), capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1",
-                                            "VERL_USE_EXTERNAL_MODULES": "digenrl_verl.platform.cpu"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    report = json.loads(Path(args["out"]).read_text())
+    report = _host_script({"actor_rollout_ref": _composed_actor(argv), "checkpoint": str(step),
+                           "out": str(tmp_path / "host_resume.json")})
     print(f"verl-omni's actor worker resumed {step}: {report}")
     assert report["matched"] == report["ours"] == report["theirs"] > 0, report
     assert report["lora_b_max"] > 0 and report["max_diff"] == 0.0, report

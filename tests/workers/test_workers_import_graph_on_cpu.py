@@ -2,7 +2,7 @@
 and every import statement counts: top level, function-local, under `if TYPE_CHECKING`.
 
 Layers, bottom up: `schedule` (pure Python) | `weights` (torch only) | `diffusion`, `models`, `rewards` |
-`engines` (rollout engines) | `workers` | `trainer`, `sim` | entry points (`main`, `integrations`).
+`engines` (rollout engines) | `workers` | `trainer`, `sim` | entry points (`main`, `integrations`, `bench`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 import digenrl_verl
 
 PACKAGE_DIR = Path(digenrl_verl.__file__).parent
-ENTRY_POINTS = ("digenrl_verl.main", "digenrl_verl.integrations")
+#: what sits on top: the CLIs (`python -m digenrl_verl.main`, `python -m digenrl_verl.bench ...`) and the host plugin
+ENTRY_POINTS = ("digenrl_verl.main", "digenrl_verl.integrations", "digenrl_verl.bench")
 CONFIG_MODULE = "digenrl_verl.trainer.config"
 #: engine modules the config may import: the registry and the specs (everything else there is a backend)
 ENGINE_FRONT = ("digenrl_verl.engines", "digenrl_verl.engines.base", "digenrl_verl.engines.spec")

@@ -14,7 +14,7 @@ import signal
 import threading
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_module
@@ -30,6 +30,7 @@ from digenrl_verl.trainer.checkpoint import is_host_checkpoint, latest_checkpoin
 from digenrl_verl.trainer.config import build_run
 from digenrl_verl.trainer.ray_runtime import connect_ray
 from digenrl_verl.trainer.runner import DigenRLTrainer, NonFiniteError
+from digenrl_verl.workers.specs import HostConfig
 
 CONFIG_MODULE = "digenrl_verl.config"
 CONFIG_NAME = "digenrl_trainer"
@@ -105,9 +106,9 @@ def keep_drawn_seeds(cfg: DictConfig, path) -> None:
             OmegaConf.update(cfg, key, value, merge=False)
 
 
-def run(cfg: DictConfig, host: Mapping[str, Any] | None = None) -> int:
-    """Validate, plan, and train `cfg` (0: done or dry run, 2: a bad config, 1: the run failed). `host`: verl-omni's
-    composed ``actor_rollout_ref``, resolved, when the run comes from verl-omni's entry point (`build_run`)."""
+def run(cfg: DictConfig, host: HostConfig | None = None) -> int:
+    """Validate, plan, and train `cfg` (0: done or dry run, 2: a bad config, 1: the run failed). `host`: what
+    verl-omni composed (`workers.specs.HostConfig`) when the run comes from verl-omni's entry point (`build_run`)."""
     try:
         ckpt, start = resume_point(cfg)
         if ckpt is not None:

@@ -1177,8 +1177,7 @@ def trainer_engine_of(digenrl: DigenRLConfig, host: Any) -> str:
     return "verl_omni" if host is not None else "digenrl"
 
 
-def build_trainer_engine(keys: RecipeKeys, digenrl: DigenRLConfig, train: TrainSpec, host: Any,
-                         mini_batches: int) -> TrainSpec:
+def build_trainer_engine(keys: RecipeKeys, digenrl: DigenRLConfig, train: TrainSpec, host: Any) -> TrainSpec:
     """`train` on the engine `trainer_engine_of` picks. ``verl_omni``: verl-omni's actor worker reads `host` (its
     composed ``actor_rollout_ref``); what that worker cannot do yet is refused here, before any worker starts,
     naming the key and the fix."""
@@ -1198,12 +1197,6 @@ def build_trainer_engine(keys: RecipeKeys, digenrl: DigenRLConfig, train: TrainS
         raise ValueError(f"{A}.actor.use_kl_loss=true with {key}=verl_omni: the reference model's log-probs "
                          "(verl-omni's ref worker) are not produced on this path yet; set use_kl_loss=false or "
                          f"{key}=digenrl")
-    if train.recompute_old_log_probs and mini_batches > 1:
-        raise ValueError(f"{A}.actor.ppo_mini_batch_size: {mini_batches} optimizer steps per global step with the "
-                         f"old log-probs recomputed and {key}=verl_omni: a later mini-batch would recompute them with "
-                         "weights already stepped (verl-omni computes the whole batch's first); set "
-                         f"ppo_mini_batch_size to the step's prompts, {A}.rollout.recompute_old_log_probs=false, or "
-                         f"{key}=digenrl")
     if digenrl.tcss.staleness > 0:
         keys.decide(f"{SECTION}.tcss.staleness={digenrl.tcss.staleness} with {key}=verl_omni: the stale rows go "
                     f"through verl-omni's loss ({A}.actor.diffusion_loss.loss_mode) against their behaviour log-probs "
@@ -1213,7 +1206,7 @@ def build_trainer_engine(keys: RecipeKeys, digenrl: DigenRLConfig, train: TrainS
                 f"composed {A}; the package's own trainer settings are not used. Its weights reach the generators "
                 f"through the package's transport ({A}.rollout.checkpoint_engine.backend is for verl-omni's rollout "
                 "replicas, not used here)")
-    return replace(train, engine="verl_omni", host_config=host)
+    return replace(train, engine="verl_omni", host_config=host.actor_rollout_ref)
 
 
 def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:

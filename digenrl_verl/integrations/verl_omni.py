@@ -38,6 +38,7 @@ from digenrl_verl import main as entry
 from digenrl_verl.config.digenrl import SECTION, schema_node
 from digenrl_verl.config.verl_omni import NOT_VERL_OMNI_DEFAULTS
 from digenrl_verl.trainer.config import build_run
+from digenrl_verl.workers.specs import HostConfig
 
 VERL_OMNI_REPO = "https://github.com/verl-project/verl-omni"
 VERL_OMNI_COMMIT = "a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"  # 2026-08-22, version 0.2.0rc1
@@ -183,14 +184,48 @@ def translate_config(source: Any, *, base_overrides: Sequence[str] = ()):
     return ours
 
 
-def host_actor_rollout_ref(source: Any) -> dict[str, Any] | None:
-    """verl-omni's composed ``actor_rollout_ref``, resolved to plain containers (what its actor worker is built
-    from, `integrations.verl_omni_trainer`), or None when `source` has none."""
+def host_config(source: Any) -> HostConfig | None:
+    """What the run takes from verl-omni's composed config besides the translation (`workers.specs.HostConfig`):
+    its ``actor_rollout_ref`` resolved (its actor worker is built from it) and the σ schedules of its training
+    adapter for the rollout's and validation's step counts (`host_sigma_schedules`); None without the section."""
     node = OmegaConf.select(source, "actor_rollout_ref") if isinstance(source, DictConfig) else \
         _dig(dict(source), "actor_rollout_ref")
     if node is None:
         return None
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    section = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    return HostConfig(actor_rollout_ref=section, sigma_schedules=host_sigma_schedules(section))
+
+
+def host_sigma_schedules(section: Mapping[str, Any]) -> tuple[tuple[int, tuple[float, ...]], ...]:
+    """(N, σ_0..σ_N) as verl-omni's training adapter builds its scheduler (`DiffusionModelBase.get_class(model_config)
+    .build_scheduler`) for the rollout's and the validation's step counts: the generators then sample the schedule
+    verl-omni's engine trains on (its Wan2.2 adapter shifts linspace(1, 0, N + 1) by `pipeline.shift`, not by the
+    model's scheduler config). Empty when verl-omni cannot build it here (no verl-omni, a model it has no adapter
+    for): the package's own schedule, which the trainer's σ check then holds to verl-omni's."""
+    import copy
+
+    try:
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl_omni.pipelines.model_base import DiffusionModelBase
+    except ImportError:
+        return ()
+    rollout = section.get("rollout", {})
+    steps = {rollout.get("pipeline", {}).get("num_inference_steps"),
+             (rollout.get("val_kwargs", {}).get("pipeline", {}) or {}).get("num_inference_steps")}
+    out = []
+    for n in sorted(s for s in steps if isinstance(s, int) and s > 0):
+        model = copy.deepcopy(dict(section["model"]))
+        model["pipeline"] = {**dict(model.get("pipeline", {})), "num_inference_steps": n}
+        try:
+            model_config = omega_conf_to_dataclass(OmegaConf.create(model))
+            scheduler = DiffusionModelBase.get_class(model_config).build_scheduler(model_config)
+        except (KeyError, ValueError, NotImplementedError, OSError) as e:
+            warnings.warn(f"verl-omni's training adapter builds no scheduler for this model here ({e!r}): the "
+                          "generators sample the model's own schedule, which the trainer holds to verl-omni's "
+                          "(actor_rollout_ref.model.pipeline named if they differ)", UserWarning, stacklevel=2)
+            return ()
+        out.append((n, tuple(float(x) for x in scheduler.sigmas)))
+    return tuple(out)
 
 
 def _merge_section(section: DictConfig, mine: Mapping[str, Any]) -> DictConfig:
@@ -299,7 +334,7 @@ class DigenRLDiffusionTrainer:
         """Run it through `digenrl_verl.main.run`; a status other than 0 (a bad config: 2, a failed run: 1) leaves
         with that status (SystemExit), after our message."""
         self.init()
-        status = entry.run(self.run_config, host=host_actor_rollout_ref(self.config))
+        status = entry.run(self.run_config, host=host_config(self.config))
         if status != entry.EXIT_OK:
             raise SystemExit(status)
 

@@ -42,11 +42,12 @@ adapter (as on the package's own trainer), refreshed from the engine after every
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -107,6 +108,7 @@ class VerlOmniTrainerWorker(TrainerWorker):
             raise ValueError(f"VerlOmniTrainerWorker needs TrainSpec.engine='verl_omni', got {train.engine!r}")
         super().__init__(policy, train, reward, torch_threads, judges)
         self.host: Optional[DigenRLActorWorker] = None
+        self._step_start: dict[str, torch.Tensor] = {}  # the engine's weights of `version` between mini-batches
 
     @property
     def actor(self) -> TSPActorWorker:
@@ -182,6 +184,8 @@ class VerlOmniTrainerWorker(TrainerWorker):
         engine.tsp_chunk_rows = (self.train_spec.tsp_chunk_size or 0) if tsp else 1  # 1 row: one timestep a forward
         output = self.actor.accumulate(batch)
         self.busy_s += time.perf_counter() - t0
+        if output is None:  # not the source rank of its sequence-parallel group: that rank reports the rows
+            return {"rows": 0.0}
         loss = self.train_spec.host_config["actor"].get("diffusion_loss", {})
         return loss_stats(output, batch, data.batch["policy_version"] < self.version, float(loss.get("clip_ratio")))
 
@@ -189,15 +193,40 @@ class VerlOmniTrainerWorker(TrainerWorker):
         """verl-omni's recompute (`infer_batch`) when asked, or when the loss needs the old SDE means: fresh rows
         take the recomputed log-probs, stale rows (TCSS) keep their behaviour log-probs."""
         needs_mean = "old_prev_sample_mean" in get_diffusion_loss_fn(self._loss_mode()).required_data_keys
-        if not (self.train_spec.recompute_old_log_probs or needs_mean):
+        if not self._needs_recompute():
             return
         probe = with_engine_meta(batch.clone(), **meta)
-        output = self.actor.recompute(probe)
+        with self._weights_of_version():
+            output = self.actor.recompute(probe)
         if self.train_spec.recompute_old_log_probs:
             recomputed = tu.get(output, "log_probs").to(torch.float32)
             batch["old_log_probs"][fresh] = recomputed[fresh]
         if needs_mean:
             batch["old_prev_sample_mean"] = tu.get(output, "prev_sample_mean").to(torch.float32)
+
+    def _needs_recompute(self) -> bool:
+        return self.train_spec.recompute_old_log_probs or \
+            "old_prev_sample_mean" in get_diffusion_loss_fn(self._loss_mode()).required_data_keys
+
+    @contextlib.contextmanager
+    def _weights_of_version(self) -> Iterator[None]:
+        """The engine's weights of `self.version` in place for the block: after a mini-batch's optimizer step (a
+        global step's earlier ones) the step-start weights are swapped in and the current ones back after, so
+        later mini-batches recompute with the weights verl-omni computes the whole batch's old log-probs with."""
+        if not self._step_start:
+            yield
+            return
+        params = self._engine_params()
+        with torch.no_grad():
+            current = {k: p.detach().clone() for k, p in params.items()}
+            for k, p in params.items():
+                p.copy_(self._step_start[k])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for k, p in params.items():
+                    p.copy_(current[k])
 
     def _loss_mode(self) -> str:
         return str(self.train_spec.host_config["actor"].get("diffusion_loss", {}).get("loss_mode", "flow_grpo"))
@@ -209,6 +238,11 @@ class VerlOmniTrainerWorker(TrainerWorker):
             raise RuntimeError(f"trainer rank {self.rank} at version {self.version} asked to produce version {version} "
                                f"(want {self.version + 1}, or {self.version} for a mini-batch's optimizer step)")
         t0 = time.perf_counter()
+        if version == self.version and not self._step_start and self._needs_recompute():
+            with torch.no_grad():  # the step's first mini-batch: keep `version`'s weights for the later recomputes
+                self._step_start = {k: p.detach().clone() for k, p in self._engine_params().items()}
+        elif version == self.version + 1:
+            self._step_start = {}
         out = self.actor.optimizer_step(update_lr_scheduler=version == self.version + 1)
         norm = float(out["grad_norm"]) if out["grad_norm"] is not None else 0.0
         skipped = not math.isfinite(norm)

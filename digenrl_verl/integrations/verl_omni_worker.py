@@ -43,10 +43,12 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import torch
 from codetiming import Timer
 from tensordict import TensorDict
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils import tensordict_utils as tu
+from verl.utils.device import get_device_id
 from verl_omni.utils.mfu import collect_diffusion_flops_meta
 from verl_omni.workers.engine_workers import TrainingWorker
 
@@ -104,18 +106,50 @@ class TSPActorWorker(TrainingWorker):
         return worker
 
     def recompute(self, data: TensorDict) -> TensorDict:
-        """verl-omni's old-log-prob pass on `data` (its `infer_batch`: eval mode, no loss): ``log_probs`` and
-        ``prev_sample_mean`` [B, T, ...] with the current weights. Between `accumulate` and `optimizer_step` the
-        module is put back in train mode after it (the gradients are untouched: the eval context does not zero
-        them; with parameter offload it would offload them, so that is refused)."""
-        if self._train_ctx is not None and self.engine.is_param_offload_enabled:
-            raise RuntimeError("actor_rollout_ref.actor.fsdp_config.param_offload=true: a recompute between two "
-                               "accumulations would offload the accumulated gradients")
+        """verl-omni's old-log-prob pass on `data` (no loss): ``log_probs`` and ``prev_sample_mean`` [B, T, ...] with
+        the current weights. With no accumulation open it is verl-omni's `infer_batch` (eval mode, its offload
+        around it). Between `accumulate` and `optimizer_step` the parameters are loaded (the open train context) and
+        the same engine pass runs under no_grad in train mode: an eval context's exit would offload parameters and
+        the accumulated gradients when offload is on (diffusion transformers compute the same in both modes)."""
         tu.assign_non_tensor(data, compute_loss=False)
-        output = self.infer_batch(data)
-        if self._train_ctx is not None:
-            self._train_ctx.__enter__()  # train mode again (module.train(), the model's train configuration)
-        return output
+        shapes = {"log_probs": tuple(data["all_timesteps"].shape),
+                  "prev_sample_mean": (*data["all_timesteps"].shape, *data["all_latents"].shape[2:])}
+        if self._train_ctx is None:
+            return self._share_in_sp_group(self.infer_batch(data), shapes)
+        return self._share_in_sp_group(self._recompute_in_train_mode(data), shapes)
+
+    def _share_in_sp_group(self, output: Optional[TensorDict], shapes: dict) -> Optional[TensorDict]:
+        """Under Ulysses sequence parallelism only an SP group's source rank returns outputs (verl-omni's
+        `is_mp_src_rank_with_outputs`); the others need the same old log-probs and means for their loss: the
+        source rank broadcasts them in the group. Without SP: `output` as it is."""
+        if self.engine.ulysses_sequence_parallel_size <= 1:
+            return output
+        group = self.engine.ulysses_device_mesh.get_group(mesh_dim="ulysses")
+        src = torch.distributed.get_global_rank(group, 0)
+        device = get_device_id() if torch.distributed.get_backend(group) == "nccl" else "cpu"
+        shared = {}
+        for name, shape in shapes.items():
+            tensor = (tu.get(output, name).float().contiguous().to(device) if output is not None
+                      else torch.empty(shape, dtype=torch.float32, device=device))
+            torch.distributed.broadcast(tensor, src=src, group=group)
+            shared[name] = tensor.cpu()
+        return tu.get_tensordict(tensor_dict=shared)
+
+    def _recompute_in_train_mode(self, data: TensorDict) -> Optional[TensorDict]:
+        defaults = dict(use_remove_padding=self.model_config.get("use_remove_padding", False),
+                        use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
+                        max_token_len_per_gpu=self.engine_config.infer_max_token_len_per_gpu,
+                        micro_batch_size_per_gpu=self.engine_config.infer_micro_batch_size_per_gpu,
+                        use_fused_kernels=self.engine_config.use_fused_kernels)
+        tu.assign_non_tensor(data, **{k: v for k, v in defaults.items() if k not in data.keys()})
+        flops_meta = collect_diffusion_flops_meta(self.flops_counter, data,
+                                                  pipeline_config=getattr(self.model_config, "pipeline", None))
+        with torch.no_grad(), Timer(name="recompute", logger=None) as timer:
+            output = self.engine.infer_batch(data, loss_function=None)
+        if not self.engine.is_mp_src_rank_with_outputs():
+            return None
+        return self._postprocess_output(output, global_token_num=None, delta_time=timer.last, forward_only=True,
+                                        images_seqlens=None, diffusion_flops_meta=flops_meta).cpu()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_accumulation(self, num_micro_batches: int) -> None:

@@ -39,6 +39,9 @@ class PipelineConfig:
             None = pipeline default.
         max_sequence_length: text tokens the denoiser sees (prompt padded/truncated to this); None = default.
         negative_prompt: the unconditional prompt for CFG / true CFG.
+        host_sigmas: the sampling schedules σ_0..σ_N the host's trainer uses, as (N, schedule) pairs: set by the
+            verl-omni path (its training adapter's scheduler, `integrations.verl_omni.host_sigma_schedules`), not a
+            `rollout.pipeline` key; a step count not listed takes the model's own scheduler.
     """
 
     height: int | None = None
@@ -49,6 +52,7 @@ class PipelineConfig:
     true_cfg_scale: float | None = None
     max_sequence_length: int | None = None
     negative_prompt: str = ""
+    host_sigmas: tuple[tuple[int, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length"):
@@ -65,6 +69,8 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PipelineConfig":
         """Build from a `rollout.pipeline` mapping; unknown keys raise ValueError naming the valid ones."""
+        if "host_sigmas" in data:
+            raise ValueError(f"{PIPELINE_KEY}.host_sigmas is set by the verl-omni path, not a key of the config")
         return cls(**_check_keys(cls, data, PIPELINE_KEY))
 
 

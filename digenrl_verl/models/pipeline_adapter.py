@@ -142,7 +142,7 @@ class PipelineAdapter(DiffusionAdapter):
                              "use 1 or null")
         else:
             values["num_frames"] = None
-        resolved = PipelineConfig(negative_prompt=cfg.negative_prompt, **values)
+        resolved = PipelineConfig(negative_prompt=cfg.negative_prompt, host_sigmas=cfg.host_sigmas, **values)
         self._validate_config(resolved)
         return resolved
 
@@ -167,6 +167,11 @@ class PipelineAdapter(DiffusionAdapter):
         num_steps = self.config.num_inference_steps if num_steps is None else num_steps
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
             raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
+        host = dict(self.config.host_sigmas).get(num_steps)
+        if host is not None:  # the host trainer's schedule (`PipelineConfig.host_sigmas`)
+            sigmas = torch.tensor(host, dtype=torch.float32)
+            assert sigmas.shape == (num_steps + 1,) and sigmas[-1] == 0, f"unexpected host sigmas {sigmas}"
+            return sigmas
         scheduler = copy.deepcopy(self.pipeline.scheduler)
         scheduler.set_timesteps(**self._set_timesteps_kwargs(num_steps))
         sigmas = torch.as_tensor(scheduler.sigmas, dtype=torch.float32).cpu()

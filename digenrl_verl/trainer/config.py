@@ -10,7 +10,7 @@ runs exactly this and prints the resolved plan and pools.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,7 +29,7 @@ from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig
 from digenrl_verl.schedule.plan import planner_for, step_microbatches
 from digenrl_verl.trainer.data import load_prompts
-from digenrl_verl.workers.specs import PolicySpec, TrainSpec
+from digenrl_verl.workers.specs import HostConfig, PolicySpec, TrainSpec
 
 # the schedule's pool names per role of `trainer.digenrl.pools`
 SCHEDULE_POOL_NAMES = {"colocated": "col", "generator": "gen", "trainer": "trn"}
@@ -214,11 +214,11 @@ def schedule_of(digenrl: DigenRLConfig, **shape) -> ScheduleConfig:
     return ScheduleConfig.of(digenrl, pools=pools, **shape)
 
 
-def build_run(cfg: DictConfig, *, start_step: int = 0, host: Mapping[str, Any] | None = None) -> RunSpec:
+def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None = None) -> RunSpec:
     """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix.
 
-    `host`: verl-omni's composed ``actor_rollout_ref`` (resolved) when the run comes from verl-omni's entry point;
-    its actor worker then trains (`trainer.digenrl.trainer_engine`)."""
+    `host`: what verl-omni composed (`HostConfig`) when the run comes from verl-omni's entry point; its actor worker
+    then trains (`trainer.digenrl.trainer_engine`) and the generators sample its σ schedules."""
     keys = RecipeKeys(cfg)
     section = build_digenrl(keys)
     engine = trainer_engine_of(section, host)  # verl-omni's actor worker reads its keys itself (HOST_TRAINER_KEYS)
@@ -227,10 +227,11 @@ def build_run(cfg: DictConfig, *, start_step: int = 0, host: Mapping[str, Any] |
     digenrl = honour_global_std(keys, build_layout(keys, section))
     model = build_model(keys)
     policy = build_policy(keys, digenrl, path=model.path, algorithm=model.algorithm, start_version=start_step)
+    if engine == "verl_omni" and host is not None and host.sigma_schedules:  # verl-omni's schedules, sampled
+        policy = replace(policy, pipeline=replace(policy.pipeline, host_sigmas=host.sigma_schedules))
     data = build_data(keys)
     shape = build_shape(keys, digenrl, len(load_prompts(data.train_files, data.prompt_key)[0]))  # verl's epochs
-    train = build_trainer_engine(keys, digenrl, build_train(keys, digenrl, policy, shape.n, shape.total_steps), host,
-                                 shape.mini_batches)
+    train = build_trainer_engine(keys, digenrl, build_train(keys, digenrl, policy, shape.n, shape.total_steps), host)
     reward = build_reward(keys, digenrl)
     advantage = build_advantage(keys)
     checkpoint = build_checkpoint(keys)

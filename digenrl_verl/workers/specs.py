@@ -13,7 +13,7 @@ from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.engines.spec import PolicySpec, RolloutEngineSpec
 from digenrl_verl.workers.sharding import ShardingSpec
 
-__all__ = ["OptimSpec", "PolicySpec", "RolloutEngineSpec", "TrainSpec"]
+__all__ = ["HostConfig", "OptimSpec", "PolicySpec", "RolloutEngineSpec", "TrainSpec"]
 
 
 LR_SCHEDULERS = ("constant", "cosine")  # verl's lr_scheduler_type values
@@ -95,3 +95,18 @@ class TrainSpec:
             raise ValueError(f"TrainSpec.engine={self.engine!r}: use 'digenrl' or 'verl_omni'")
         if self.engine == "verl_omni" and not self.host_config:
             raise ValueError("TrainSpec.engine='verl_omni' needs verl-omni's composed actor_rollout_ref (host_config)")
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """What a run from verl-omni's entry point carries from verl-omni besides our translated config.
+
+    Args:
+        actor_rollout_ref: verl-omni's composed ``actor_rollout_ref`` section, resolved (its actor worker is built
+            from it: `TrainSpec.host_config`).
+        sigma_schedules: (N, σ_0..σ_N) of verl-omni's training adapter for each step count the run samples with
+            (`PipelineConfig.host_sigmas`): the generators sample the schedule verl-omni's engine trains on.
+    """
+
+    actor_rollout_ref: Mapping[str, Any]
+    sigma_schedules: tuple[tuple[int, tuple[float, ...]], ...] = ()

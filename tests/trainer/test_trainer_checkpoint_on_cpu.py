@@ -92,7 +92,8 @@ def test_a_verl_omni_checkpoint_is_found_and_read(tmp_path):
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\n")
     assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "global_step_3"  # step 5 is past the pointer: incomplete
     assert is_host_checkpoint(tmp_path / "global_step_3")
-    assert ckpt.read_meta(tmp_path / "global_step_3") == {"global_step": 3, "policy_version": 3, "host_checkpoint": True}
+    assert ckpt.read_meta(tmp_path / "global_step_3") == {"global_step": 3, "policy_version": 3,
+                                                         "host_checkpoint": True}
     ours = SimpleNamespace(train=SimpleNamespace(engine="digenrl"), prompts_per_step=2, n=2)
     with pytest.raises(ValueError, match="trainer.digenrl.trainer_engine=verl_omni"):
         check_resumable(tmp_path / "global_step_3", ours)

@@ -37,10 +37,11 @@ TOLERANCE = 1e-6
 
 # ---------------------------------------------------------------- the worker process
 
-def _actor_config(model_dir: str, lora: bool, world: int):
+def _actor_config(model_dir: str, lora: bool, world: int, sp: int = 1):
     model_config, actor_config = hydra_configs(
         model_dir, lora=lora, loss_mode="flow_grpo", num_steps=NUM_STEPS, height=HEIGHT, micro=MICRO, world=world,
-        optim=["optim.lr=1e-3", "optim.lr_warmup_steps=4", "optim.total_training_steps=10", "grad_clip=1.0"])
+        optim=["optim.lr=1e-3", "optim.lr_warmup_steps=4", "optim.total_training_steps=10", "grad_clip=1.0"],
+        actor_extra=(f"fsdp_config.ulysses_sequence_parallel_size={sp}",) if sp > 1 else ())
     actor_config.model_config = model_config
     return actor_config
 
@@ -107,8 +108,47 @@ def _export_check(worker, lora: bool) -> dict:
     return report
 
 
+def _recompute_check(rank: int, world: int, args: dict) -> dict:
+    """`recompute` (the old-log-prob pass) against verl-omni's stock `infer_batch` on the same weights and batch:
+    with no accumulation open, and between two accumulations (train mode kept); under Ulysses SP every rank of the
+    group gets the source rank's outputs. Every rank's largest relative error, gathered."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+    from verl_omni.workers.engine_workers import TrainingWorker
+
+    from digenrl_verl.integrations.verl_omni_worker import TSPActorWorker
+
+    actor_config = _actor_config(args["model_dir"], args["lora"], world, args["sp"])
+    stock = _build(TrainingWorker, actor_config, {"VERL_ENGINE_DEVICE": "cuda"})
+    ours = _build(TSPActorWorker, actor_config, {"VERL_ENGINE_VENDOR": "digenrl_tsp"})
+    same_weights([stock.engine, ours.engine], args["lora"])
+    dp_rank = rank // args["sp"]  # an SP group's ranks hold the same samples
+    td = rollout_batch(actor_config.model_config, 2 * MICRO, seed=7 + dp_rank, num_steps=NUM_STEPS, height=HEIGHT,
+                       random_old=False)
+    mine = ours.engine.ulysses_sequence_parallel_size <= 1 or ours.engine.is_mp_src_rank_with_outputs()
+    ref = stock.infer_batch(_with_meta(td, compute_loss=False))  # None on an SP group's other ranks
+    closed = ours.recompute(_with_meta(td))  # every rank makes the same collective calls, in the same order
+    ref = ref if ref is not None else closed  # the other ranks' reference: the source's, shared
+    part_a = tu.index_select_tensor_dict(td, torch.arange(0, MICRO))
+    ours.accumulate(_with_meta(part_a, grad_accum_micro_batches=2))
+    opened = ours.recompute(_with_meta(td))
+    lp = tu.get(ref, "log_probs").float()
+
+    def err(out) -> float:
+        return float((tu.get(out, "log_probs").float() - lp).abs().max() / lp.abs().max())
+
+    row = {"rank": rank, "source": bool(mine), "closed": err(closed), "open": err(opened),
+           "mean_shape": list(tu.get(opened, "prev_sample_mean").shape)}
+    rows = [None] * world
+    torch.distributed.all_gather_object(rows, row)
+    return {"ranks": rows}
+
+
 def worker(rank: int, world: int, port: int, args: dict) -> None:
     init_gloo(rank, world, port, DIGENRL_TSP_CHUNK_SIZE=str(MICRO * 2))
+    if args.get("mode") == "recompute":
+        finish_rank(rank, args, _recompute_check(rank, world, args))
+        return
     import torch
     from verl.utils import tensordict_utils as tu
     from verl_omni.workers.engine_workers import TrainingWorker
@@ -157,9 +197,10 @@ def qwen_dir(tmp_path_factory) -> str:
 
 
 def run_case(model_dir: str, tmp_path: Path, *, lora: bool, engine: str = "stock", world: int = 1,
-             mutation: str = "") -> dict:
-    out = tmp_path / f"report-{lora}-{engine}-{world}-{mutation}.json"
-    args = dict(model_dir=model_dir, lora=lora, engine=engine, world=world, mutation=mutation, out=str(out))
+             mutation: str = "", mode: str = "", sp: int = 1) -> dict:
+    out = tmp_path / f"report-{lora}-{engine}-{world}-{mutation}-{mode}-{sp}.json"
+    args = dict(model_dir=model_dir, lora=lora, engine=engine, world=world, mutation=mutation, mode=mode, sp=sp,
+                out=str(out))
     return run_script(__file__, args,
                       f"accumulating worker lora={lora} engine={engine} world={world} mutation={mutation!r}")
 
@@ -212,3 +253,17 @@ def test_world_size_2(qwen_dir, tmp_path):
     report = run_case(qwen_dir, tmp_path, lora=False, world=2)
     assert _steps_match(report, update_tolerance=1e-5), report
     _check_export(report, lora=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,sp", [(1, 1), (2, 2)], ids=["world1", "sp2"])
+def test_recompute_equals_verl_omnis_infer_batch_open_or_not(qwen_dir, tmp_path, world, sp):
+    """The old-log-prob pass the trainer pool runs between accumulations (train mode kept, so offload never moves
+    the accumulated gradients) gives verl-omni's `infer_batch` numbers; under Ulysses SP 2 both ranks of the group
+    get them (verl-omni returns them on the source rank only)."""
+    report = run_case(qwen_dir, tmp_path, lora=True, engine="tsp", world=world, mode="recompute", sp=sp)
+    rows = report["ranks"]
+    assert len(rows) == world and sum(r["source"] for r in rows) == 1, rows
+    for r in rows:
+        assert r["closed"] <= 1e-6 and r["open"] <= 1e-6, rows
+        assert r["mean_shape"][:2] == [2 * MICRO, NUM_STEPS], rows

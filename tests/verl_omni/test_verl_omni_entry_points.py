@@ -240,12 +240,14 @@ def test_every_example_script_through_verl_omnis_own_entry_point(replayed, varia
 # ------------------------------------------------------------------------------------------ one real step
 #: recipe -> the entry point its script calls; SD3.5 keeps trainer.use_v1=true (dropped at the handover, said)
 TWINS = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni.trainer.main_diffusion_v1",
+         "qwen_image_flowgrpo_lora": "verl_omni.trainer.main_diffusion",
          "wan22_dancegrpo": "verl_omni.trainer.main_diffusion"}
 #: the trainer engine each twin runs on. Wan stays on the package's trainer: verl-omni's Wan2.2 DanceGRPO adapter
 #: builds its σ schedule with `model.pipeline.shift` (default 5.0) over linspace(1, 0, N+1), the package's sampler
 #: takes the model's own scheduler (the tiny twin's flow_shift 3.0), and on verl-omni's trainer the run is refused
 #: naming actor_rollout_ref.model.pipeline (the σ check of integrations/verl_omni_batch.py) until the two agree
-TWIN_ENGINES = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni", "wan22_dancegrpo": "digenrl"}
+TWIN_ENGINES = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni", "qwen_image_flowgrpo_lora": "verl_omni",
+                "wan22_dancegrpo": "digenrl"}
 _REWARD = '''
 def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
     """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""

@@ -42,12 +42,11 @@ adapter (as on the package's own trainer), refreshed from the engine after every
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -62,7 +61,7 @@ from verl_omni.workers.engine_workers import ActorRolloutRefWorker
 from digenrl_verl.integrations.verl_omni_batch import to_verl_omni_batch, with_engine_meta
 from digenrl_verl.integrations.verl_omni_tsp import TSP_VENDOR
 from digenrl_verl.integrations.verl_omni_worker import TSPActorWorker
-from digenrl_verl.weights.state import WEIGHTS_FILE
+from digenrl_verl.weights.state import WEIGHTS_FILE, swapped_in
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives
 from digenrl_verl.workers.batch import concat_rows
 from digenrl_verl.workers.roles import TrainerWorker
@@ -132,10 +131,15 @@ class VerlOmniTrainerWorker(TrainerWorker):
         return {canonical_name(n): p for n, p in self.actor.engine.module.named_parameters() if p.requires_grad}
 
     def _matched(self, theirs: dict[str, Any]) -> dict[str, str]:
-        """canonical name -> our parameter name; RuntimeError when the two sets of trainable weights differ."""
+        """canonical name -> our parameter name, for the weights both sides train. verl-omni may adapt modules whose
+        output never reaches the velocity (the package's policy leaves those frozen: its adapter's
+        `_unused_modules`, e.g. Qwen-Image's last text-stream layers): they change nothing and are left out. Any
+        other difference is a RuntimeError naming the keys that decide the adapted modules."""
         ours = {canonical_name(n): n for n in self.trainable()}
-        if ours.keys() != theirs.keys():
-            only_ours, only_theirs = sorted(ours.keys() - theirs.keys()), sorted(theirs.keys() - ours.keys())
+        unused = tuple(f"{m}." for m in self.adapter._unused_modules())
+        dead = {k for k in theirs.keys() - ours.keys() if k.startswith(unused)} if unused else set()
+        if ours.keys() != theirs.keys() - dead:
+            only_ours, only_theirs = sorted(ours.keys() - theirs.keys()), sorted(theirs.keys() - ours.keys() - dead)
             raise RuntimeError(
                 f"the package's policy and verl-omni's engine train different weights ({len(ours)} vs {len(theirs)}; "
                 f"only ours: {only_ours[:3]}, only verl-omni's: {only_theirs[:3]}): check "
@@ -147,8 +151,9 @@ class VerlOmniTrainerWorker(TrainerWorker):
         params = self._engine_params()
         names = self._matched(params)
         with torch.no_grad():
-            for key, param in params.items():
-                full = state[names[key]].to(param.dtype)
+            for key, ours in names.items():
+                param = params[key]
+                full = state[ours].to(param.dtype)
                 if isinstance(param, DTensor):
                     full = distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
                 param.copy_(full)
@@ -159,9 +164,9 @@ class VerlOmniTrainerWorker(TrainerWorker):
         names = self._matched(exported)
         params = self.trainable()
         with torch.no_grad():
-            for key, tensor in exported.items():
-                param = params[names[key]]
-                param.copy_(tensor.to(param.device, param.dtype))
+            for key, ours in names.items():
+                param = params[ours]
+                param.copy_(exported[key].to(param.device, param.dtype))
 
     # ------------------------------------------------------------------ training
     def update(self, sample_ids: list[int], advantages: torch.Tensor, loss_denominator: float, tsp: bool,
@@ -169,6 +174,11 @@ class VerlOmniTrainerWorker(TrainerWorker):
         """Forward/backward of this rank's share of one micro-batch through verl-omni's engine; no step."""
         if version != self.version:
             raise RuntimeError(f"trainer rank {self.rank} holds version {self.version}, the UPDATE expects {version}")
+        if not sample_ids:  # every FSDP rank must run every forward: verl-omni's engine cannot take an empty share
+            raise RuntimeError(f"trainer rank {self.rank} got no row of this micro-batch: verl-omni's engine needs "
+                               "rows on every rank; use at most as many trainer ranks as a micro-batch has samples "
+                               "(actor_rollout_ref.rollout.n per prompt group), or trainer.digenrl.trainer_engine="
+                               "digenrl")
         t0 = time.perf_counter()
         data = concat_rows(traj_parts, sample_ids)
         cond = self.adapter.encode_prompts(list(data.non_tensor_batch["raw_prompt"]))
@@ -176,7 +186,8 @@ class VerlOmniTrainerWorker(TrainerWorker):
         batch = to_verl_omni_batch(data.batch, {k: v.detach().cpu() for k, v in cond.tensors.items()}, advantages,
                                    engine.scheduler)
         pipeline = self.train_spec.host_config["model"]["pipeline"]
-        meta = dict(micro_batch_size=self.actor.engine_config.micro_batch_size_per_gpu,
+        rows = len(sample_ids)
+        meta = dict(micro_batch_size=micro_batch_size(rows, self.actor.engine_config.micro_batch_size_per_gpu),
                     height=int(pipeline["height"]), width=int(pipeline["width"]))
         with_engine_meta(batch, **meta)
         self._old_log_probs(batch, data.batch["policy_version"] == self.version, meta)
@@ -208,25 +219,11 @@ class VerlOmniTrainerWorker(TrainerWorker):
         return self.train_spec.recompute_old_log_probs or \
             "old_prev_sample_mean" in get_diffusion_loss_fn(self._loss_mode()).required_data_keys
 
-    @contextlib.contextmanager
-    def _weights_of_version(self) -> Iterator[None]:
+    def _weights_of_version(self):
         """The engine's weights of `self.version` in place for the block: after a mini-batch's optimizer step (a
-        global step's earlier ones) the step-start weights are swapped in and the current ones back after, so
-        later mini-batches recompute with the weights verl-omni computes the whole batch's old log-probs with."""
-        if not self._step_start:
-            yield
-            return
-        params = self._engine_params()
-        with torch.no_grad():
-            current = {k: p.detach().clone() for k, p in params.items()}
-            for k, p in params.items():
-                p.copy_(self._step_start[k])
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for k, p in params.items():
-                    p.copy_(current[k])
+        global step's earlier ones) the step-start weights, so later mini-batches recompute with the weights verl-omni
+        computes the whole batch's old log-probs with."""
+        return swapped_in(self._engine_params(), self._step_start)
 
     def _loss_mode(self) -> str:
         return str(self.train_spec.host_config["actor"].get("diffusion_loss", {}).get("loss_mode", "flow_grpo"))
@@ -258,8 +255,9 @@ class VerlOmniTrainerWorker(TrainerWorker):
         """This rank's gradients accumulated since the last step (its shards), our names, on the CPU."""
         params = self._engine_params()
         names = self._matched(params)
-        return {names[k]: (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).detach().to("cpu", copy=True)
-                for k, p in params.items() if p.grad is not None}
+        grads = {k: params[k].grad for k in names}
+        return {names[k]: (g.to_local() if isinstance(g, DTensor) else g).detach().to("cpu", copy=True)
+                for k, g in grads.items() if g is not None}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> int:
@@ -288,6 +286,13 @@ class VerlOmniColocatedWorker(VerlOmniTrainerWorker):
         super().__init__(policy, train, reward, torch_threads, judges)
         self._build_scorer(reward)
         self._startup_mark("init_end")
+
+
+def micro_batch_size(rows: int, configured: int) -> int:
+    """The micro-batch size for a call of `rows` rows: the largest divisor of `rows` up to the configured
+    ``ppo_micro_batch_size_per_gpu`` (verl's `prepare_micro_batches` needs an even cut; a GAP share can be smaller
+    than a configured micro-batch). The gradient does not depend on the cut (the loss is scaled per row)."""
+    return max(d for d in range(1, min(rows, max(configured, 1)) + 1) if rows % d == 0)
 
 
 def loss_stats(output: Any, batch: Any, stale: torch.Tensor, clip_ratio: float) -> dict[str, float]:

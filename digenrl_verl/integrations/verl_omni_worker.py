@@ -135,15 +135,24 @@ class TSPActorWorker(TrainingWorker):
             shared[name] = tensor.cpu()
         return tu.get_tensordict(tensor_dict=shared)
 
-    def _recompute_in_train_mode(self, data: TensorDict) -> Optional[TensorDict]:
+    def _prepare(self, data: TensorDict, *, infer: bool):
+        """The per-batch settings verl-omni's `train_batch` / `infer_batch` put on a batch that lacks them (micro-batch
+        size, token budget, ...), then its flops meta of the batch."""
+        config = self.engine_config
         defaults = dict(use_remove_padding=self.model_config.get("use_remove_padding", False),
-                        use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
-                        max_token_len_per_gpu=self.engine_config.infer_max_token_len_per_gpu,
-                        micro_batch_size_per_gpu=self.engine_config.infer_micro_batch_size_per_gpu,
-                        use_fused_kernels=self.engine_config.use_fused_kernels)
+                        use_dynamic_bsz=config.use_dynamic_bsz,
+                        max_token_len_per_gpu=(config.infer_max_token_len_per_gpu if infer
+                                               else config.max_token_len_per_gpu),
+                        micro_batch_size_per_gpu=(config.infer_micro_batch_size_per_gpu if infer
+                                                  else config.micro_batch_size_per_gpu),
+                        use_fused_kernels=config.use_fused_kernels)
         tu.assign_non_tensor(data, **{k: v for k, v in defaults.items() if k not in data.keys()})
-        flops_meta = collect_diffusion_flops_meta(self.flops_counter, data,
-                                                  pipeline_config=getattr(self.model_config, "pipeline", None))
+        return collect_diffusion_flops_meta(self.flops_counter, data,
+                                            pipeline_config=getattr(self.model_config, "pipeline", None))
+
+    def _recompute_in_train_mode(self, data: TensorDict) -> Optional[TensorDict]:
+        """The engine's forward-only pass under no_grad, the module left in train mode (`recompute`)."""
+        flops_meta = self._prepare(data, infer=True)
         with torch.no_grad(), Timer(name="recompute", logger=None) as timer:
             output = self.engine.infer_batch(data, loss_function=None)
         if not self.engine.is_mp_src_rank_with_outputs():
@@ -187,14 +196,7 @@ class TSPActorWorker(TrainingWorker):
         denominator = tu.pop(data, key=DENOMINATOR_KEY, default=None)
         num_micro_batches = self._micro_batches_per_step(data) if denominator is None else None
         num_timesteps = int(data["all_timesteps"].shape[1])
-        defaults = dict(use_remove_padding=self.model_config.get("use_remove_padding", False),
-                        use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
-                        max_token_len_per_gpu=self.engine_config.max_token_len_per_gpu,
-                        micro_batch_size_per_gpu=self.engine_config.micro_batch_size_per_gpu,
-                        use_fused_kernels=self.engine_config.use_fused_kernels)
-        tu.assign_non_tensor(data, **{k: v for k, v in defaults.items() if k not in data.keys()})
-        flops_meta = collect_diffusion_flops_meta(self.flops_counter, data,
-                                                  pipeline_config=getattr(self.model_config, "pipeline", None))
+        flops_meta = self._prepare(data, infer=False)
         self._enter_train_mode()
         loss_function = (scaled_loss(self.loss_fn, num_micro_batches * num_timesteps) if denominator is None
                          else row_scaled_loss(self.loss_fn, float(denominator), self.engine.get_data_parallel_size()))

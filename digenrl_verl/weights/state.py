@@ -15,9 +15,10 @@ resume); the runner-facing checkpoint API in `trainer.checkpoint` re-exports the
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -100,3 +101,23 @@ def load_trainer_state(path: str | Path, named_params: Mapping[str, torch.nn.Par
 def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
     """The trainable weights of a checkpoint directory, whole tensors on the CPU."""
     return load_file(str(Path(path) / WEIGHTS_FILE))
+
+
+@contextlib.contextmanager
+def swapped_in(params: Mapping[str, torch.Tensor], values: Mapping[str, torch.Tensor]) -> Iterator[None]:
+    """`values` copied into `params` (same names, in place, no grad) for the block, the previous values back after;
+    nothing when `values` is empty. A trainer's step-start weights for the old-log-prob recomputes of a global step's
+    later mini-batches."""
+    if not values:
+        yield
+        return
+    with torch.no_grad():
+        current = {name: p.detach().clone() for name, p in params.items()}
+        for name, p in params.items():
+            p.copy_(values[name])
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(current[name])

@@ -37,13 +37,12 @@ with its own (frozen, identical) text encoders, which costs less than moving emb
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import resource
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import psutil
 import ray
@@ -60,7 +59,7 @@ from digenrl_verl.engines.base import ENGINES, RolloutEngine, RolloutRows
 from digenrl_verl.engines.diffusers import DiffusersEngine, load_policy
 from digenrl_verl.engines.vllm_omni import VllmOmniEngine
 from digenrl_verl.rewards.compose import RewardConfig, build_reward
-from digenrl_verl.weights.state import load_trainer_state, save_trainer_state
+from digenrl_verl.weights.state import load_trainer_state, save_trainer_state, swapped_in
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
 from digenrl_verl.workers.batch import TRAJECTORY_KEYS, concat_rows, generation_batches, reward_extras
 from digenrl_verl.workers.dispatch import ROWS_KEY, assigned_dispatch_mode
@@ -310,24 +309,10 @@ class TrainingMixin:
         self.busy_s += time.perf_counter() - t0
         return dict(vars(stats))  # LossStats sums: the driver side merges them across micro-batches and ranks
 
-    @contextlib.contextmanager
-    def _weights_of_version(self) -> Iterator[None]:
+    def _weights_of_version(self):
         """The weights of `self.version` in place for the block: after a mini-batch's optimizer step (the global
         step's earlier ones) the step-start weights are swapped in, and the current ones back after."""
-        if not self.step_start_weights:
-            yield
-            return
-        params = self.trainable()
-        with torch.no_grad():
-            current = {name: p.detach().clone() for name, p in params.items()}
-            for name, p in params.items():
-                p.copy_(self.step_start_weights[name])
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for name, p in params.items():
-                    p.copy_(current[name])
+        return swapped_in(self.trainable(), self.step_start_weights)
 
     def _old_log_probs(self, cond: Any, traj: Trajectory, tsp_cfg: TSPConfig, max_share: int) -> torch.Tensor:
         """The recompute pass: log-probs [B, K] under the current weights, in chunks of

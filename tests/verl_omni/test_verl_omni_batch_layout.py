@@ -136,3 +136,17 @@ def test_a_misaligned_layout_is_caught(qwen_dir, tmp_path, mutation):
 
 if __name__ == "__main__":
     run_main(worker, sys.argv[1:])
+
+
+def test_a_share_is_cut_evenly_and_names_match_across_the_two_copies():
+    """`micro_batch_size`: verl's prepare_micro_batches needs an even cut of a GAP share (largest divisor up to the
+    configured size); `canonical_name`: the package's peft names and verl-omni's FSDP / export names meet."""
+    from digenrl_verl.integrations.verl_omni_trainer import canonical_name, micro_batch_size
+
+    assert [micro_batch_size(r, 2) for r in (1, 2, 3, 4)] == [1, 2, 1, 2]
+    assert micro_batch_size(6, 4) == 3 and micro_batch_size(5, 16) == 5
+    ours = "base_model.model.transformer_blocks.0.attn.to_q.lora_A.default.weight"
+    theirs = "_fsdp_wrapped_module.transformer_blocks.0.attn.to_q.lora_A.default.weight"
+    exported = "transformer.transformer_blocks.0.attn.to_q.lora_A.weight"
+    assert canonical_name(ours) == canonical_name(theirs) == canonical_name(exported) \
+        == "transformer_blocks.0.attn.to_q.lora_A.weight"

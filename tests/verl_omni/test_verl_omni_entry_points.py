@@ -255,9 +255,10 @@ def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=
 '''
 
 
-def _twin_argv(name: str, tmp_path: Path, extra: tuple[str, ...] = ()) -> list[str]:
+def _twin_argv(name: str, tmp_path: Path, extra: tuple[str, ...] = (), workers: int = 2) -> list[str]:
     """The tiny twin's command line for its entry point (model, reward files and parquet prompts written under
-    `tmp_path`; the run's output in `tmp_path/run`, checkpoints in `tmp_path/run/checkpoints`), plus `extra`."""
+    `tmp_path`; the run's output in `tmp_path/run`, checkpoints in `tmp_path/run/checkpoints`), plus `extra`;
+    `workers` CPU worker processes from verl-omni's layout keys (2: 1 generator + 1 trainer; 3: 1 + 2)."""
     import pandas as pd
 
     from digenrl_verl.models.tiny import build_tiny_model_dir
@@ -276,10 +277,12 @@ def _twin_argv(name: str, tmp_path: Path, extra: tuple[str, ...] = ()) -> list[s
     select = [*SELECT_V1, *V1_CPU] if v1 else [SELECT]
     return recipe.render(str(model), str(tmp_path), str(tmp_path),
                          switch_off=[k for k in recipe.blockers if k != "trainer.use_v1"],
-                         extra=[*recipe.tiny, "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
+                         extra=[*recipe.tiny, "trainer.device=cpu", "trainer.nnodes=1",
+                                f"trainer.n_gpus_per_node={workers}",
                                 "actor_rollout_ref.rollout.nnodes=0", f"{ours}.output_dir={out}",
-                                # FSDP1 (the Wan recipe's strategy=fsdp) syncs module states from a GPU: fsdp2 on CPU
-                                "actor_rollout_ref.actor.strategy=fsdp2",
+                                # FSDP1 (Wan's strategy=fsdp) syncs module states from a GPU; FlashAttention 3
+                                # kernels (Qwen-Image's attn_backend) are GPU-only: fsdp2, native on CPU
+                                "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.model.attn_backend=native",
                                 f"trainer.default_local_dir={out}/checkpoints", *select, *extra])
 
 
@@ -348,7 +351,8 @@ def _host_script(args: dict) -> dict:
 
 def _composed_actor(argv: list[str]) -> dict:
     """verl-omni's composed actor_rollout_ref for the command line, resolved."""
-    composed = _verl_omni_config([a for a in argv if not a.startswith("hydra.")])
+    ours = ("hydra.", "trainer.digenrl.", "+trainer.digenrl.", "trainer.trainer_class=")  # not verl-omni's own keys
+    composed = _verl_omni_config([a for a in argv if not a.startswith(ours)])
     return OmegaConf.to_container(composed.actor_rollout_ref, resolve=True)
 
 
@@ -381,6 +385,24 @@ def test_a_verl_omni_checkpoint_resumes_a_digenrl_run(tmp_path):
     assert 0 < moved < 0.1 * scale
 
 
+@pytest.mark.slow
+def test_the_trainer_pool_runs_verl_omnis_worker_at_world_size_2(tmp_path):
+    """The Qwen-Image twin with 1 generator + 2 trainer CPU workers (trainer.n_gpus_per_node=3) under Ray's worker
+    groups: verl-omni's actor worker on a gloo world of 2 (fsdp2 shards), one step, both trainer ranks and the
+    generator at version 1, and verl-omni's checkpoint written by both ranks."""
+    name = "qwen_image_flowgrpo_lora"
+    text = _run_twin(TWINS[name], _twin_argv(name, tmp_path, workers=3), tmp_path)
+    assert "mode: disaggregated; pools: generator: 1 worker(s), trainer: 2 worker(s)" in text
+    assert "trainer.digenrl.trainer_engine=verl_omni: the trainer pool is verl-omni's actor worker" in text
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["summary"]["steps"] == 1
+    assert sorted(w["worker"] for w in written["workers"]) == ["gen:0", "trn:0", "trn:1"]
+    assert {w["version"] for w in written["workers"]} == {1}
+    actor = tmp_path / "run" / "checkpoints" / "global_step_1" / "actor"
+    assert {p.name for p in actor.glob("model_world_size_2_rank_*.pt")} == {"model_world_size_2_rank_0.pt",
+                                                                           "model_world_size_2_rank_1.pt"}
+
+
 def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
     """`<root>/global_step_1/actor` (verl-omni's layout) and verl's `latest_checkpointed_iteration.txt`; verl-omni's
     stock actor worker, built from the config verl-omni composes for the same command line, loads the checkpoint
@@ -390,5 +412,7 @@ def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
     report = _host_script({"actor_rollout_ref": _composed_actor(argv), "checkpoint": str(step),
                            "out": str(tmp_path / "host_resume.json")})
     print(f"verl-omni's actor worker resumed {step}: {report}")
-    assert report["matched"] == report["ours"] == report["theirs"] > 0, report
+    # verl-omni may adapt modules that never reach the output (Qwen-Image's last text-stream layers), which the
+    # package's policy leaves frozen: every one of ours is matched
+    assert report["matched"] == report["ours"] > 0 and report["theirs"] >= report["ours"], report
     assert report["lora_b_max"] > 0 and report["max_diff"] == 0.0, report

@@ -7,8 +7,8 @@ engine the in-process ``naive`` one, as the run's; its stock `PPODiffusersFSDPEn
 first, since verl-omni registers it for cuda and npu only) builds its engine from the section and loads
 ``<checkpoint>/actor`` with its own ``load_checkpoint``. Its trainable weights are compared with the checkpoint's
 ``model.safetensors`` (the weights DigenRL's generators hold at that step): the report has the largest difference
-(after casting to the file's dtype), how many tensors matched, and the largest |weight| of the LoRA ``B`` factors
-(zero at initialisation: a loaded, trained adapter has them nonzero).
+(after casting to the file's dtype), how many tensors matched, how far the file's weights are from the ones the
+worker built before loading (nonzero: the load is not vacuous), and the largest |weight| of the LoRA ``B`` factors.
 
 With ``mode: save`` (args ``root``, ``step``, ``weights_out``) it writes a checkpoint as verl-omni's trainer does
 instead (`_save`), for the reverse check: a DigenRL run resumes it.
@@ -55,13 +55,16 @@ def _load(host, args: dict) -> dict:
 
     from digenrl_verl.integrations.verl_omni_trainer import canonical_name
 
+    built = _trainable(host)  # as verl-omni's init_model builds them (the pretrained model, a fresh adapter)
     host.load_checkpoint(str(Path(args["checkpoint"]) / "actor"))
     theirs = _trainable(host)
     ours = {canonical_name(n): t for n, t in load_file(str(Path(args["checkpoint"]) / "model.safetensors")).items()}
     shared = sorted(ours.keys() & theirs.keys())
     diff = max(float((theirs[k].to(ours[k].dtype).float() - ours[k].float()).abs().max()) for k in shared)
     lora_b = max((float(ours[k].abs().max()) for k in shared if "lora_B" in k), default=float("nan"))
-    return {"max_diff": diff, "matched": len(shared), "ours": len(ours), "theirs": len(theirs),
+    moved = max(float((ours[k].float() - built[k].float()).abs().max()) for k in shared)
+    return {"max_diff": diff, "moved_from_built": moved, "matched": len(shared), "ours": len(ours),
+            "theirs": len(theirs),
             "lora_b_max": lora_b, "dtype": str(next(iter(ours.values())).dtype)}
 
 

@@ -1084,12 +1084,16 @@ def build_lora(keys: RecipeKeys) -> LoraConfig:
                              exclude_modules=lora.exclude_modules, seed=lora.seed, adapter_path=path)
 
 
-def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> ShardingSpec:
+def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int, engine: str = "digenrl") -> ShardingSpec:
     """`actor.strategy` → how the trainer pool splits its model (see `workers.sharding`).
 
     FSDP2 applies to the trainer pool of a disaggregated run with more than one rank. A single trainer rank has
     nothing to shard with; colocated ranks sample their own micro-batches, which sharded forwards (collectives
-    over all ranks) cannot do, so they keep a whole model each (the data-parallel baseline)."""
+    over all ranks) cannot do, so they keep a whole model each (the data-parallel baseline). With `engine`
+    ``verl_omni`` verl-omni's engine reads the strategy and its FSDP settings (VeOmni, hybrid sharding included);
+    only its need for rows on every trainer rank is checked here."""
+    if engine == "verl_omni":
+        return _host_sharding(keys, digenrl, n)
     strategy = keys(STRATEGY_KEY)
     if strategy not in STRATEGIES:
         raise ValueError(f"{STRATEGY_KEY}={strategy!r}; valid: {list(STRATEGIES)} (fsdp and fsdp2 both mean FSDP2 "
@@ -1124,6 +1128,17 @@ def build_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> Sharding
                         reshard)
 
 
+def _host_sharding(keys: RecipeKeys, digenrl: DigenRLConfig, n: int) -> ShardingSpec:
+    """verl-omni's engine shards as its config says; its forwards are collectives over the trainer ranks, so each
+    needs a sample of every micro-batch (a GAP micro-batch is a prompt group of `n` samples)."""
+    trainers = digenrl.pools.trainer.size if digenrl.mode == "disaggregated" else 1
+    if keys.peek(STRATEGY_KEY) != "ddp" and n < trainers:
+        raise ValueError(f"{STRATEGY_KEY}={keys.peek(STRATEGY_KEY)} on verl-omni's engine runs every forward on all "
+                         f"{trainers} trainer ranks together, so each needs a sample of every micro-batch, but "
+                         f"{A}.rollout.n={n} < {trainers}: raise rollout.n or shrink trainer.digenrl.pools.trainer")
+    return ShardingSpec("ddp")  # the package's own sharding is not used on this path
+
+
 def build_optim(keys: RecipeKeys, total_steps: int) -> OptimSpec:
     """AdamW, the clip and verl's learning-rate schedule over the run's `total_steps` global steps
     (`actor_rollout_ref.actor.optim.*`; the deprecated `warmup_style` names the schedule when set, as in verl)."""
@@ -1142,7 +1157,8 @@ def build_optim(keys: RecipeKeys, total_steps: int) -> OptimSpec:
                      zero_indexed_step=bool(keys(f"{optim}.zero_indexed_step")), total_steps=total_steps)
 
 
-def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n: int, total_steps: int) -> TrainSpec:
+def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n: int, total_steps: int,
+                engine: str = "digenrl") -> TrainSpec:
     actor = f"{A}.actor"
     use_kl = keys(f"{actor}.use_kl_loss")
     kl_coef = keys.number(f"{actor}.kl_loss_coef")
@@ -1166,7 +1182,7 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
                          "number of samples per GPU, or null (a rank's whole micro-batch per recompute pass)")
     return TrainSpec(loss=loss, optim=optim, tsp_chunk_size=digenrl.tsp.chunk_size,
                      recompute_old_log_probs=bool(recompute), log_prob_micro_batch_size=log_prob_micro,
-                     sharding=build_sharding(keys, digenrl, n))
+                     sharding=build_sharding(keys, digenrl, n, engine))
 
 
 def trainer_engine_of(digenrl: DigenRLConfig, host: Any) -> str:

@@ -231,7 +231,8 @@ def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None =
         policy = replace(policy, pipeline=replace(policy.pipeline, host_sigmas=host.sigma_schedules))
     data = build_data(keys)
     shape = build_shape(keys, digenrl, len(load_prompts(data.train_files, data.prompt_key)[0]))  # verl's epochs
-    train = build_trainer_engine(keys, digenrl, build_train(keys, digenrl, policy, shape.n, shape.total_steps), host)
+    train = build_trainer_engine(keys, digenrl, build_train(keys, digenrl, policy, shape.n, shape.total_steps, engine),
+                                 host)
     reward = build_reward(keys, digenrl)
     advantage = build_advantage(keys)
     checkpoint = build_checkpoint(keys)

@@ -113,7 +113,9 @@ class RunSpec:
         if self.train.engine == "verl_omni":
             actor = self.train.host_config["actor"]
             fsdp = actor.get("fsdp_config", {})
-            return (f"verl-omni's actor worker ({actor.get('strategy')}, TSP engine; sequence parallel "
+            strategy = actor.get("strategy")
+            engine = "TSP engine" if strategy in ("fsdp", "fsdp2") else "its own engine, per-timestep loop (no TSP)"
+            return (f"verl-omni's actor worker ({strategy}, {engine}; sequence parallel "
                     f"{fsdp.get('ulysses_sequence_parallel_size', 1)}, model dtype {fsdp.get('model_dtype')})")
         ranks = self.digenrl.pools["trainer"].size
         sharding = f"FSDP2 (fully_shard) over {ranks} ranks" if self.train.sharding.sharded else \

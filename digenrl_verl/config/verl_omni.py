@@ -1038,6 +1038,9 @@ def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorit
     model = f"{A}.model"
     lora = build_lora(keys)
     pipe = keys(f"{A}.rollout.pipeline") or {}
+    if "host_sigmas" in pipe:
+        raise ValueError(f"{A}.rollout.pipeline.host_sigmas is not a key: the verl-omni path sets the schedules itself "
+                         "(verl-omni's training adapter's); drop it")
     pipeline = PipelineConfig.from_dict({k: v for k, v in pipe.items() if k not in VERL_OMNI_PIPELINE_KEYS})
     model_dtype = keys(f"{A}.actor.fsdp_config.model_dtype")
     if model_dtype not in DTYPES:

@@ -69,9 +69,10 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PipelineConfig":
         """Build from a `rollout.pipeline` mapping; unknown keys raise ValueError naming the valid ones."""
-        if "host_sigmas" in data:
-            raise ValueError(f"{PIPELINE_KEY}.host_sigmas is set by the verl-omni path, not a key of the config")
-        return cls(**_check_keys(cls, data, PIPELINE_KEY))
+        values = _check_keys(cls, data, PIPELINE_KEY)
+        if "host_sigmas" in values:  # a copy's fields (asdict) come back as tuples of lists
+            values["host_sigmas"] = tuple((int(n), tuple(float(x) for x in s)) for n, s in values["host_sigmas"])
+        return cls(**values)
 
 
 LORA_INITS = ("gaussian", "default")

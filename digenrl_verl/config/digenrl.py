@@ -109,7 +109,7 @@ class DigenRLConfig(ScheduleSettings):
             `integrations.verl_omni_trainer`), reading verl-omni's composed ``actor_rollout_ref`` config: a run
             from verl-omni's entry point. ``digenrl``: the package's own trainer (the standalone entry point,
             no verl-omni installed). ``auto`` (default): ``verl_omni`` when the run comes from verl-omni's entry
-            point, else ``digenrl``.
+            point (verl-omni installed), else ``digenrl``.
     """
 
     task_timeout_s: Optional[float] = 600.0  # the product's default; the simulator's runs have no timeout

@@ -1190,10 +1190,10 @@ def build_train(keys: RecipeKeys, digenrl: DigenRLConfig, policy: PolicySpec, n:
 
 def trainer_engine_of(digenrl: DigenRLConfig, host: Any) -> str:
     """`trainer.digenrl.trainer_engine` resolved: ``auto`` is ``verl_omni`` when verl-omni's composed config came
-    with the run (`host`: a run from verl-omni's entry point), else ``digenrl``."""
+    with the run (`host`: a run from verl-omni's entry point) and verl-omni imports here, else ``digenrl``."""
     if digenrl.trainer_engine != "auto":
         return digenrl.trainer_engine
-    return "verl_omni" if host is not None else "digenrl"
+    return "verl_omni" if host is not None and importlib.util.find_spec("verl_omni") is not None else "digenrl"
 
 
 def build_trainer_engine(keys: RecipeKeys, digenrl: DigenRLConfig, train: TrainSpec, host: Any) -> TrainSpec:

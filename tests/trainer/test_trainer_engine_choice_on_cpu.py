@@ -82,5 +82,6 @@ def test_verl_omni_without_its_config_or_its_package_names_the_fix(tiny_flux_dir
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a, **k: None if name == "verl_omni" else real(name, *a, **k))
+    assert _build(tiny_flux_dir, host=HOST)[0].train.engine == "digenrl"  # auto: the trainer that can run here
     with pytest.raises(ValueError, match="verl-omni is not installed"):
-        _build(tiny_flux_dir, host=HOST)
+        _build(tiny_flux_dir, "trainer.digenrl.trainer_engine=verl_omni", host=HOST)

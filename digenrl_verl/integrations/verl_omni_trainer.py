@@ -61,13 +61,12 @@ from verl_omni.workers.engine_workers import ActorRolloutRefWorker
 from digenrl_verl.integrations.verl_omni_batch import to_verl_omni_batch, with_engine_meta
 from digenrl_verl.integrations.verl_omni_tsp import TSP_VENDOR
 from digenrl_verl.integrations.verl_omni_worker import TSPActorWorker
+from digenrl_verl.trainer.checkpoint import HOST_ACTOR_DIR
 from digenrl_verl.weights.state import WEIGHTS_FILE, swapped_in
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives
 from digenrl_verl.workers.batch import concat_rows
-from digenrl_verl.workers.roles import TrainerWorker
+from digenrl_verl.workers.roles import ColocatedWorker, TrainerWorker
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
-
-HOST_CHECKPOINT_DIR = "actor"  # verl-omni's: <default_local_dir>/global_step_<k>/actor
 
 
 def canonical_name(name: str) -> str:
@@ -263,29 +262,24 @@ class VerlOmniTrainerWorker(TrainerWorker):
     def save_checkpoint(self, path: str) -> int:
         """verl-omni's checkpoint of the actor in ``path/actor`` (every rank writes its part), plus the trainable
         weights the generators load on resume (``model.safetensors``, rank 0)."""
-        self.host.save_checkpoint(str(Path(path) / HOST_CHECKPOINT_DIR), global_step=self.version)
+        self.host.save_checkpoint(str(Path(path) / HOST_ACTOR_DIR), global_step=self.version)
         if self.rank == 0:
             save_file({k: v.detach().cpu().contiguous() for k, v in self.trainable().items()},
                       str(Path(path) / WEIGHTS_FILE))
         return self.version
 
     def load_checkpoint(self, path: str, version: int) -> int:
-        self.host.load_checkpoint(str(Path(path) / HOST_CHECKPOINT_DIR))
+        self.host.load_checkpoint(str(Path(path) / HOST_ACTOR_DIR))
         self._refresh_sampling_copy()
         self.version = version
         return version
 
 
-class VerlOmniColocatedWorker(VerlOmniTrainerWorker):
-    """The colocated layout on verl-omni's actor worker: every rank generates, scores and trains."""
+class VerlOmniColocatedWorker(VerlOmniTrainerWorker, ColocatedWorker):
+    """The colocated layout on verl-omni's actor worker: every rank generates, scores and trains (the package's
+    `ColocatedWorker` start-up, its scorer built up front, under verl-omni's training)."""
 
     role = "colocated"
-
-    def __init__(self, policy: PolicySpec, train: TrainSpec, reward: Any, torch_threads: int = 1,
-                 judges: list | None = None) -> None:
-        super().__init__(policy, train, reward, torch_threads, judges)
-        self._build_scorer(reward)
-        self._startup_mark("init_end")
 
 
 def micro_batch_size(rows: int, configured: int) -> int:

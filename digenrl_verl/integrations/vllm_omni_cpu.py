@@ -1,0 +1,346 @@
+"""vLLM-Omni's in-process diffusion pipelines on CPU: the few shims its own loader and forward need.
+
+vLLM-Omni builds a diffusion pipeline inside a worker process (`DiffusionWorker.init_device`, then
+`DiffusionModelRunner.load_model` → `DiffusersPipelineLoader.load_model`) and drives it with
+`pipeline.forward(DiffusionRequestBatch(...))` (`DiffusionModelRunner._execute_request_list`). Everything in that
+chain is plain torch except three device assumptions, which this module replaces for a CPU process:
+
+1. **The platform** (`install_cpu_platform`). Without a GPU, vLLM-Omni resolves `current_omni_platform` to
+   `UnspecifiedOmniPlatform`: 0 devices (`init_distributed_environment` computes `rank % device_count`) and no
+   diffusion attention backend. `CpuOmniPlatform` (a subclass) has 1 device, the SDPA backend, gloo, and no-op
+   `set_device` / `synchronize` / `empty_cache`.
+2. **The SDPA dispatch**: `AttentionImpl.forward` picks `forward_cuda` / `_hip` / `_npu` / `_xpu` / `_musa` and
+   raises on any other platform. On CPU, `SDPAImpl.forward` is routed to the body `forward_cuda` runs
+   (`_forward_impl(..., mask_mode="broadcast_k")`), which is plain `scaled_dot_product_attention`.
+3. **The world** (`cpu_omni_world`): a single-rank gloo process group plus vLLM-Omni's model-parallel groups, set up
+   as `init_device` does; once per process.
+
+`load_omni_pipeline` then builds any registered pipeline class (e.g. verl-omni's rollout adapters) with vLLM-Omni's
+own loader (`load_format="custom_pipeline"`, the call `re_init_pipeline` makes), and `OmniPipelineHandle.forward`
+runs a request batch the way the model runner does (`torch.inference_mode()`, the forward context, CPU generators
+from request seeds).
+
+Usage (fp32; the loader's default dtype is bf16)::
+
+    from digenrl_verl.integrations import vllm_omni_cpu as oc
+    oc.install_cpu_platform()
+    oc.stub_torchvision()          # only for Wan pipelines, see its docstring
+    handle = oc.load_omni_pipeline(model_dir, "verl_omni.pipelines....QwenImagePipelineWithLogProb")
+    outputs = handle.forward([OmniDiffusionRequest(...), ...])   # one DiffusionOutput per request
+
+Every vllm / vllm_omni import is inside a function: this module imports where vLLM-Omni is not installed. Run with
+``VLLM_TARGET_DEVICE=cpu``. What cannot run on CPU: AsyncOmni and the stage processes, non-SDPA attention backends,
+world sizes > 1 (sequence / CFG / tensor parallelism), the runner's CUDA generators, CUDA-IPC / NCCL weight sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import importlib.util
+import logging
+import socket
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+logger = logging.getLogger(__name__)
+
+SDPA_BACKEND = "vllm_omni.diffusion.attention.backends.sdpa.SDPABackend"
+_SDPA_NAMES = (None, "TORCH_SDPA", "SDPA")
+_TORCHVISION_STUBS = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional")
+
+_state: dict[str, Any] = {"platform_cls": None, "world": None}
+
+
+def _cpu_platform_cls() -> type:
+    """The `CpuOmniPlatform` class (built once: `isinstance` checks need one class object)."""
+    if _state["platform_cls"] is not None:
+        return _state["platform_cls"]
+    import torch
+    from vllm_omni.platforms.interface import UnspecifiedOmniPlatform
+
+    class CpuOmniPlatform(UnspecifiedOmniPlatform):
+        """`UnspecifiedOmniPlatform` with one CPU device, SDPA attention and gloo (digenrl_verl.vllm_omni_cpu)."""
+
+        device_name = "cpu"
+        device_type = "cpu"
+        dist_backend = "gloo"
+
+        @classmethod
+        def is_available(cls) -> bool:  # no accelerator: callers skip their empty_cache / stream calls
+            return False
+
+        @classmethod
+        def get_device_count(cls) -> int:
+            return 1
+
+        @classmethod
+        def get_torch_device(cls, local_rank: int | None = None) -> torch.device:
+            return torch.device("cpu")
+
+        @classmethod
+        def get_diffusion_attn_backend_cls(cls, selected_backend: str | None, head_size: int,
+                                           allow_trtllm_default: bool = False) -> str:
+            name = selected_backend.upper() if isinstance(selected_backend, str) else selected_backend
+            if name not in _SDPA_NAMES:
+                raise ValueError(f"diffusion attention backend {selected_backend!r} needs an accelerator; on CPU "
+                                 "only TORCH_SDPA runs")
+            return SDPA_BACKEND
+
+        @classmethod
+        def set_device(cls, device: torch.device) -> None:
+            pass
+
+        @classmethod
+        def synchronize(cls) -> None:
+            pass
+
+        @classmethod
+        def empty_cache(cls) -> None:
+            pass
+
+        @classmethod
+        def supports_torch_inductor(cls) -> bool:
+            return False
+
+    _state["platform_cls"] = CpuOmniPlatform
+    return CpuOmniPlatform
+
+
+def _sdpa_forward_cpu(self, query, key, value, attn_metadata=None):
+    """`SDPAImpl.forward` on CPU: the body of `forward_cuda` (plain torch SDPA, mask broadcast over keys)."""
+    return self._forward_impl(query, key, value, attn_metadata, mask_mode="broadcast_k")
+
+
+def install_cpu_platform() -> None:
+    """Make vLLM-Omni's `current_omni_platform` a `CpuOmniPlatform` and route `SDPAImpl.forward` to SDPA (idempotent).
+
+    Importing vllm_omni binds `current_omni_platform` to `UnspecifiedOmniPlatform` (the no-accelerator fallback,
+    which cannot run a diffusion pipeline). That instance is replaced, and every already-imported vllm_omni /
+    verl_omni module holding it as `current_omni_platform` is rebound, so all of them see one platform.
+
+    Raises:
+        RuntimeError: CUDA is available (this is a CPU-only harness; it never patches a GPU process), or the
+            platform is already bound to something other than `UnspecifiedOmniPlatform` / `CpuOmniPlatform`.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        raise RuntimeError("vllm_omni_cpu.install_cpu_platform: CUDA is available; this harness is for CPU-only "
+                           "processes and does not replace a GPU platform (use vLLM-Omni's own worker there)")
+    import vllm_omni.platforms as platforms
+    from vllm_omni.platforms.interface import UnspecifiedOmniPlatform
+
+    cls = _cpu_platform_cls()
+    old = platforms._current_omni_platform
+    if not isinstance(old, cls):
+        if old is not None and type(old) is not UnspecifiedOmniPlatform:
+            raise RuntimeError(f"vllm_omni_cpu.install_cpu_platform: current_omni_platform is already "
+                               f"{type(old).__name__}, not the no-device fallback; refusing to replace it")
+        new = cls()
+        platforms._current_omni_platform = new
+        rebound = [name for name, mod in list(sys.modules.items())
+                   if name.startswith(("vllm_omni.", "verl_omni.")) and name != "vllm_omni.platforms"
+                   and getattr(mod, "current_omni_platform", None) is old and old is not None]
+        for name in rebound:
+            sys.modules[name].current_omni_platform = new
+        logger.debug("CpuOmniPlatform installed (rebound in %d modules)", len(rebound))
+    from vllm_omni.diffusion.attention.backends.sdpa import SDPAImpl
+
+    SDPAImpl.forward = _sdpa_forward_cpu
+
+
+def stub_torchvision() -> None:
+    """Empty `torchvision`, `torchvision.transforms` and `.functional` modules, if torchvision is not installed.
+
+    Why: `vllm_omni.diffusion.models.wan2_2/__init__` imports its I2V and S2V pipelines, which import torchvision,
+    and the verl-omni venv has none (its PyPI wheels are CUDA builds). Wan text-to-video never calls into it.
+    Call this AFTER diffusers and transformers are imported: both probe `importlib.util.find_spec("torchvision")`
+    at import and would take the stub for the real package (each stub has a ModuleSpec, because `find_spec` raises
+    on a module without one). Any use of a stubbed attribute raises AttributeError. Idempotent.
+    """
+    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is not None:
+        return  # the real package
+    import diffusers  # noqa: F401  (their torchvision probes run before the stub exists)
+    import transformers  # noqa: F401
+
+    for name in _TORCHVISION_STUBS:
+        if name not in sys.modules:
+            mod = types.ModuleType(name)
+            mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)
+            mod.__path__ = []
+            sys.modules[name] = mod
+    sys.modules["torchvision"].transforms = sys.modules["torchvision.transforms"]
+    sys.modules["torchvision.transforms"].functional = sys.modules["torchvision.transforms.functional"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_vllm_config(od_config: Any) -> Any:
+    """The `VllmConfig` `DiffusionWorker.init_device` builds for `od_config` on the CPU device (world size 1)."""
+    import torch
+    from vllm_omni.diffusion.worker.diffusion_worker import (_create_diffusion_worker_vllm_config,
+                                                             _make_diffusion_vllm_model_config)
+
+    vllm_config = _create_diffusion_worker_vllm_config(torch.device("cpu"), od_config)
+    vllm_config.model_config = _make_diffusion_vllm_model_config(od_config)
+    vllm_config.quant_config = od_config.quantization_config
+    return vllm_config
+
+
+@contextlib.contextmanager
+def omni_model_context(od_config: Any, vllm_config: Any = None) -> Iterator[Any]:
+    """vLLM-Omni's forward context and current vLLM config for `od_config`, as the worker enters them around a
+    model's load and the runner around its forward. Yields the `VllmConfig` (built by `worker_vllm_config` if
+    not given)."""
+    from vllm.config import set_current_vllm_config
+    from vllm_omni.diffusion.forward_context import set_forward_context
+
+    vllm_config = worker_vllm_config(od_config) if vllm_config is None else vllm_config
+    with set_forward_context(vllm_config=vllm_config, omni_diffusion_config=od_config), \
+            set_current_vllm_config(vllm_config):
+        yield vllm_config
+
+
+def cpu_omni_world() -> None:
+    """A process-wide single-rank gloo world with vLLM-Omni's model-parallel groups (all of size 1), as
+    `DiffusionWorker.init_device` sets it up. Idempotent; installs the CPU platform first.
+
+    Raises:
+        RuntimeError: torch.distributed is already initialized with a world size other than 1.
+    """
+    if _state["world"] is not None:
+        return
+    install_cpu_platform()
+    import torch
+    from vllm_omni.diffusion.data import OmniDiffusionConfig
+    from vllm_omni.diffusion.distributed.parallel_state import (init_distributed_environment,
+                                                                initialize_model_parallel)
+
+    dist = torch.distributed
+    if dist.is_initialized() and dist.get_world_size() != 1:
+        raise RuntimeError(f"vllm_omni_cpu.cpu_omni_world: torch.distributed already has world size "
+                           f"{dist.get_world_size()}; vLLM-Omni on CPU runs a single rank")
+    owned = not dist.is_initialized()
+    od_config = OmniDiffusionConfig()
+    with omni_model_context(od_config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+        initialize_model_parallel(backend="gloo")
+    _state["world"] = {"owns_process_group": owned}
+
+
+def close_cpu_omni_world() -> None:
+    """Tear down what `cpu_omni_world` set up: vLLM-Omni's groups, and the process group if it created it."""
+    world = _state["world"]
+    if world is None:
+        return
+    import torch
+    from vllm_omni.diffusion.distributed.parallel_state import destroy_distributed_env
+
+    destroy_distributed_env()
+    if world["owns_process_group"] and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    _state["world"] = None
+
+
+def build_od_config(model_dir: str, pipeline_class: str, *, dtype: str = "float32", **kwargs: Any) -> Any:
+    """vLLM-Omni's `OmniDiffusionConfig` for a custom pipeline, as its stage process builds it: `from_kwargs`,
+    then `enrich_config` (model class from model_index.json, transformer config). `kwargs` are further
+    `OmniDiffusionConfig` fields."""
+    from vllm_omni.diffusion.data import OmniDiffusionConfig
+
+    args = {"model": str(model_dir), "dtype": dtype, "custom_pipeline_args": {"pipeline_class": pipeline_class},
+            "master_port": _free_port(), **kwargs}
+    od_config = OmniDiffusionConfig.from_kwargs(**args)
+    od_config.enrich_config()
+    return od_config
+
+
+@dataclass
+class OmniPipelineHandle:
+    """A vLLM-Omni pipeline loaded in this process, with what its forward needs.
+
+    Attributes:
+        pipe: the pipeline module (e.g. verl-omni's `QwenImagePipelineWithLogProb`).
+        od_config: its `OmniDiffusionConfig`.
+        vllm_config: the worker `VllmConfig` its load ran under (and its forwards run under).
+    """
+
+    pipe: Any
+    od_config: Any
+    vllm_config: Any = field(repr=False, default=None)
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """The model context (`omni_model_context`) of this pipeline."""
+        return omni_model_context(self.od_config, self.vllm_config)
+
+    def forward(self, requests: Sequence[Any] | Any, **kwargs: Any) -> list[Any]:
+        """Run one request batch as `DiffusionModelRunner._execute_request_list` does.
+
+        Args:
+            requests: `OmniDiffusionRequest`s (or a `DiffusionRequestBatch`). A request with a `seed` and no
+                `generator` gets a CPU generator seeded with it (the runner's `_initialize_generator` on CPU).
+            kwargs: extra keyword arguments of the pipeline's `forward` (e.g. Wan's `output_type="latent"`; the
+                engine itself passes none).
+        Returns:
+            one `DiffusionOutput` per request, in request order.
+        """
+        import torch
+        from vllm_omni.diffusion.data import DiffusionOutput
+        from vllm_omni.diffusion.worker.request_batch import DiffusionRequestBatch
+
+        batch = requests if isinstance(requests, DiffusionRequestBatch) else DiffusionRequestBatch(list(requests))
+        if not batch.requests:
+            return []
+        if batch.num_reqs > 1 and not getattr(self.pipe, "supports_request_batch", False):
+            raise ValueError(f"{type(self.pipe).__name__} does not support request batches (supports_request_batch "
+                             f"is False); send one request per forward, got {batch.num_reqs}")
+        for req in batch.requests:
+            if req.prompt is None:
+                raise ValueError(f"request {req.request_id!r} has no prompt")
+            params = req.sampling_params
+            if params.generator is None and params.seed is not None:
+                params.generator = torch.Generator(device=params.generator_device or "cpu").manual_seed(params.seed)
+        with torch.inference_mode(), self.context():
+            outputs = self.pipe.forward(batch, **kwargs)
+        outputs = [outputs] if isinstance(outputs, DiffusionOutput) else list(outputs)
+        if len(outputs) != batch.num_reqs:
+            raise RuntimeError(f"{type(self.pipe).__name__}.forward returned {len(outputs)} outputs for "
+                               f"{batch.num_reqs} requests")
+        return outputs
+
+
+def load_omni_pipeline(model_dir: str, pipeline_class: str, *, dtype: str = "float32",
+                       **od_kwargs: Any) -> OmniPipelineHandle:
+    """Build `pipeline_class` from a diffusers directory with vLLM-Omni's own loader, on CPU.
+
+    This is the call `CustomPipelineWorkerExtension.re_init_pipeline` makes (`DiffusersPipelineLoader.load_model(
+    load_format="custom_pipeline")`), under the worker's model context; the CPU platform and the world are set
+    up first (`cpu_omni_world`). Wan pipelines need `stub_torchvision()` first.
+
+    Args:
+        model_dir: local diffusers model directory (model_index.json).
+        pipeline_class: dotted path of the pipeline class (verl-omni: `VllmOmniPipelineBase.get_pipeline_path`).
+        dtype: the pipeline dtype ("float32" for comparisons; vLLM-Omni's default is bf16).
+        od_kwargs: further `OmniDiffusionConfig` fields.
+    """
+    import torch
+
+    cpu_omni_world()
+    from vllm.config import LoadConfig
+    from vllm_omni.diffusion.model_loader.diffusers_loader import DiffusersPipelineLoader
+
+    od_config = build_od_config(model_dir, pipeline_class, dtype=dtype, **od_kwargs)
+    vllm_config = worker_vllm_config(od_config)
+    with omni_model_context(od_config, vllm_config):
+        pipe = DiffusersPipelineLoader(LoadConfig(), od_config=od_config).load_model(
+            load_device="cpu", load_format="custom_pipeline", custom_pipeline_name=pipeline_class,
+            device=torch.device("cpu"))
+    return OmniPipelineHandle(pipe=pipe, od_config=od_config, vllm_config=vllm_config)

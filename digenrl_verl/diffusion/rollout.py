@@ -156,6 +156,42 @@ def make_plan(cfg: RolloutConfig, keys: Sequence[SampleKey]) -> StepPlan:
     return plan_steps(cfg.selection, gens.select)
 
 
+@dataclass
+class RolloutDraws:
+    """Every random draw `rollout(adapter, cond, keys, cfg)` makes, materialised (CPU, fp32).
+
+    Attributes:
+        init: [B, *latent] — the initial noise x at σ=1 (each row from its `init` stream).
+        sde_noise: [N, B, *latent] — the standard-normal z of step i of row b (x' = μ + s·z), drawn from the row's
+            `sde` stream in step order; 0 where row b runs the ODE at step i (`plan.sde_mask[b, i]` False).
+        plan: the rows' step plan (`make_plan`).
+    """
+
+    init: torch.Tensor
+    sde_noise: torch.Tensor
+    plan: StepPlan
+
+
+def rollout_draws(adapter: DiffusionAdapter, cfg: RolloutConfig, keys: Sequence[SampleKey]) -> RolloutDraws:
+    """The draws `rollout` makes for `keys` under `cfg`, rebuilt from the same per-sample streams (`noise.py`).
+
+    Feeding them to another sampler (e.g. verl-omni's rollout adapters: initial latents, per-step noise, window
+    starts) reproduces `rollout`'s trajectories there. `rollout` itself stays lazy: this holds N·B latents, which
+    is meant for tests and comparisons, not for large video batches.
+    """
+    n, b = cfg.num_inference_steps, len(keys)
+    gens = make_sample_generators(cfg.seed, keys, init_same_noise=cfg.init_same_noise)
+    plan = make_plan(cfg, keys)
+    init = adapter.initial_noise(gens.init).to(torch.float32)
+    shape = tuple(init.shape[1:])
+    sde_noise = torch.zeros(n, b, *shape, dtype=torch.float32)
+    for i in range(n):  # step order within each row's stream; rows' streams are independent
+        for r in plan.sde_mask[:, i].nonzero(as_tuple=True)[0].tolist():
+            g = gens.sde[r]
+            sde_noise[i, r] = torch.randn(shape, generator=g, device=g.device, dtype=torch.float32).cpu()
+    return RolloutDraws(init=init, sde_noise=sde_noise, plan=plan)
+
+
 @torch.no_grad()
 def rollout(adapter: DiffusionAdapter, cond: Conditioning, keys: Sequence[SampleKey], cfg: RolloutConfig) -> Trajectory:
     """Sample one trajectory per row of `cond` and record its trained steps.

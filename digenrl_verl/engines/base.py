@@ -107,6 +107,8 @@ class EngineEntry:
         cuda: needs a CUDA device.
         title: the engine's name in messages.
         install_hint: how to get the packages (shown when they are missing).
+        module: the module that binds the class, imported on first use when no other import has (a backend that
+            lives above this layer, e.g. in `integrations`); empty: bound by a module the workers import.
     """
 
     name: str
@@ -114,6 +116,7 @@ class EngineEntry:
     cuda: bool = False
     title: str = ""
     install_hint: str = ""
+    module: str = ""
 
     def unavailable_reason(self) -> str | None:
         """Why the engine cannot run in this process, or None. Finds the packages, never imports them."""
@@ -169,7 +172,9 @@ class EngineRegistry:
 
     def engine_class(self, name: str) -> type:
         """The class bound to `name`; ValueError listing the bound names when its module was not imported."""
-        self.entry(name)
+        entry = self.entry(name)
+        if name not in self._classes and entry.module:
+            importlib.import_module(entry.module)  # binds the class (`register`)
         if name not in self._classes:
             raise ValueError(f"rollout engine {name!r} has no class bound (is its module imported?); bound: "
                              f"{sorted(self._classes)}")
@@ -191,3 +196,7 @@ VLLM_OMNI = ENGINES.declare(EngineEntry(
     install_hint=(f"vLLM-Omni on a CUDA machine: pip install 'digenrl-verl[vllm]' (vllm=={VLLM_PIN}, "
                   f"vllm-omni=={VLLM_OMNI_PIN}; verl-omni's vllm=={VERL_OMNI_VLLM_PIN} + "
                   f"vllm-omni=={VERL_OMNI_VLLM_OMNI_PIN} works too; vllm X.Y must match vllm-omni X.Y)")))
+VERL_OMNI = ENGINES.declare(EngineEntry(
+    "verl_omni", packages=("verl_omni", "vllm_omni"), title="verl-omni's rollout pipeline",
+    install_hint="verl-omni with its vLLM-Omni (docs/verl_omni.md)",
+    module="digenrl_verl.integrations.verl_omni_rollout"))

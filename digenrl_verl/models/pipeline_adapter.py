@@ -93,6 +93,12 @@ class PipelineAdapter(DiffusionAdapter):
 
     def _unused_modules(self) -> tuple[str, ...]:
         """Full names of denoiser modules whose outputs never reach the velocity (kept frozen)."""
+        return self.unused_modules(self.denoiser)
+
+    @classmethod
+    def unused_modules(cls, denoiser: torch.nn.Module) -> tuple[str, ...]:
+        """`_unused_modules` of an adapter over `denoiser` (a meta-device copy will do): what another engine
+        leaves out of the trainable weights to hold the same set as this adapter's trainers."""
         return ()
 
     # -- configuration ------------------------------------------------------------------------------

@@ -39,9 +39,10 @@ class QwenImageAdapter(PackedLatentAdapter):
         if cfg.max_sequence_length > 1024:
             raise ValueError(f"{PIPELINE_KEY}.max_sequence_length={cfg.max_sequence_length} exceeds Qwen-Image's 1024")
 
-    def _unused_modules(self) -> tuple[str, ...]:
+    @classmethod
+    def unused_modules(cls, denoiser: torch.nn.Module) -> tuple[str, ...]:
         # The output is read from the image stream only: the last block's text-stream output layers are dead.
-        last = f"transformer_blocks.{len(self.denoiser.transformer_blocks) - 1}"
+        last = f"transformer_blocks.{len(denoiser.transformer_blocks) - 1}"
         return (f"{last}.attn.to_add_out", f"{last}.txt_mlp.net.0.proj", f"{last}.txt_mlp.net.2")
 
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,135 @@
+"""The rollout engine `verl_omni` (`integrations.verl_omni_rollout`): generators that sample with verl-omni's own
+registered rollout pipeline, built by vLLM-Omni's loader in the generator's process (CPU).
+
+What it must deliver is what the package's trainer trains on: for each row, the window's x / x' / σ / σ' / step
+indices, and log-probs that the package's policy (the same weights) assigns to those very steps. So every sample is
+replayed through the package's adapter (`compute_log_probs`, the old-log-prob pass): <= 1e-5 relative. After a
+weight update through the pipeline's `load_weights` (what verl-omni's worker extension calls), the next samples'
+log-probs are those of the updated policy (<= 1e-5) and not of the old one (> 1e-2), and the engine's checksum is the
+trainer's. Tiny twins of Qwen-Image and SD3 (flow_grpo, CFG on) and Wan2.2 (dance_grpo, CFG on).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+try:
+    import verl_omni  # noqa: F401  (imports vLLM-Omni eagerly)
+except ImportError as e:
+    pytest.skip(f"verl_omni is not importable here ({e}); run bash scripts/test_verl_omni.sh", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from digenrl_verl.diffusion.rollout import RolloutConfig, Trajectory  # noqa: E402
+from digenrl_verl.diffusion.tsp import compute_log_probs  # noqa: E402
+from digenrl_verl.engines.base import ENGINES, RolloutRows  # noqa: E402
+from digenrl_verl.engines.diffusers import load_policy  # noqa: E402
+from digenrl_verl.engines.spec import PolicySpec, RolloutEngineSpec  # noqa: E402
+from digenrl_verl.models import build_tiny_model_dir  # noqa: E402
+from digenrl_verl.models.config import LoraConfig, PipelineConfig  # noqa: E402
+from digenrl_verl.weights.state import save_trainer_state  # noqa: E402
+from digenrl_verl.weights.sync import state_checksum  # noqa: E402
+
+torch.set_num_threads(1)
+
+CASES = {  # architecture: (package sde_type, noise level, guidance settings)
+    "QwenImagePipeline": ("sde", 0.7, {"true_cfg_scale": 4.0, "negative_prompt": " "}),
+    "StableDiffusion3Pipeline": ("sde", 0.7, {"guidance_scale": 4.5}),
+    "WanPipeline": ("dance", 1.2, {"guidance_scale": 4.5, "num_frames": 5}),
+}
+ROWS = RolloutRows(["a red cube on a table", "a blue ball", "a green cone in the snow"], ["u0", "u0", "u1"],
+                   [0, 1, 0], [0, 1, 2], step=2)
+
+
+def _spec(arch: str, path: str) -> PolicySpec:
+    sde, noise, guidance = CASES[arch]
+    pipeline = PipelineConfig(height=32, width=32, max_sequence_length=16, **guidance)
+    rollout = RolloutConfig(num_inference_steps=4, sde_type=sde, noise_level=noise, timestep_selection="window",
+                            sde_window_size=2, sde_window_range=(0, 3), seed=5)
+    return PolicySpec(path, LoraConfig(rank=0), pipeline, rollout, dtype="float32",
+                      engine=RolloutEngineSpec(name="verl_omni", dtype="float32"))
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    arch = request.param
+    spec = _spec(arch, str(build_tiny_model_dir(arch, tmp_path_factory.mktemp(arch))))
+    engine = ENGINES.engine_class("verl_omni").from_policy(spec)  # what a generator worker builds
+    return arch, spec, engine
+
+
+def _replay_error(spec: PolicySpec, adapter, out) -> float:
+    """max |log p(x' | x) under `adapter` - the engine's log-probs| / max |engine's|, over every recorded step."""
+    tensors = dict(out.tensors)
+    tensors["log_probs"] = tensors.pop("rollout_log_probs")
+    tensors["final_latents"] = tensors["latents"][:, 0]  # not read by the replay
+    traj = Trajectory.from_tensors(tensors, spec.rollout.sde_type, spec.rollout.noise_level)
+    with torch.no_grad():
+        got = compute_log_probs(adapter, adapter.encode_prompts(list(ROWS.prompts)), traj)
+    return float((got - traj.log_probs).abs().max() / traj.log_probs.abs().max())
+
+
+def test_samples_are_what_the_package_policy_trains_on(case):
+    arch, spec, engine = case
+    out = engine.generate(ROWS)
+    t = out.tensors
+    assert type(engine.handle.pipe).__module__.startswith("verl_omni.pipelines.")  # verl-omni's own pipeline ran
+    assert t["latents"].shape == t["next_latents"].shape and t["latents"].shape[:2] == (3, 2)
+    assert t["rollout_log_probs"].shape == t["sigmas"].shape == t["step_index"].shape == (3, 2)
+    assert t["policy_version"].tolist() == [0, 0, 0]
+    assert bool((t["step_index"].diff(dim=1) == 1).all()) and int(t["step_index"].max()) <= 3
+    schedule = torch.as_tensor(engine.handle.pipe.scheduler.sigmas).float()
+    torch.testing.assert_close(t["sigmas"], schedule[t["step_index"]])
+    torch.testing.assert_close(t["next_sigmas"], schedule[t["step_index"] + 1])
+    assert out.images.dtype == torch.uint8 and out.images.shape[0] == 3
+    assert bool(torch.isfinite(t["rollout_log_probs"]).all())
+    assert _replay_error(spec, load_policy(spec), out) <= 1e-5
+
+
+def test_a_weight_update_changes_the_next_sample_as_the_trainer_weights_say(case, tmp_path):
+    arch, spec, engine = case
+    trainer = load_policy(spec)
+    params = {n: p for n, p in trainer.transformer.named_parameters() if p.requires_grad}
+    assert state_checksum({k: v.detach() for k, v in params.items()}) == engine.checksum()
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir(), after.mkdir()
+    save_trainer_state(before, params, torch.optim.SGD(list(params.values()), lr=0.0))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in params.values():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    save_trainer_state(after, params, torch.optim.SGD(list(params.values()), lr=0.0))
+    try:
+        engine.load_weights(str(after), 1)  # -> the pipeline's load_weights, as verl-omni's update does
+        assert engine.checksum() == state_checksum({k: v.detach() for k, v in params.items()})
+        out = engine.generate(replace(ROWS, step=3))
+        assert out.tensors["policy_version"].tolist() == [1, 1, 1]
+        assert _replay_error(spec, trainer, out) <= 1e-5
+        assert _replay_error(spec, load_policy(spec), out) > 1e-2  # the old weights do not explain it
+    finally:  # the module's engine goes back to the model's weights
+        engine.load_weights(str(before), 0)
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"lora": LoraConfig(rank=4)}, "actor_rollout_ref.model.lora_rank"),
+    ({"rollout": RolloutConfig(num_inference_steps=4, timestep_selection="flow_grpo")},
+     "actor_rollout_ref.rollout.algo.timestep_selection"),
+])
+def test_what_the_engine_cannot_do_is_refused_by_name(change, key, tmp_path):
+    from digenrl_verl.integrations.verl_omni_rollout import check_policy
+
+    spec = replace(_spec("StableDiffusion3Pipeline", str(tmp_path)), **change)
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        check_policy(spec)
+
+
+def test_gpu_placement_is_refused_by_name(tmp_path):
+    spec = replace(_spec("StableDiffusion3Pipeline", str(tmp_path)), device="cuda")
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.name=verl_omni"):
+        ENGINES.engine_class("verl_omni").from_policy(spec)

@@ -923,8 +923,22 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
                          "ranks would never get a sample: shrink the pool or raise data.train_batch_size")
 
 
-def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig) -> RolloutEngineSpec:
+def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str) -> str:
+    """`rollout.name`, but ``vllm_omni`` on a CPU run where verl-omni is installed: verl-omni's registered rollout
+    pipeline then samples in each generator's process (rollout engine ``verl_omni``), the code its GPU replicas run,
+    instead of a refusal for the missing GPU."""
     name = keys(f"{A}.rollout.name")
+    if (name != "vllm_omni" or digenrl.dry_run or device != "cpu" or ENGINES.entry(name).unavailable_reason() is None
+            or ENGINES.entry("verl_omni").unavailable_reason() is not None):
+        return name
+    keys.decide(f"{A}.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own registered rollout "
+                "pipeline for the model, built by vLLM-Omni's loader in each generator's process (rollout engine "
+                "verl_omni; vLLM-Omni's servers need a GPU)")
+    return "verl_omni"
+
+
+def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig, device: str = "cpu") -> RolloutEngineSpec:
+    name = generator_engine_name(keys, digenrl, device)
     if name != "diffusers" and digenrl.mode == "disaggregated" and digenrl.tag.policy != "off":
         keys.decide(f"TAG (trainer.digenrl.tag.policy={digenrl.tag.policy}) with {A}.rollout.name={name}: trainer "
                     "ranks generate their TAG micro-batches with their own diffusers engine over the weights they "
@@ -1045,8 +1059,9 @@ def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorit
     model_dtype = keys(f"{A}.actor.fsdp_config.model_dtype")
     if model_dtype not in DTYPES:
         raise ValueError(f"{A}.actor.fsdp_config.model_dtype={model_dtype!r}; valid: {sorted(DTYPES)}")
-    engine = build_engine(keys, digenrl)
-    if engine.name == "diffusers" and engine.dtype != DTYPES[model_dtype]:
+    device = build_device(keys, digenrl)
+    engine = build_engine(keys, digenrl, device)
+    if engine.name in ("diffusers", "verl_omni") and engine.dtype != DTYPES[model_dtype]:
         keys.decide(f"{A}.rollout.dtype={engine.dtype}: generators sample in it, as verl-omni's rollout does (the "
                     f"trainer's weights, in {A}.actor.fsdp_config.model_dtype={DTYPES[model_dtype]}, are cast on "
                     "arrival; PEFT keeps LoRA adapter weights in float32); samples drawn on trainer ranks (TAG, "
@@ -1056,8 +1071,7 @@ def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorit
                          f"not load pre-trained adapters yet; set {A}.rollout.name=diffusers (the generators then "
                          f"load the adapter too) or {model}.lora_adapter_path=null")
     return PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=build_rollout(keys, algorithm),
-                      dtype=DTYPES[model_dtype], start_version=start_version, device=build_device(keys, digenrl),
-                      engine=engine)
+                      dtype=DTYPES[model_dtype], start_version=start_version, device=device, engine=engine)
 
 
 def build_lora(keys: RecipeKeys) -> LoraConfig:

@@ -8,6 +8,10 @@ from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.engines.base import ENGINES
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
 
+#: the package's SDE kinds -> verl-omni's (algorithm, sde_type): its rollout pipelines are registered by algorithm
+VERL_OMNI_SDE_KINDS = {"sde": ("flow_grpo", "sde"), "cps": ("flow_grpo", "cps"), "dance": ("dance_grpo", "dance_sde"),
+                       "dance_sde": ("dance_grpo", "dance_sde")}
+
 #: how a vLLM-Omni engine is reached: `async_omni` (vLLM-Omni's AsyncOmni, GPU; what the config builds) or
 #: `inprocess` (`engines.vllm_omni.InProcessOmniEngine`, the vLLM-free reference the CPU tests use)
 OMNI_CLIENTS = ("async_omni", "inprocess")
@@ -71,3 +75,30 @@ class PolicySpec:
     start_version: int = 0
     device: str = "cpu"
     engine: RolloutEngineSpec = field(default_factory=RolloutEngineSpec)
+
+    def __post_init__(self) -> None:
+        if self.engine.name == "verl_omni" and self.engine.runs_here:
+            check_verl_omni_policy(self)
+
+
+def check_verl_omni_policy(spec: PolicySpec) -> tuple[str, str]:
+    """(verl-omni algorithm, its sde_type) of `spec` for the rollout engine ``verl_omni`` (verl-omni's registered
+    rollout pipeline in the generator's process); ValueError naming the key of what that engine cannot do."""
+    key = "actor_rollout_ref.rollout.name=verl_omni"
+    rollout = spec.rollout
+    if rollout.sde_type not in VERL_OMNI_SDE_KINDS:
+        raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={rollout.sde_type!r} with {key}: verl-omni's "
+                         f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}")
+    if rollout.timestep_selection != "window":
+        raise ValueError(f"actor_rollout_ref.rollout.algo.timestep_selection={rollout.timestep_selection!r} with {key}:"
+                         " verl-omni's rollout samples one SDE window per row; use window (sde_window_size / "
+                         "sde_window_range), or actor_rollout_ref.rollout.name=diffusers")
+    if spec.lora.rank > 0:
+        raise ValueError(f"actor_rollout_ref.model.lora_rank={spec.lora.rank} with {key}: LoRA updates through "
+                         "vLLM-Omni's LoRA manager are not wired into this engine yet; use "
+                         "actor_rollout_ref.rollout.name=diffusers for LoRA runs")
+    if spec.device != "cpu":
+        raise ValueError(f"{key} runs verl-omni's pipeline in the generator's process, on CPU; on GPUs verl-omni's "
+                         "rollout replicas are not started by this version. Fix: actor_rollout_ref.rollout.name="
+                         "diffusers or vllm_omni")
+    return VERL_OMNI_SDE_KINDS[rollout.sde_type]

@@ -30,15 +30,12 @@ import torch
 
 from digenrl_verl.diffusion.noise import SampleKey, sample_seed
 from digenrl_verl.engines.base import ENGINES, Rollout, RolloutRows
-from digenrl_verl.engines.spec import PolicySpec
+from digenrl_verl.engines.spec import PolicySpec, check_verl_omni_policy
 from digenrl_verl.models.pipeline_adapter import to_uint8
 from digenrl_verl.weights.state import load_trainer_state
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
 
 ENGINE_NAME = "verl_omni"
-#: the package's SDE kinds -> verl-omni's algorithm and `sde_type` (its registry is keyed by the algorithm)
-SDE_KINDS = {"sde": ("flow_grpo", "sde"), "cps": ("flow_grpo", "cps"), "dance": ("dance_grpo", "dance_sde"),
-             "dance_sde": ("dance_grpo", "dance_sde")}
 SIGMA_TOLERANCE = 1e-5
 #: the transformer's place in the pipeline's weight names (`load_weights` maps pipeline-level names)
 PIPELINE_PREFIX = "transformer."
@@ -86,23 +83,6 @@ def _import_rollout_adapters() -> None:
                 importlib.import_module(f"{pipelines.__name__}.{info.name}.vllm_omni_rollout_adapter")
             except (ImportError, RuntimeError, AttributeError):  # the exceptions verl-omni's own imports allow
                 pass
-
-
-def check_policy(spec: PolicySpec) -> tuple[str, str]:
-    """(verl-omni algorithm, its sde_type) for `spec`; ValueError naming the key of what this engine cannot do."""
-    rollout = spec.rollout
-    if rollout.sde_type not in SDE_KINDS:
-        raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={rollout.sde_type!r}: verl-omni's rollout "
-                         f"samples {sorted(SDE_KINDS)}")
-    if rollout.timestep_selection != "window":
-        raise ValueError(f"actor_rollout_ref.rollout.algo.timestep_selection={rollout.timestep_selection!r}: "
-                         "verl-omni's rollout samples one SDE window per row; use window (sde_window_size / "
-                         "sde_window_range), or actor_rollout_ref.rollout.name=diffusers")
-    if spec.lora.rank > 0:
-        raise ValueError("actor_rollout_ref.model.lora_rank > 0 with actor_rollout_ref.rollout.name=verl_omni: "
-                         "LoRA weight updates through vLLM-Omni's LoRA manager are not wired into this engine yet; "
-                         "use actor_rollout_ref.rollout.name=diffusers for LoRA runs")
-    return SDE_KINDS[rollout.sde_type]
 
 
 def sampling_dict(spec: PolicySpec, sde_type: str) -> dict[str, Any]:
@@ -256,20 +236,17 @@ class VerlOmniRolloutEngine:
         if self.architecture not in PROMPT_FIELDS:
             raise ValueError(f"actor_rollout_ref.rollout.name={ENGINE_NAME}: prompts of {self.architecture} are not "
                              f"mapped to verl-omni's request fields (mapped: {sorted(PROMPT_FIELDS)})")
-        _, sde_type = check_policy(spec)
+        _, sde_type = check_verl_omni_policy(spec)
         self.sampling = sampling_dict(spec, sde_type)
 
     @classmethod
     def from_policy(cls, spec: PolicySpec) -> "VerlOmniRolloutEngine":
         """verl-omni's pipeline for the policy's model and algorithm, at `spec.start_version`, in the rollout's
-        dtype. CPU only for now (on CUDA verl-omni's rollout replicas are the path; not started by this engine)."""
-        if spec.device != "cpu":
-            raise ValueError(f"actor_rollout_ref.rollout.name={ENGINE_NAME} runs verl-omni's pipeline in the "
-                             "generator's process, on CPU; on GPUs verl-omni's rollout replicas are not started by "
-                             "this version. Fix: actor_rollout_ref.rollout.name=diffusers or vllm_omni")
+        dtype. CPU only for now (`check_verl_omni_policy`: on CUDA verl-omni's rollout replicas are the path, not
+        started by this engine)."""
         from digenrl_verl.integrations.vllm_omni_cpu import load_omni_pipeline
 
-        algorithm, _ = check_policy(spec)
+        algorithm, _ = check_verl_omni_policy(spec)
         dtype = getattr(torch, spec.engine.dtype)
         handle = load_omni_pipeline(spec.model_path, pipeline_class(architecture_of(spec.model_path), algorithm),
                                     dtype=spec.engine.dtype)

@@ -415,3 +415,24 @@ def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
     # package's policy leaves frozen: every one of ours is matched
     assert report["matched"] == report["ours"] > 0 and report["theirs"] >= report["ours"], report
     assert report["moved_from_built"] > 0 and report["max_diff"] == 0.0, report  # loaded, and not vacuously
+
+
+@pytest.mark.slow
+def test_wan_twin_generates_with_verl_omnis_rollout_pipeline_on_cpu(tmp_path):
+    """verl-omni's Wan2.2 DanceGRPO script as written (`rollout.name=vllm_omni`, full fine-tune, an SDE window) on
+    a CPU host: the generators sample with verl-omni's own `Wan22DanceGRPOPipelineWithLogProb`, built by vLLM-Omni's
+    loader in the generator process (rollout engine verl_omni), and the trainer pool (verl-omni's actor worker)
+    trains one real step on those samples; the new weights reach the pipeline."""
+    argv = _twin_argv("wan22_dancegrpo", tmp_path,
+                      extra=("actor_rollout_ref.rollout.name=vllm_omni", "actor_rollout_ref.rollout.dtype=float32",
+                             "trainer.digenrl.trainer_engine=verl_omni"))
+    text = _run_twin(TWINS["wan22_dancegrpo"], argv, tmp_path)
+    assert "actor_rollout_ref.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own" in text
+    assert "engines: generation verl_omni" in text
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary, workers = written["summary"], written["workers"]
+    steps = [m for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if "actor/grad_norm" in m]
+    assert summary["steps"] == 1 and len(steps) == 1 and steps[0]["actor/grad_norm"] > 0
+    assert summary["samples"] == 4
+    assert {w["version"] for w in workers} == {1}  # the generator holds the trained weights (checked by checksum)

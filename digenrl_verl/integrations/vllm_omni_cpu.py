@@ -43,7 +43,7 @@ import socket
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -152,28 +152,35 @@ def install_cpu_platform() -> None:
     SDPAImpl.forward = _sdpa_forward_cpu
 
 
-def stub_torchvision() -> None:
+def stub_torchvision() -> tuple[str, ...]:
     """Empty `torchvision`, `torchvision.transforms` and `.functional` modules, if torchvision is not installed.
 
     Why: `vllm_omni.diffusion.models.wan2_2/__init__` imports its I2V and S2V pipelines, which import torchvision,
     and the verl-omni venv has none (its PyPI wheels are CUDA builds). Wan text-to-video never calls into it.
-    Call this AFTER diffusers and transformers are imported: both probe `importlib.util.find_spec("torchvision")`
-    at import and would take the stub for the real package (each stub has a ModuleSpec, because `find_spec` raises
-    on a module without one). Any use of a stubbed attribute raises AttributeError. Idempotent.
+    Call this AFTER diffusers and transformers are imported (it imports them first): both probe
+    `importlib.util.find_spec("torchvision")` at import and would take the stub for the real package (each stub
+    has a ModuleSpec, because `find_spec` raises on a module without one). Any use of a stubbed attribute raises
+    AttributeError. Idempotent.
+
+    Returns:
+        the names this call put into `sys.modules` (a test may pop them again at teardown); () when torchvision
+        is installed or the stubs are already there.
     """
     if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is not None:
-        return  # the real package
+        return ()  # the real package
     import diffusers  # noqa: F401  (their torchvision probes run before the stub exists)
     import transformers  # noqa: F401
 
-    for name in _TORCHVISION_STUBS:
-        if name not in sys.modules:
-            mod = types.ModuleType(name)
-            mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)
-            mod.__path__ = []
-            sys.modules[name] = mod
-    sys.modules["torchvision"].transforms = sys.modules["torchvision.transforms"]
-    sys.modules["torchvision.transforms"].functional = sys.modules["torchvision.transforms.functional"]
+    added = tuple(name for name in _TORCHVISION_STUBS if name not in sys.modules)
+    for name in added:
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)
+        mod.__path__ = []
+        sys.modules[name] = mod
+    if added:
+        sys.modules["torchvision"].transforms = sys.modules["torchvision.transforms"]
+        sys.modules["torchvision.transforms"].functional = sys.modules["torchvision.transforms.functional"]
+    return added
 
 
 def _free_port() -> int:
@@ -271,11 +278,17 @@ class OmniPipelineHandle:
         pipe: the pipeline module (e.g. verl-omni's `QwenImagePipelineWithLogProb`).
         od_config: its `OmniDiffusionConfig`.
         vllm_config: the worker `VllmConfig` its load ran under (and its forwards run under).
+        lora_manager: vLLM-Omni's `DiffusionLoRAManager` for `pipe`, created by the first `add_lora` (None before).
+
+    Weight updates go in as verl-omni's rollout worker extension puts them (`vLLMOmniColocateWorkerExtension.
+    update_weights_from_ipc`): full weights through `load_weights`, LoRA adapters through `add_lora` (and each
+    request's `sampling_params.lora_request` selects the adapter, as in `DiffusionWorker.execute_model`).
     """
 
     pipe: Any
     od_config: Any
     vllm_config: Any = field(repr=False, default=None)
+    lora_manager: Any = field(repr=False, default=None)
 
     def context(self) -> contextlib.AbstractContextManager:
         """The model context (`omni_model_context`) of this pipeline."""
@@ -302,6 +315,9 @@ class OmniPipelineHandle:
         if batch.num_reqs > 1 and not getattr(self.pipe, "supports_request_batch", False):
             raise ValueError(f"{type(self.pipe).__name__} does not support request batches (supports_request_batch "
                              f"is False); send one request per forward, got {batch.num_reqs}")
+        if self.lora_manager is not None:  # the worker activates the first request's adapter (None: base weights)
+            params = batch.requests[0].sampling_params
+            self.lora_manager.set_active_adapter(params.lora_request, params.lora_scale)
         for req in batch.requests:
             if req.prompt is None:
                 raise ValueError(f"request {req.request_id!r} has no prompt")
@@ -315,6 +331,63 @@ class OmniPipelineHandle:
             raise RuntimeError(f"{type(self.pipe).__name__}.forward returned {len(outputs)} outputs for "
                                f"{batch.num_reqs} requests")
         return outputs
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> set[str]:
+        """Load full weights into the pipeline: `pipe.load_weights`, verl-omni's full-weight path.
+
+        Args:
+            weights: `(name, tensor)` pairs named as verl-omni's trainer sends them: `"transformer." + the diffusers
+                transformer's state-dict name` (vLLM-Omni's loader maps those onto its fused layers, e.g. q/k/v
+                onto `to_qkv`).
+        Returns:
+            the pipeline parameter names that were loaded.
+        """
+        import torch
+
+        with torch.no_grad(), self.context():
+            return set(self.pipe.load_weights(weights))
+
+    def add_lora(self, lora_request: Any) -> bool:
+        """Register a LoRA adapter (`DiffusionWorker.add_lora`); the manager is created on first use as
+        `DiffusionWorker.init_lora_manager` does (PEFT backend).
+
+        verl-omni sends in-memory adapters as its `OmniTensorLoRARequest` (`peft_config`, `lora_tensors` named
+        `"transformer." + peft name` without `base_model.model.`), which needs its `VLLMOmniHijack.hijack()`
+        first. Caveat (vLLM-Omni 0.27): a LoRA module whose diffusers name the vLLM-Omni transformer does not
+        have is silently skipped (Qwen-Image `attn.to_out.0`; Wan `to_out.0`, `ffn.net.0.proj`, `ffn.net.2`).
+        """
+        if self.lora_manager is None:
+            self.lora_manager = self._make_lora_manager()
+        with self.context():
+            return self.lora_manager.add_adapter(lora_request)
+
+    def remove_lora(self, adapter_id: int) -> bool:
+        """Drop a registered LoRA adapter (`DiffusionWorker.remove_lora`); False when there is none."""
+        return False if self.lora_manager is None else self.lora_manager.remove_adapter(adapter_id)
+
+    def _make_lora_manager(self) -> Any:
+        import torch
+        from vllm_omni.diffusion.lora.manager import DiffusionLoRAManager
+
+        _no_pinned_lora_memory()
+        lora_path = self.od_config.lora_path
+        if isinstance(lora_path, list) and len(lora_path) == 1:
+            lora_path = lora_path[0]
+        return DiffusionLoRAManager(pipeline=self.pipe, device=torch.device("cpu"), dtype=self.od_config.dtype,
+                                    max_cached_adapters=self.od_config.max_cpu_loras, lora_path=lora_path,
+                                    lora_scale=self.od_config.lora_scale)
+
+
+def _no_pinned_lora_memory() -> None:
+    """vLLM pins LoRA tensors on CPU when its platform says pinning works (`PIN_MEMORY`, bound at import in each
+    module); with a CPU-only torch, `pin_memory()` raises "Cannot access accelerator device". Off on CPU."""
+    import importlib
+
+    for name in ("vllm.utils.torch_utils", "vllm.lora.lora_model", "vllm.lora.lora_weights",
+                 "vllm.lora.model_manager"):
+        module = importlib.import_module(name)
+        if getattr(module, "PIN_MEMORY", False):
+            module.PIN_MEMORY = False
 
 
 def load_omni_pipeline(model_dir: str, pipeline_class: str, *, dtype: str = "float32",

@@ -219,7 +219,9 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
     "trainer.device": (lambda v, keys: v not in DEVICES,
                        f"valid devices: {sorted(DEVICES)} (gpu = cuda); set trainer.device=cuda or cpu"),
     f"{A}.rollout.tensor_model_parallel_size": (
-        "!1", "tensor-parallel generation is not implemented: each generator rank holds a whole model; set it to 1"),
+        "!1", "tensor-parallel generation runs in verl-omni's vLLM-Omni rollout replicas (vLLMOmniReplica, one "
+        "replica over that many GPUs), which DigenRL's generator pool does not start yet: its generators hold a "
+        "whole model per rank (diffusers; or verl-omni's rollout pipeline in-process on CPU); set it to 1"),
     f"{A}.rollout.data_parallel_size": ("!1", "generation is data parallel over trainer.digenrl.pools.generator; "
                                         "set it to 1"),
     f"{A}.rollout.nnodes": (
@@ -236,7 +238,10 @@ UNSUPPORTED: dict[str, tuple[Rule, str]] = {
     f"{A}.rollout.pipeline.aspect_ratio": (
         lambda v, keys: v is not None, f"give {A}.rollout.pipeline.height/width instead"),
     f"{A}.rollout.pipeline.output_type": (
-        lambda v, keys: v not in _PIXEL_OUTPUTS, f"rewards score decoded pixels; valid: {list(_PIXEL_OUTPUTS)}"),
+        lambda v, keys: v not in _PIXEL_OUTPUTS,
+        "hands the reward latents instead of pixels (verl-omni's latent reward models, e.g. the SD3.5 DRM recipe); "
+        "DigenRL's scoring queue receives decoded samples only, so a latent reward path is what is missing; valid: "
+        f"{list(_PIXEL_OUTPUTS)}"),
     "data.filter_overlong_prompts": (
         True, "dropping the prompts whose chat-rendered ids exceed data.max_prompt_length (verl's RLHFDataset) is not "
         "implemented; set data.filter_overlong_prompts=false (verl-omni's default and its diffusion recipes'): "
@@ -799,13 +804,31 @@ def build_model(keys: RecipeKeys) -> ModelChoice:
         raise ValueError(f"{A}.model.path is not set: give a local diffusers model directory (build a tiny one with "
                          "`python -m digenrl_verl.models.tiny FluxPipeline <dir>`)")
     path = resolve_model_path(keys, str(path))
-    architecture = read_model_index(path)["_class_name"]  # ValueError naming the key if not a diffusers directory
+    try:
+        architecture = read_model_index(path)["_class_name"]  # ValueError naming the key if not a diffusers directory
+    except ValueError as e:
+        raise ValueError(f"{e}. {MISSING_FOR_NON_DIFFUSERS}") from None
     want = keys(f"{A}.model.architecture")
     if want is not None and want != architecture:
         raise ValueError(f"{A}.model.architecture={want!r} but {path}/model_index.json names {architecture!r}; drop "
                          f"the key or point model.path at a {want} directory")
-    get_adapter_class(architecture)  # lists the valid architectures on a miss
+    try:
+        get_adapter_class(architecture)  # lists the valid architectures on a miss
+    except ValueError as e:
+        raise ValueError(f"{e}. {MISSING_FOR_NEW_ARCHITECTURE}") from None
     return ModelChoice(str(path), architecture, algorithm)
+
+
+#: what stands between verl-omni's models without a package adapter and a DigenRL run (the precise missing pieces)
+MISSING_FOR_NEW_ARCHITECTURE = (
+    "verl-omni may train it (its training adapter) and sample it (its rollout pipeline: LTX-2, Qwen-Image-Edit, ...), "
+    "but DigenRL's trainer-side batch (prompt conditioning, validation and TAG samples) comes from this package's "
+    "adapter of the architecture (digenrl_verl.models), which is what is missing (an image-conditioned family such "
+    "as Qwen-Image-Edit also needs the prompts' images in the generators' requests)")
+MISSING_FOR_NON_DIFFUSERS = (
+    "Models without a diffusers layout (BAGEL: verl-omni's OmniBagelForConditionalGeneration) run in verl-omni only "
+    "through its vLLM-Omni rollout replicas on GPUs, which DigenRL's generator pool does not start yet, and have no "
+    "adapter in this package: both are missing")
 
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

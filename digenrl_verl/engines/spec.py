@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.engines.base import ENGINES
@@ -11,6 +13,9 @@ from digenrl_verl.models.config import LoraConfig, PipelineConfig
 #: the package's SDE kinds -> verl-omni's (algorithm, sde_type): its rollout pipelines are registered by algorithm
 VERL_OMNI_SDE_KINDS = {"sde": ("flow_grpo", "sde"), "cps": ("flow_grpo", "cps"), "dance": ("dance_grpo", "dance_sde"),
                        "dance_sde": ("dance_grpo", "dance_sde")}
+#: the architectures whose prompts the ``verl_omni`` engine maps to verl-omni's request fields (verl-omni registers
+#: rollout pipelines for these with flow_grpo / dance_grpo; `integrations.verl_omni_rollout.PROMPT_FIELDS`)
+VERL_OMNI_ARCHITECTURES = ("QwenImagePipeline", "StableDiffusion3Pipeline", "WanPipeline")
 
 #: how a vLLM-Omni engine is reached: `async_omni` (vLLM-Omni's AsyncOmni, GPU; what the config builds) or
 #: `inprocess` (`engines.vllm_omni.InProcessOmniEngine`, the vLLM-free reference the CPU tests use)
@@ -86,6 +91,12 @@ def check_verl_omni_policy(spec: PolicySpec) -> tuple[str, str]:
     rollout pipeline in the generator's process); ValueError naming the key of what that engine cannot do."""
     key = "actor_rollout_ref.rollout.name=verl_omni"
     rollout = spec.rollout
+    index = Path(spec.model_path) / "model_index.json"
+    architecture = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
+    if architecture not in VERL_OMNI_ARCHITECTURES:
+        raise ValueError(f"actor_rollout_ref.model.architecture={architecture!r} with {key}: this engine maps the "
+                         f"prompts of {list(VERL_OMNI_ARCHITECTURES)} to verl-omni's rollout requests; use "
+                         "actor_rollout_ref.rollout.name=diffusers")
     if rollout.sde_type not in VERL_OMNI_SDE_KINDS:
         raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={rollout.sde_type!r} with {key}: verl-omni's "
                          f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}")

@@ -30,7 +30,7 @@ import torch
 
 from digenrl_verl.diffusion.noise import SampleKey, sample_seed
 from digenrl_verl.engines.base import ENGINES, Rollout, RolloutRows
-from digenrl_verl.engines.spec import PolicySpec, check_verl_omni_policy
+from digenrl_verl.engines.spec import VERL_OMNI_ARCHITECTURES, PolicySpec, check_verl_omni_policy
 from digenrl_verl.models.pipeline_adapter import to_uint8
 from digenrl_verl.weights.state import load_trainer_state
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
@@ -140,7 +140,8 @@ def _wan_fields(pipe: Any, text: str, negative: str | None, max_len: int | None)
 #: architecture -> how a prompt text becomes the request's prompt fields (the families verl-omni has pipelines for)
 PROMPT_FIELDS: dict[str, Callable[[Any, str, str | None, int | None], dict[str, Any]]] = {
     "QwenImagePipeline": _qwen_fields, "StableDiffusion3Pipeline": _sd3_fields, "WanPipeline": _wan_fields}
-#: pipelines that take one request per forward (verl-omni's `supports_request_batch` is False for them)
+assert tuple(sorted(PROMPT_FIELDS)) == VERL_OMNI_ARCHITECTURES, "engines.spec lists the mapped architectures"
+#: sampling keys that turn guidance on (> 1): the request then carries the negative prompt
 _GUIDED = ("guidance_scale", "true_cfg_scale")
 
 
@@ -232,11 +233,8 @@ class VerlOmniRolloutEngine:
         self.state = state
         self.version = int(version)
         self.collectives: Collectives | None = None
+        _, sde_type = check_verl_omni_policy(spec)  # the architecture is one of PROMPT_FIELDS
         self.architecture = architecture_of(spec.model_path)
-        if self.architecture not in PROMPT_FIELDS:
-            raise ValueError(f"actor_rollout_ref.rollout.name={ENGINE_NAME}: prompts of {self.architecture} are not "
-                             f"mapped to verl-omni's request fields (mapped: {sorted(PROMPT_FIELDS)})")
-        _, sde_type = check_verl_omni_policy(spec)
         self.sampling = sampling_dict(spec, sde_type)
 
     @classmethod

@@ -18,7 +18,9 @@ chain is plain torch except three device assumptions, which this module replaces
 `load_omni_pipeline` then builds any registered pipeline class (e.g. verl-omni's rollout adapters) with vLLM-Omni's
 own loader (`load_format="custom_pipeline"`, the call `re_init_pipeline` makes), and `OmniPipelineHandle.forward`
 runs a request batch the way the model runner does (`torch.inference_mode()`, the forward context, CPU generators
-from request seeds).
+from request seeds). New weights go in as verl-omni's rollout worker extension puts them: `load_weights` (full
+weights) and `add_lora` (vLLM-Omni's `DiffusionLoRAManager`; on CPU vLLM must not pin the LoRA tensors, which this
+module switches off).
 
 Usage (fp32; the loader's default dtype is bf16)::
 
@@ -27,6 +29,7 @@ Usage (fp32; the loader's default dtype is bf16)::
     oc.stub_torchvision()          # only for Wan pipelines, see its docstring
     handle = oc.load_omni_pipeline(model_dir, "verl_omni.pipelines....QwenImagePipelineWithLogProb")
     outputs = handle.forward([OmniDiffusionRequest(...), ...])   # one DiffusionOutput per request
+    handle.load_weights([("transformer." + name, tensor) for name, tensor in diffusers_transformer_state.items()])
 
 Every vllm / vllm_omni import is inside a function: this module imports where vLLM-Omni is not installed. Run with
 ``VLLM_TARGET_DEVICE=cpu``. What cannot run on CPU: AsyncOmni and the stage processes, non-SDPA attention backends,
@@ -157,10 +160,10 @@ def stub_torchvision() -> tuple[str, ...]:
 
     Why: `vllm_omni.diffusion.models.wan2_2/__init__` imports its I2V and S2V pipelines, which import torchvision,
     and the verl-omni venv has none (its PyPI wheels are CUDA builds). Wan text-to-video never calls into it.
-    Call this AFTER diffusers and transformers are imported (it imports them first): both probe
-    `importlib.util.find_spec("torchvision")` at import and would take the stub for the real package (each stub
-    has a ModuleSpec, because `find_spec` raises on a module without one). Any use of a stubbed attribute raises
-    AttributeError. Idempotent.
+    The stubs go in only after diffusers and transformers are imported (this function imports them first): both
+    probe `importlib.util.find_spec("torchvision")` at import and would take a stub for the real package. Each
+    stub has a ModuleSpec, because `find_spec` raises on a module without one. Any use of a stubbed attribute
+    raises AttributeError. Idempotent.
 
     Returns:
         the names this call put into `sys.modules` (a test may pop them again at teardown); () when torchvision

@@ -695,7 +695,7 @@ class Driver:
                 else:
                     prior = model
         return BubbleContext(now, st.step, len(st.pending), st.tags, self._bts_state(st, now), costs,
-                             tag_est is not None, prior)
+                             tag_est is not None, prior, self.profiler.is_floor(TaskKind.TAG_GEN, trn_cls))
 
     def _bts_state(self, st: _Step, now: float) -> BtsState:
         """Aggregate the generator lanes into the BTS model's single server (see `schedule.bts`)."""

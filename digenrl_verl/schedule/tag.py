@@ -40,6 +40,9 @@ class BubbleContext:
             smallest value the run has not yet ruled out (an unmeasured UPDATE or SCORE costs >= 0; an
             unfinished first GEN costs >= the time it has been running). None when even that is unknown
             (no trainer-side generation measured, or no GEN finished or running).
+        tag_floor: the trainer-side generation cost is a lower bound seeded before any TAG was measured
+            (`CostProfiler.seed_floor`: TAG on verl-omni's hybrid engine costs at least its engine switch), not a
+            measurement.
     """
 
     now: float
@@ -50,6 +53,7 @@ class BubbleContext:
     costs: BtsCosts | None
     tag_cost_known: bool
     prior: BtsCosts | None = None
+    tag_floor: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,14 @@ class BtsTag(TagPolicy):
       run) the exact search takes over, and a TAG chosen too early delays the first UPDATE by at most g'.
 
     ``cold_start=False`` restores the plain behaviour (skip until every estimate exists).
+
+    **g' and the hybrid engine.** g' is whatever the profiler measured for TAG tasks (`schedule.cost`: the executor's
+    task duration), so on verl-omni's hybrid engine, where a TAG task wakes the trainer ranks' rollout replicas, syncs
+    the actor's weights into them, generates and puts them back to sleep, the switch is part of g' and BTS weighs it
+    at every bubble: a switch the bubbles cannot repay makes it skip. Before any TAG ran, g' may be a floor
+    (``ctx.tag_floor``: the switch alone, timed at start-up) instead of the probe; ties on a floor are decided for skip,
+    not TAG: the tie rule above relies on a TAG's cost being bounded by a measured g', which a floor is not (it leaves
+    the generation out).
     """
 
     probe: bool = TagConfig.probe
@@ -132,10 +144,11 @@ class BtsTag(TagPolicy):
             if not self.cold_start or ctx.prior is None:
                 return TagDecision(False, "no estimate yet")
             costs, prior = ctx.prior, True
-        result = self._solve(costs, ctx.state, tie_tag=prior)
+        result = self._solve(costs, ctx.state, tie_tag=prior and not ctx.tag_floor)
         tag_ms = "-" if result.tag_makespan is None else f"{result.tag_makespan:.3f}"
-        head = (f"prior(g={costs.gen:.4g} sc={costs.score:.4g} t={costs.update:.4g} g'={costs.tag:.4g}) "
-                if prior else "")
+        g_tag = f"g'>={costs.tag:.4g}" if ctx.tag_floor else f"g'={costs.tag:.4g}"
+        head = (f"prior(g={costs.gen:.4g} sc={costs.score:.4g} t={costs.update:.4g} {g_tag}) " if prior
+                else (f"floor({g_tag}) " if ctx.tag_floor else ""))
         reason = (head + f"bts tag={tag_ms} skip={result.skip_makespan:.3f} "
                   f"states={result.states}" + (" budget_hit" if result.budget_hit else ""))
         return TagDecision(result.tag_now, reason, result=result)

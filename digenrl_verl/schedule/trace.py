@@ -11,6 +11,11 @@
 * ``Trace.metrics()`` -> per-worker busy/idle, utilisation, bubble fraction, makespan and, given a lower
   bound, efficiency = lower bound / makespan.
 
+A completion whose ``info`` has ``phases`` (`PHASES`: a TAG on verl-omni's hybrid engine reports wake, sync,
+generate, sleep) is drawn in the Chrome trace as its task's span with one sub-span per phase on each of its workers
+(Perfetto nests them), and the span's args carry ``engine`` and ``switch_s`` (`SPAN_INFO_KEYS`). Completions
+without phases export exactly as before. The text form never shows phases (golden files stay as they are).
+
 The PNG Gantt chart lives in ``digenrl_verl.viz.gantt`` (matplotlib stays out of this package).
 """
 
@@ -21,6 +26,26 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from digenrl_verl.schedule.types import SAMPLE_KINDS, Completion, Task, TaskKind, worker_pool
+
+
+PHASES = "phases"
+"""`Completion.info` key: ``((name, seconds), ...)``, the task's phases in order; they sum to its duration."""
+SPAN_INFO_KEYS = ("engine", "switch_s")
+"""`Completion.info` keys copied into the args of a task's Chrome span when the completion reports phases."""
+SWITCH_PHASES = frozenset({"wake", "sync", "sleep"})
+"""Phase names that switch an engine (not the task's own work); the PNG draws them hatched."""
+
+
+def phase_spans(c: Completion) -> list[tuple[str, float, float]]:
+    """``(name, start, end)`` of each phase ``c.info`` reports (empty when none), laid end to end from ``c.start``;
+    the last one ends at ``c.end`` (no rounding gap or overhang)."""
+    phases = c.info.get(PHASES) or ()
+    out, t = [], c.start
+    for i, (name, seconds) in enumerate(phases):
+        end = c.end if i == len(phases) - 1 else min(c.end, t + float(seconds))
+        out.append((str(name), t, end))
+        t = end
+    return out
 
 
 @dataclass(frozen=True)
@@ -192,15 +217,25 @@ class Trace:
         events: list[dict[str, Any]] = []
         pools: dict[str, int] = {}
         workers: dict[str, int] = {}
+        phased = {c.task.task_id: c for c in self.completions if c.info.get(PHASES)}
         for e in sorted(self.events, key=lambda e: (e.start, e.worker)):
             pool = worker_pool(e.worker)
             pid = pools.setdefault(pool, len(pools) + 1)
             tid = workers.setdefault(e.worker, len(workers) + 1)
             mb = "-" if e.microbatch is None else e.microbatch
+            args: dict[str, Any] = {"task_id": e.task_id, "step": e.step, "microbatch": e.microbatch,
+                                    "version": e.version, "ok": e.ok}
+            c = phased.get(e.task_id)
+            if c is not None:
+                args.update({k: c.info[k] for k in SPAN_INFO_KEYS if k in c.info})
             events.append({"name": f"{e.kind.value} s{e.step} m{mb}", "cat": e.kind.value, "ph": "X",
                            "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6, "pid": pid, "tid": tid,
-                           "args": {"task_id": e.task_id, "step": e.step, "microbatch": e.microbatch,
-                                    "version": e.version, "ok": e.ok}})
+                           "args": args})
+            if c is not None:
+                events.extend({"name": name, "cat": f"{e.kind.value}.{name}", "ph": "X", "ts": a * 1e6,
+                               "dur": (b - a) * 1e6, "pid": pid, "tid": tid,
+                               "args": {"task_id": e.task_id, "phase": name, "seconds": float(seconds)}}
+                              for (name, a, b), (_, seconds) in zip(phase_spans(c), c.info[PHASES]))
         driver_pid = len(pools) + 1
         for d in self.decisions:
             events.append({"name": d.action, "ph": "i", "s": "p", "ts": d.time * 1e6, "pid": driver_pid,

@@ -7,6 +7,9 @@ Examples::
     digenrl-sim --suite ladder --scenario flux.1 --costs calibrated   # every row of one scenario
     digenrl-sim --suite paper --json                           # every paper-like scenario x {ideal, calibrated}
     digenrl-sim --suite scale --json                           # 1024 GPUs, 1024 micro-batches per step
+    digenrl-sim --scenario flux.1-hybrid --png h.png --trace h.json   # TAG on verl-omni's hybrid engine
+    digenrl-sim --scenario flux.1 --hybrid-switch-gb-s 2       # the same, at another switch bandwidth
+    digenrl-sim --suite hybrid --jitter 0.1 --seeds 7 --json   # tag off / BTS in-process / BTS hybrid, medians
     digenrl-sim --list
 
 Schedule flags are generated from ``ScheduleSettings`` (the dataclass behind ``trainer.digenrl.*``): one flag per
@@ -17,7 +20,9 @@ With ``--json`` the last line printed is one JSON object. Figures are simulated 
 and ``calibrated`` (the terms of ``sim.profiles.ColocationCosts``, the unknown one fitted on one paper figure); each
 has the rows ``colocated-verl-omni``, ``colocated-best`` and ``digenrl`` (and the ablation ladder between), the key
 ``digenrl_vs_colocated_best``, and, where the paper reports the scenario, the paper's range; the held-out prediction
-errors are under ``predictions``.
+errors are under ``predictions``. ``--hybrid-switch-gb-s`` / ``--hybrid-gen-factor`` run TAG on verl-omni's hybrid
+engine (``sim.profiles.HybridEngine``: a rollout replica on every trainer rank, woken, synced and put back to sleep by
+every TAG micro-batch); ``--suite hybrid`` compares it with TAG off and TAG in the trainer's process.
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ from typing import Any, Sequence
 
 from digenrl_verl.schedule.config import TCSS_LOSS_FIELDS, ScheduleConfig, ScheduleSettings, TcssConfig
 from digenrl_verl.sim.cluster import ClusterSpec
-from digenrl_verl.sim.profiles import PROFILES, get_profile
+from digenrl_verl.sim.profiles import PROFILES, HybridEngine, get_profile
 from digenrl_verl.sim.scenarios import (ALTERNATIVE_CALIBRATION, COSTS, DISAGGREGATED_LADDER, FULL_DIGENRL_SETTINGS,
-                                        HETERO_TARGET, IDEAL_PARITY_TARGET, PAPER_FIGURES, PAPER_SUITE,
+                                        HETERO_TARGET, HYBRID_ROWS, IDEAL_PARITY_TARGET, PAPER_FIGURES, PAPER_SUITE,
                                         PAPER_VS_VERL_OMNI, SCENARIOS, RunOutcome, Scenario, calibrate, costs_named,
-                                        get_scenario, paper_check, predictions, ratios, run_config, run_ladder)
+                                        get_scenario, paper_check, predictions, ratios, run_config, run_hybrid_suite,
+                                        run_ladder, scenario_profile)
 
 EFFICIENCY_TARGET = 0.95
 ALTERNATIVE_ROWS = ("colocated-verl-omni", "colocated-best", "+TAG BTS", "digenrl")
@@ -50,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="digenrl-sim", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default="hunyuanvideo-20-0.6", help=f"one of {sorted(SCENARIOS)}")
-    p.add_argument("--suite", choices=("paper", "ladder", "scale"), help="run a suite instead of one config")
+    p.add_argument("--suite", choices=("paper", "ladder", "scale", "hybrid"), help="run a suite instead of one config")
     p.add_argument("--costs", choices=COSTS, default="ideal",
                    help="--suite ladder: colocation cost terms off (ideal) or on (calibrated); "
                         "the paper suite runs both")
@@ -65,8 +71,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mini-batches", type=int, default=1,
                    help="optimizer steps per global step (verl's train_batch_size / ppo_mini_batch_size); divides "
                         "--prompts")
+    p.add_argument("--hybrid-switch-gb-s", type=float, metavar="GBS",
+                   help="TAG on verl-omni's hybrid engine (a rollout replica on each trainer rank) whose switch (wake, "
+                        "weight sync, sleep) moves its bytes at this bandwidth, GB/s per rank; default: the scenario's "
+                        "engine (sim.profiles.HybridEngine)")
+    p.add_argument("--hybrid-gen-factor", type=float, metavar="F",
+                   help="with the hybrid engine: the replica's generation per sample relative to the generator's "
+                        "(default 1.0)")
     p.add_argument("--jitter", type=float, default=0.0, help="relative std of task durations")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1, help="--suite hybrid: runs per row (seeds --seed, --seed + 1, ...)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--trace", help="write the Chrome/Perfetto trace JSON here (single run, or the ladder's last row)")
     p.add_argument("--png", help="write the Gantt chart PNG here (same run as --trace)")
@@ -146,7 +160,23 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     for key, attr in (("prompts", "prompts_per_step"), ("n", "n"), ("steps", "num_steps")):
         if getattr(args, key) is not None:
             changes[attr] = getattr(args, key)
+    hybrid = _hybrid(args, s.hybrid)
+    if hybrid != s.hybrid:
+        changes["hybrid"] = hybrid
     return replace(s, **changes) if changes else s
+
+
+def _hybrid(args: argparse.Namespace, engine: HybridEngine | None) -> HybridEngine | None:
+    """The scenario's hybrid engine with ``--hybrid-switch-gb-s`` / ``--hybrid-gen-factor`` applied (either flag turns
+    it on for a scenario without one; the gen factor alone needs a bandwidth)."""
+    gb_s, factor = args.hybrid_switch_gb_s, args.hybrid_gen_factor
+    if gb_s is None and factor is None:
+        return engine
+    if gb_s is None and engine is None:
+        raise ValueError("--hybrid-gen-factor needs the hybrid engine's switch bandwidth: add --hybrid-switch-gb-s "
+                         "(GB/s per rank), or use a *-hybrid scenario")
+    base = engine or HybridEngine(gb_s)
+    return HybridEngine(base.switch_gb_s if gb_s is None else gb_s, base.gen_factor if factor is None else factor)
 
 
 def _single_config(args: argparse.Namespace, s: Scenario, cluster: ClusterSpec) -> ScheduleConfig:
@@ -352,10 +382,17 @@ def main(argv: list[str] | None = None) -> int:
         print("profiles: ", ", ".join(sorted(PROFILES)))
         return 0
     try:
+        hybrid_flags = args.hybrid_switch_gb_s is not None or args.hybrid_gen_factor is not None
+        if hybrid_flags and args.suite in ("paper", "scale", "hybrid"):
+            raise ValueError(f"--hybrid-switch-gb-s / --hybrid-gen-factor apply to one scenario (a single run or "
+                             f"--suite ladder), not to --suite {args.suite}")
         if args.suite == "paper":
             out = _run_suite_paper(args)
         elif args.suite == "scale":
             out = _run_scale(args)
+        elif args.suite == "hybrid":
+            out = run_hybrid_suite(jitter=args.jitter, seeds=range(args.seed, args.seed + max(1, args.seeds)))
+            print(_hybrid_table(out))
         elif args.suite == "ladder":
             s = _scenario(args)
             outcomes = run_ladder(s, costs=costs_named(args.costs), jitter=args.jitter, seed=args.seed)
@@ -366,10 +403,13 @@ def main(argv: list[str] | None = None) -> int:
             s = _scenario(args)
             cluster = ClusterSpec.parse(s.cluster)
             cfg = _single_config(args, s, cluster)
-            o = run_config(cfg, cluster, get_profile(s.profile), label="run", jitter=args.jitter, seed=args.seed)
+            rc = scenario_profile(s, cluster)
+            o = run_config(cfg, cluster, rc.profile, label="run", jitter=args.jitter, seed=args.seed)
             _write_outputs(args, o)
             print(_single_table(s, o))
             out = {"scenario": s.name, "cluster": cluster.describe(), "config": _config_dict(cfg), **o.summary()}
+            if rc.info:
+                out["tag_engine"] = rc.info
     except ValueError as exc:
         print(f"digenrl-sim: error: {exc}", file=sys.stderr)
         return 2
@@ -385,6 +425,19 @@ def _single_table(s: Scenario, o: RunOutcome) -> str:
              f"{m['driver_ms_per_decision']:.3f}"]]
     header = ["makespan s", "samples/s", "LB s", "LB/makespan", "util", "TAG mb", "stale", "driver ms/dec"]
     return _table(f"{s.name}: {s.profile} on {s.cluster}", header, rows)
+
+
+def _hybrid_table(out: dict[str, Any]) -> str:
+    header = ["scenario", "row", "median makespan s", "x tag off", "TAG mb (median)", "switch s / TAG"]
+    rows = []
+    for base, by in out["bases"].items():
+        for label in HYBRID_ROWS:
+            r = by[label]
+            switch = r["cost_model"].get("switch_s")
+            rows.append([base, label, f"{r['median_makespan_s']:.1f}", f"{r['speedup_vs_tag_off']:.3f}",
+                         f"{r['median_tag_microbatches']:g}", "-" if switch is None else f"{switch:.1f}"])
+    return _table(f"TAG on verl-omni's hybrid engine (simulated; 'x tag off' = tag-off median makespan / row median; "
+                  f"jitter {out['jitter']:g}, {len(out['seeds'])} seed(s))", header, rows)
 
 
 def _config_dict(cfg: ScheduleConfig) -> dict[str, Any]:

@@ -6,6 +6,13 @@ a run is reproducible and the same task gets the same duration however tasks are
 both pools and runs at the slowest of its workers' speeds. A CHECKPOINT writes to disk: ``profile.checkpoint``
 seconds whatever the accelerator's speed.
 
+A TAG task on verl-omni's hybrid engine (a profile with ``tag_switch``, `sim.profiles.HybridEngine`) lasts its
+generation as above plus the engine switch (wake-up, weight sync, sleep: bandwidth-bound, so not divided by the
+speed), all times the same jitter factor. The switch is inside the task, as a real executor's TAG task would run it,
+so the driver's profiler measures it as part of g' (`schedule.cost`). Its completion's ``info`` says so:
+``engine="hybrid"``, ``switch_s`` (the three switch phases together) and ``phases`` ((name, seconds) in order:
+wake, sync, generate, sleep; they sum to the duration), which the trace draws as sub-spans.
+
 Fault injection (``Fault``):
 
 * ``fail``: the matching task ends at its normal time with ``ok=False`` (workers stay alive);
@@ -100,7 +107,7 @@ class SimExecutor:
 
     def submit(self, task: Task) -> None:
         self.submitted.append(task)
-        run = _Running(task, self._now, self._now + self.duration(task))
+        run = _Running(task, self._now, self._now + self.duration(task), info=self._switch_info(task))
         dead = [w for w in task.workers if w in self.dead]
         if dead:
             run.end, run.ok, run.info = self._now, False, {"dead_workers": tuple(dead), "reason": "worker is dead"}
@@ -138,13 +145,34 @@ class SimExecutor:
     # -- costs and faults ---------------------------------------------------------------------------
     def duration(self, task: Task) -> float:
         """Modelled duration of ``task`` (deterministic for a given seed and task id)."""
+        base = self._compute_seconds(task)
+        if self._switched(task):
+            base += self.profile.tag_switch_s
+        if self.jitter:
+            base *= self._jitter_factor(task)
+        return base
+
+    def _compute_seconds(self, task: Task) -> float:
         speeds = [self.cluster.speed(self._class_of(w)) for w in task.workers]
         speed = 1.0 if task.kind == TaskKind.CHECKPOINT else min(speeds)
-        base = self.profile.unit(task.kind, tsp="tsp" in task.flags) * task.work / speed
-        if self.jitter:
-            rng = random.Random(f"{self.seed}:{task.kind.value}:{task.step}:{task.microbatch}:{','.join(task.workers)}")
-            base *= max(0.05, 1.0 + self.jitter * rng.gauss(0.0, 1.0))
-        return base
+        return self.profile.unit(task.kind, tsp="tsp" in task.flags) * task.work / speed
+
+    def _jitter_factor(self, task: Task) -> float:
+        rng = random.Random(f"{self.seed}:{task.kind.value}:{task.step}:{task.microbatch}:{','.join(task.workers)}")
+        return max(0.05, 1.0 + self.jitter * rng.gauss(0.0, 1.0))
+
+    def _switched(self, task: Task) -> bool:
+        """A TAG task on the hybrid engine (it pays the engine switch)."""
+        return task.kind == TaskKind.TAG_GEN and self.profile.tag_switch is not None
+
+    def _switch_info(self, task: Task) -> dict[str, Any]:
+        """The completion facts of a hybrid-engine TAG (see the module docstring); empty for every other task."""
+        switch = self.profile.tag_switch
+        if switch is None or not self._switched(task):
+            return {}
+        factor = self._jitter_factor(task) if self.jitter else 1.0
+        phases = switch.phases(self._compute_seconds(task), factor)
+        return {"engine": "hybrid", "switch_s": switch.total_s * factor, "phases": phases}
 
     def _class_of(self, worker: str) -> str:
         return self.cluster.pools[worker_pool(worker)].worker_class

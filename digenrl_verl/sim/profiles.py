@@ -10,7 +10,9 @@ Each profile is derived from per-step times, the way the paper reasons about cos
 * TSP (time-step parallelism) batches the K timesteps of a micro-batch into one pass:
   ``K * fwdbwd * tsp_factor``;
 * TAG generation on a trainer rank = generation x ``tag_overhead`` (sharded weights are gathered per
-  forward, and the actor/rollout switch is paid per TAG micro-batch);
+  forward, and the actor/rollout switch is paid per TAG micro-batch); on verl-omni's hybrid engine
+  (`HybridEngine`) a TAG micro-batch instead costs a fixed switch (`TagSwitch`: wake-up, weight sync,
+  sleep) plus generation at the rollout replica's rate;
 * a checkpoint (the CHECKPOINT task at a ``checkpoint_every`` barrier) = the time to write the trainer state
   of a full fine-tune, ``params x CHECKPOINT_BYTES_PER_PARAM`` bytes, at ``CHECKPOINT_WRITE_GB_S``
   (`checkpoint_seconds`); it is disk-bound, so the simulator does not scale it by accelerator speed.
@@ -55,6 +57,38 @@ def checkpoint_seconds(params_billion: float, *, bytes_per_param: float = CHECKP
 
 
 @dataclass(frozen=True)
+class TagSwitch:
+    """Seconds of the engine switch one TAG task pays on verl-omni's hybrid engine, per phase (`hybrid_switch`).
+
+    The ranks of a TAG task switch in parallel, each its own replica, so these are per-task seconds (not per sample);
+    they are bandwidth-bound, so they do not scale with the accelerator's compute speed.
+    """
+
+    wake_s: float
+    sync_s: float
+    sleep_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("wake_s", "sync_s", "sleep_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:
+                raise ValueError(f"TagSwitch.{name}={value!r}: use seconds >= 0")
+
+    @property
+    def total_s(self) -> float:
+        return self.wake_s + self.sync_s + self.sleep_s
+
+    def phases(self, gen_s: float, factor: float = 1.0) -> tuple[tuple[str, float], ...]:
+        """The task's phases in order, each x ``factor`` (the executor's jitter): switch to rollout (wake, sync),
+        generate, switch back (sleep). Their sum is the task's duration."""
+        return (("wake", self.wake_s * factor), ("sync", self.sync_s * factor), ("generate", gen_s * factor),
+                ("sleep", self.sleep_s * factor))
+
+    def scaled(self, factor: float) -> "TagSwitch":
+        return TagSwitch(self.wake_s * factor, self.sync_s * factor, self.sleep_s * factor)
+
+
+@dataclass(frozen=True)
 class CostProfile:
     """Per-sample (per-task for OPT/SYNC/CHECKPOINT) seconds on a speed-1.0 accelerator (checkpoint: any speed)."""
 
@@ -68,9 +102,11 @@ class CostProfile:
     sync: float
     checkpoint: float = 0.0
     source: dict[str, float] = field(default_factory=dict)
+    tag_switch: TagSwitch | None = None
 
     def unit(self, kind: TaskKind, tsp: bool = False) -> float:
-        """Seconds per work unit (one sample per rank) for a task kind."""
+        """Seconds per work unit (one sample per rank) for a task kind (a hybrid-engine TAG also pays
+        `tag_switch_s` once per task, on top: `sim.executor.SimExecutor.duration`)."""
         if kind == TaskKind.GEN:
             return self.gen
         if kind == TaskKind.TAG_GEN:
@@ -89,9 +125,15 @@ class CostProfile:
 
     def scaled(self, factor: float) -> "CostProfile":
         """Every duration x ``factor`` (e.g. to compare at another overall speed)."""
+        switch = None if self.tag_switch is None else self.tag_switch.scaled(factor)
         return replace(self, gen=self.gen * factor, score=self.score * factor, update_loop=self.update_loop * factor,
                        update_tsp=self.update_tsp * factor, opt_step=self.opt_step * factor, sync=self.sync * factor,
-                       checkpoint=self.checkpoint * factor)
+                       checkpoint=self.checkpoint * factor, tag_switch=switch)
+
+    @property
+    def tag_switch_s(self) -> float:
+        """Seconds of one TAG task's engine switch (0: TAG samples in the trainer's process, no switch)."""
+        return 0.0 if self.tag_switch is None else self.tag_switch.total_s
 
 
 def from_step_times(name: str, *, fwd: float, fwdbwd: float, steps: int, timestep_fraction: float, decode: float,
@@ -204,6 +246,10 @@ class Footprint:
             4 in the Wan2.2 video recipe, 16 in the Qwen-Image image recipe); the per-timestep loop runs that many
             samples per pass, capped by memory.
         note: where the numbers come from.
+        frozen_params_billion: parameters of the pipeline's components that do not train but that the rollout
+            server loads next to the transformer (text encoders, VAE), bf16; they move with every sleep and wake of
+            verl-omni's hybrid engine (`HybridEngine`). Assumption: the order of the public model cards' counts,
+            rounded (not read from the reference); 0 where not given.
     """
 
     rm_params_billion: float
@@ -211,6 +257,7 @@ class Footprint:
     act_gb_per_row: float
     vo_micro_batch: int
     note: str = ""
+    frozen_params_billion: float = 0.0
 
 
 FOOTPRINTS: NamedRegistry[Footprint] = NamedRegistry("footprint")
@@ -225,18 +272,22 @@ def _act_gb(tokens: int, hidden: int, blocks: int, cfg: bool) -> float:
 for _steps in (20, 30, 40):
     for _frac in (0.4, 0.6):
         FOOTPRINTS.register(f"hunyuanvideo-{_steps}-{_frac}", Footprint(
-            2.0, 1, _act_gb(22_500, 3072, 60, False), 4, "VideoAlign RM ~2B (assumption); micro-batch: Wan2.2 recipe"))
+            2.0, 1, _act_gb(22_500, 3072, 60, False), 4, "VideoAlign RM ~2B (assumption); micro-batch: Wan2.2 recipe",
+            frozen_params_billion=8.4))  # LLaVA-Llama-3-8B text encoder + CLIP-L + 3D VAE
 # Wan2.1 14B at 480p x 33 frames: latent 9 x 30 x 52 ~ 14k tokens, hidden 5120, 40 blocks, CFG at training;
 # HPSv3 reward (Qwen2-VL based, ~7B: assumption; reference §4 names hpsv3 for Wan2.2).
 FOOTPRINTS.register("wan2.1", Footprint(7.0, 1, _act_gb(14_000, 5120, 40, True), 4,
-                                        "HPSv3 RM ~7B (assumption); micro-batch: Wan2.2 recipe"))
+                                        "HPSv3 RM ~7B (assumption); micro-batch: Wan2.2 recipe",
+                                        frozen_params_billion=5.8))  # umT5-XXL encoder + Wan-VAE
 # FLUX.1-dev 12B at 1024^2: 4096 image + 512 text tokens, hidden 3072, 57 blocks, no CFG; PickScore (~1B).
 FOOTPRINTS.register("flux.1", Footprint(1.0, 1, _act_gb(4_608, 3072, 57, False), 16,
-                                        "PickScore RM ~1B (assumption); micro-batch: Qwen-Image recipe"))
+                                        "PickScore RM ~1B (assumption); micro-batch: Qwen-Image recipe",
+                                        frozen_params_billion=5.0))  # T5-XXL encoder + CLIP-L + VAE
 # Qwen-Image 20B at 1024^2: 4096 + 256 tokens, hidden 3072, 60 blocks, true CFG; Qwen3-VL-8B OCR judge at TP 4
 # (reference §4, the Qwen-Image recipe).
 FOOTPRINTS.register("qwen-image", Footprint(8.0, 4, _act_gb(4_352, 3072, 60, True), 16,
-                                            "Qwen3-VL-8B RM at TP 4 and micro-batch 16: Qwen-Image recipe (§4)"))
+                                            "Qwen3-VL-8B RM at TP 4 and micro-batch 16: Qwen-Image recipe (§4)",
+                                            frozen_params_billion=8.4))  # Qwen2.5-VL-7B text encoder + VAE
 FOOTPRINTS.register("synthetic-scale", Footprint(0.0, 1, 0.0, 1, "not a paper workload: no memory model"))
 
 
@@ -343,7 +394,8 @@ class ColocationCosts:
     5. **TAG context switch** (disaggregated): a TAG micro-batch costs ``gen x tag_overhead`` on the trainer (FSDP
        weights gathered per forward, the trainer switched from training to sampling and back); ideal: 1.0. Source:
        assumption (the profile's ``tag_overhead``, 1.15): the paper describes the switch (issue 13), the reference
-       does not quantify it.
+       does not quantify it. TAG on verl-omni's hybrid engine instead (a rollout replica on every trainer rank) is
+       `HybridEngine`, with its own terms (H1-H4 there).
     6. **Old-log-prob recompute** (`colocated-verl-omni` only, both costs: it is verl-omni's algorithmic choice, not a
        colocation cost): `recompute_unit` per sample.
     7. **vLLM-Omni request queueing at large batch** (issue 13 names it among verl-omni's costs): not modelled, 0.
@@ -459,3 +511,109 @@ def disaggregated_row(profile: CostProfile, fp: Footprint, costs: ColocationCost
         return RowCosts(profile, info)
     info["tsp_chunk_rows"] = rows
     return RowCosts(replace(profile, update_tsp=tsp_unit(profile, rows)), info)
+
+
+# ============================================================================ TAG on verl-omni's hybrid engine
+# verl-omni's hybrid engine (verl's `RolloutMode.HYBRID`, verl/workers/rollout/replica.py:54-58: "rollout and trainer
+# share GPUs, switch context with weight synchronization"): every trainer rank also holds a vLLM-Omni rollout replica
+# (TP 1) that sleeps while the actor trains. A TAG micro-batch on it switches the trainer ranks to rollout, generates on
+# the replicas and switches back before the next UPDATE. Sources (read, not run): verl-omni a1139baf and verl 8a69493.
+
+SLEEP_LEVEL_HYBRID = 1
+"""vLLM sleep level of verl-omni's hybrid replicas: 1, i.e. every weight of the pipeline (transformer, text encoders,
+VAE) is copied to host memory on sleep and back on wake-up; nothing is discarded. Source: verl-omni
+`vllm_omni_async_server.py:398-411` (`_sleep_hybrid`: ``collective_rpc("sleep", level=1)``, "use level-1 sleep so
+those weights are offloaded and can be restored"); wake-up restores tag ``weights`` only (`:372-391`, diffusion has no
+KV cache to restore)."""
+
+
+@dataclass(frozen=True)
+class HybridEngine:
+    """TAG on verl-omni's hybrid engine: how a TAG micro-batch costs on a trainer rank that holds a rollout replica.
+
+    Beside the default TAG (the trainer samples in its own process with its FSDP-sharded model: ``gen x tag_overhead``,
+    term 5 of `ColocationCosts`), a TAG task on the hybrid engine costs (per task, on every trainer rank in parallel,
+    each moving its own replica's bytes; ``P`` = trainable parameters, ``F`` = `Footprint.frozen_params_billion`):
+
+    H1. **Switch to rollout: wake-up** ``(P + F) x ROLLOUT_BYTES_PER_PARAM / switch_gb_s``: the level-1-slept pipeline's
+        bf16 weights back into GPU memory. Source: verl-omni `trainer_separate_async.py:262-270` (`switch_to_rollout`:
+        `wake_up_replicas`, then `update_weights`, then `resume_generation_replicas`), verl
+        `checkpoint_engine/base.py:437-440` (`wake_up_replicas` -> every replica's `wake_up`), verl-omni
+        `vllm_omni_async_server.py:375-391` (wake-up of tag ``weights``), `SLEEP_LEVEL_HYBRID`. Value: FLUX.1 (12B + 5B)
+        x 2 B / 10 GB/s = 3.4 s.
+    H2. **Switch to rollout: weight sync** of the trainable bytes ``P x ROLLOUT_BYTES_PER_PARAM / switch_gb_s``: the
+        actor's current weights into the replica with the naive (colocated) checkpoint backend. Source: verl
+        `checkpoint_engine/base.py:470-480` (backend ``naive`` -> ``actor_wg.update_weights(mode="naive")``),
+        verl-omni `engine_workers.py:974-1160` (`update_weights`: resume weights, `get_per_tensor_param` (an FSDP
+        gather per tensor), bucketed CUDA-IPC send into the rollout; it times ``resume_weights``,
+        ``update_weights_sync`` and ``update_weights_total`` itself). A full fine-tune sends every transformer weight (a
+        LoRA adapter-only sync would send a tiny fraction: not modelled, the profiles are full fine-tunes); the
+        source syncs on every switch, even when the actor's weights have not changed since the last one (TAGs of one
+        step: no OPT_STEP in between), so this model does too. Value: FLUX.1 12B x 2 B / 10 GB/s = 2.4 s.
+    H3. **Generation on the replica**: ``gen x gen_factor`` per sample (the task's ``work`` samples per rank), at the
+        trainer's compute speed. The replica is the same vLLM-Omni engine the generator pool runs, with whole weights
+        (TP 1): no per-forward FSDP gather, so the in-process ``tag_overhead`` does not apply. Source: assumption
+        (``gen_factor`` = 1.0: no source compares the two engines' rates; a replica sharing its GPU with the resident
+        trainer state may batch less, cf. term 8 of `ColocationCosts`).
+    H4. **Switch back: sleep** ``(P + F) x ROLLOUT_BYTES_PER_PARAM / switch_gb_s`` (level 1: the weights are copied to
+        host memory) before the next UPDATE needs the memory. Source: verl-omni `trainer_separate_async.py:272-278`
+        (`switch_to_trainer`: remove from the balancer, abort, `sleep_replicas`), verl
+        `checkpoint_engine/base.py:432-435`, verl-omni `vllm_omni_async_server.py:398-411`. Value: FLUX.1 3.4 s, as H1.
+    Memory (checked, `hybrid_row`): while a replica is awake the rank holds it (``(P + F) x 2 B``) and the resident
+    trainer state (`train_state_gb` over the trainer ranks: TAGs run between UPDATEs, gradients accumulate);
+    both must fit ``memory x USABLE_MEMORY_FRACTION`` (generation activations: not modelled). Qwen-Image (20B + 8.4B)
+    on 8 x 80 GB trainer ranks does not: 40 + 56.8 GB > 72 GB.
+
+    ``switch_gb_s`` is one effective bandwidth for the three copies (host <-> device for H1/H4, the gather and IPC copy
+    for H2), like term 1 of `ColocationCosts`; no source gives its value for vLLM-Omni (the published orders of
+    magnitude are those quoted at term 1). Fixed latencies (Ray calls, the load balancer, `aggressive_empty_cache`)
+    are not modelled.
+
+    **One switch per TAG micro-batch.** Consecutive TAG micro-batches could share one switch (stay awake, sync once),
+    but the driver issues one TAG per bubble and learns only when it ends whether the trainer's next task is another
+    TAG or an UPDATE, and the replica must sleep before an UPDATE; sharing would need the executor to keep the replica
+    awake past the TAG and charge the sleep to the next UPDATE (and BTS a state bit "awake"). Not modelled: every TAG
+    pays H1 + H2 + H4, so runs of consecutive TAGs are charged an upper bound of their switch cost.
+
+    Args:
+        switch_gb_s: effective bandwidth of the switch's copies, GB/s per rank (> 0).
+        gen_factor: the replica's generation per sample relative to the profile's generator (> 0; H3).
+    """
+
+    switch_gb_s: float
+    gen_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, what in (("switch_gb_s", "a bandwidth in GB/s per rank, e.g. 10 (--hybrid-switch-gb-s)"),
+                           ("gen_factor", "a factor > 0, 1.0 = the generator's rate (--hybrid-gen-factor)")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"HybridEngine.{name}={value!r} is invalid: use {what}")
+
+
+def replica_gb(params_billion: float, fp: Footprint) -> float:
+    """GB one hybrid replica holds awake and moves on each sleep and wake: ``(P + F) x ROLLOUT_BYTES_PER_PARAM``."""
+    return (params_billion + fp.frozen_params_billion) * ROLLOUT_BYTES_PER_PARAM / ROLLOUT_TP
+
+
+def hybrid_switch(params_billion: float, fp: Footprint, engine: HybridEngine) -> TagSwitch:
+    """Seconds of one TAG task's switch on the hybrid engine (terms H1, H2, H4 of `HybridEngine`)."""
+    if params_billion <= 0:
+        raise ValueError("the hybrid engine's switch moves the model's weights: the profile needs params_billion > 0 "
+                         "(build it with from_step_times(..., params_billion=...))")
+    moved = replica_gb(params_billion, fp) / engine.switch_gb_s
+    return TagSwitch(wake_s=moved, sync_s=rollout_weights_gb(params_billion) / engine.switch_gb_s, sleep_s=moved)
+
+
+def hybrid_row(profile: CostProfile, fp: Footprint, engine: HybridEngine, *, trainer_ranks: int,
+               trainer_memory_gb: float) -> RowCosts:
+    """``profile`` with TAG on the hybrid engine: ``tag_overhead`` = the replica's ``gen_factor`` (H3), plus the
+    per-task switch (`tag_switch`, H1 + H2 + H4). ``info`` says what it costs and whether an awake replica fits next
+    to the trainer state."""
+    params = float(profile.source.get("params_billion", 0.0))
+    switch = hybrid_switch(params, fp, engine)
+    awake = replica_gb(params, fp) + train_state_gb(params, trainer_ranks)
+    info = {"tag_engine": "hybrid", "switch_gb_s": engine.switch_gb_s, "gen_factor": engine.gen_factor,
+            "switch_s": switch.total_s, "wake_s": switch.wake_s, "sync_s": switch.sync_s, "sleep_s": switch.sleep_s,
+            "awake_gb": awake, "feasible": awake <= trainer_memory_gb * USABLE_MEMORY_FRACTION}
+    return RowCosts(replace(profile, tag_overhead=engine.gen_factor, tag_switch=switch), info)

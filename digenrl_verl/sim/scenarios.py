@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Sequence
 
 from digenrl_verl.schedule.bounds import Bound, StepCosts, colocated_lower_bound, run_lower_bound
 from digenrl_verl.schedule.config import ScheduleConfig, TagConfig, TcssConfig, TspConfig
+from digenrl_verl.schedule.cost import CostProfiler
 from digenrl_verl.schedule.driver import Driver, StepResult
 from digenrl_verl.schedule.plan import planner_for, split_even
 from digenrl_verl.schedule.tag import BtsTag
@@ -47,8 +48,9 @@ from digenrl_verl.schedule.trace import TraceMetrics
 from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.sim.cluster import ClusterSpec
 from digenrl_verl.sim.executor import Fault, SimExecutor
-from digenrl_verl.sim.profiles import (IDEAL, ColocationCosts, CostProfile, RowCosts, colocated_row, disaggregated_row,
-                                       get_footprint, get_profile)
+from digenrl_verl.sim.profiles import (IDEAL, USABLE_MEMORY_FRACTION, ColocationCosts, CostProfile, HybridEngine,
+                                       RowCosts, colocated_row, disaggregated_row, get_footprint, get_profile,
+                                       hybrid_row)
 from digenrl_verl.sim.registry import NamedRegistry
 
 TCSS_FRACTION = 0.25
@@ -67,6 +69,8 @@ class Scenario:
         cluster: disaggregated cluster spec (the colocated row uses the same ranks as one pool).
         prompts_per_step, n, num_steps: the batch and run length.
         paper_speedup: the paper's reported speedup range over naive disaggregation, if any.
+        hybrid: TAG on verl-omni's hybrid engine (a rollout replica on every trainer rank, `HybridEngine`); None:
+            the trainer samples in its own process (``tag_overhead``), as every paper scenario.
     """
 
     name: str
@@ -76,6 +80,7 @@ class Scenario:
     n: int = 8
     num_steps: int = 4
     paper_speedup: str | None = None
+    hybrid: HybridEngine | None = None
 
 
 SCENARIOS: NamedRegistry[Scenario] = NamedRegistry("scenario")
@@ -168,21 +173,23 @@ def step_costs(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfil
     trn_works = works(lambda mb: split_even(mb.samples, trn_workers))
     trn_work = sum(trn_works) / len(trn_works)
     unit = profile.unit
+    switch = profile.tag_switch_s  # a hybrid-engine TAG's switch: per task, not per sample (0: none)
     first = min(w for ws in lane_works for w in ws) * (unit(TaskKind.GEN) + unit(TaskKind.SCORE)) / gen_speed
     if config.tag.policy != "off":  # the trainer may start with a TAG instead of waiting for the generators
-        first = min(first, unit(TaskKind.TAG_GEN) * min(trn_works) / trn_speed)
+        first = min(first, unit(TaskKind.TAG_GEN) * min(trn_works) / trn_speed + switch)
     return StepCosts(
         microbatches=len(mbs),
         lane_gen=tuple(unit(TaskKind.GEN) * w / gen_speed for w in lane_work),
         lane_score=tuple(unit(TaskKind.SCORE) * w / gen_speed for w in lane_work),
         update=unit(TaskKind.UPDATE, config.tsp.enabled) * trn_work / trn_speed,
-        tag=None if config.tag.policy == "off" else unit(TaskKind.TAG_GEN) * trn_work / trn_speed,
+        tag=None if config.tag.policy == "off" else unit(TaskKind.TAG_GEN) * trn_work / trn_speed + switch,
         opt=unit(TaskKind.OPT_STEP) / trn_speed,
         sync=0.0 if config.mode == "colocated" else unit(TaskKind.SYNC) / min(gen_speed, trn_speed),
         last_update=unit(TaskKind.UPDATE, config.tsp.enabled) * min(trn_works) / trn_speed,
         first_gen=first,
         tag_ratio=None if config.tag.policy == "off" else max(
-            (unit(TaskKind.GEN) / gen_speed) / sum(1.0 / w for w in lws_i) / (unit(TaskKind.TAG_GEN) * tw / trn_speed)
+            (unit(TaskKind.GEN) / gen_speed) / sum(1.0 / w for w in lws_i)
+            / (unit(TaskKind.TAG_GEN) * tw / trn_speed + switch)
             for lws_i, tw in zip(zip(*lane_works), trn_works)),
     )
 
@@ -234,10 +241,16 @@ class RunOutcome:
 
 def run_config(config: ScheduleConfig, cluster: ClusterSpec, profile: CostProfile, *, label: str = "",
                jitter: float = 0.0, seed: int = 0, faults: tuple[Fault, ...] = (),
-               record_decisions: bool = True) -> RunOutcome:
-    """Run ``config`` in the simulator and measure it."""
+               record_decisions: bool = True, profiler: CostProfiler | None = None,
+               switch_prior: bool = True) -> RunOutcome:
+    """Run ``config`` in the simulator and measure it.
+
+    ``profiler``: the driver's cost profiler (None: a fresh one, which for TAG on the hybrid engine with BTS and
+    ``switch_prior`` starts from `hybrid_switch_prior`; without a prior BTS probes g' at its first bubble)."""
     executor = SimExecutor(cluster, profile, jitter=jitter, seed=seed, faults=faults)
-    driver = Driver(config, executor)
+    if profiler is None and switch_prior:
+        profiler = hybrid_switch_prior(config, profile)
+    driver = Driver(config, executor, profiler=profiler)
     driver.trace.record_decisions = record_decisions
     start = time.perf_counter()
     steps = driver.run()
@@ -297,9 +310,15 @@ def row_costs(label: str, s: Scenario, cluster: ClusterSpec, costs: ColocationCo
             return [colocated_row(profile, fp, costs, tsp=False, recompute=True, mode="offload", **common)]
         modes = ("offload", "resident") if costs.on else ("offload",)
         return [colocated_row(profile, fp, costs, tsp=True, recompute=False, mode=m, **common) for m in modes]
-    return [disaggregated_row(profile, fp, costs, trainer_ranks=cluster.pools["trn"].size,
-                              trainer_memory_gb=cluster.pool_memory_gb("trn"),
-                              generator_memory_gb=cluster.pool_memory_gb("gen"))]
+    row = disaggregated_row(profile, fp, costs, trainer_ranks=cluster.pools["trn"].size,
+                            trainer_memory_gb=cluster.pool_memory_gb("trn"),
+                            generator_memory_gb=cluster.pool_memory_gb("gen"))
+    if s.hybrid is None:
+        return [row]
+    hybrid = hybrid_row(row.profile, fp, s.hybrid, trainer_ranks=cluster.pools["trn"].size,
+                        trainer_memory_gb=cluster.pool_memory_gb("trn"))
+    return [RowCosts(hybrid.profile, {**row.info, **hybrid.info,
+                                      "feasible": row.info.get("feasible", True) and hybrid.info["feasible"]})]
 
 
 def run_row(label: str, s: Scenario, cfg: ScheduleConfig, cluster: ClusterSpec, costs: ColocationCosts, *,
@@ -329,9 +348,9 @@ def run_ladder(s: Scenario, *, costs: ColocationCosts = IDEAL, jitter: float = 0
                labels: Sequence[str] = LADDER) -> list[RunOutcome]:
     """Run the rows ``labels`` of ``LADDER`` for a scenario under ``costs``; each outcome's ``extra`` has
     ``speedup_vs_naive`` (when naive ran) and ``cost_model`` (what the memory model decided)."""
-    profile = get_profile(s.profile)
     cluster = ClusterSpec.parse(s.cluster)
-    configs = ladder_configs(s, cluster, profile)
+    profile = get_profile(s.profile) if s.hybrid is None else scenario_profile(s, cluster).profile
+    configs = ladder_configs(s, cluster, profile)  # (the static row's k from the TAG cost with its switch)
     outcomes = []
     for label in labels:
         cfg, cl = configs[label]
@@ -505,3 +524,111 @@ def predictions(reports: Sequence[dict[str, Any]], calibration: dict[str, Any]) 
                     "error_vs_midpoint": check["error_vs_midpoint"], "distance_to_range": check["distance_to_range"],
                     "where": check["where"], "held_out": held_out})
     return out
+
+
+
+# ================================================================================ TAG on verl-omni's hybrid engine
+HYBRID_FAST_GB_S = ASSUMED_SWITCH_GB_S
+"""Bandwidth of the hybrid scenarios' small switch: 10 GB/s per rank, the physical order the alternative calibration
+assumes (`ASSUMED_SWITCH_GB_S`; assumption, no source). Per TAG task (`sim.profiles.HybridEngine`): FLUX.1 9.2 s
+(1.1 x one sample's generation), HunyuanVideo 13B 11.2 s (0.22 x)."""
+
+HYBRID_SLOW_GB_S = 0.5
+"""Bandwidth of the hybrid scenarios' large switch: 0.5 GB/s per rank, the order of the engine-switch bandwidth the
+primary calibration fits for colocated verl-omni (`calibrate`: 0.56 GB/s). Assumption: that the hybrid replica's
+switch is as slow as that fitted one. Per TAG task: FLUX.1 184 s (22 x one sample's generation), HunyuanVideo 224 s."""
+
+HYBRID_BASES = ("flux.1", "hunyuanvideo-20-0.6")
+"""Scenarios with hybrid-engine twins: ``<base>-hybrid`` (`HYBRID_FAST_GB_S`) and ``<base>-hybrid-slow``
+(`HYBRID_SLOW_GB_S`). Registered after `PAPER_SUITE`, so the paper suite is unchanged."""
+
+for _base in HYBRID_BASES:
+    for _suffix, _gb_s in (("hybrid", HYBRID_FAST_GB_S), ("hybrid-slow", HYBRID_SLOW_GB_S)):
+        register_scenario(replace(SCENARIOS[_base], name=f"{_base}-{_suffix}", paper_speedup=None,
+                                  hybrid=HybridEngine(_gb_s)))
+
+
+def scenario_profile(s: Scenario, cluster: ClusterSpec) -> RowCosts:
+    """The cost profile a run of ``s`` on ``cluster`` uses (the profile's own costs): with TAG on the hybrid engine
+    when ``s.hybrid`` is set and the cluster is disaggregated. Refused when an awake replica does not fit next to the
+    trainer state (`sim.profiles.hybrid_row`)."""
+    profile = get_profile(s.profile)
+    if s.hybrid is None or cluster.mode != "disaggregated":
+        return RowCosts(profile, {})
+    memory = cluster.pool_memory_gb("trn")
+    row = hybrid_row(profile, get_footprint(s.profile), s.hybrid, trainer_ranks=cluster.pools["trn"].size,
+                     trainer_memory_gb=memory)
+    if not row.info["feasible"]:
+        raise ValueError(f"{s.name}: an awake hybrid replica and the trainer state need {row.info['awake_gb']:.1f} GB "
+                         f"per trainer rank, more than {USABLE_MEMORY_FRACTION:g} x {memory:g} GB: use more trainer "
+                         "ranks or GPUs with more memory, or TAG in the trainer's process (a scenario without hybrid)")
+    return row
+
+
+def hybrid_switch_prior(config: ScheduleConfig, profile: CostProfile) -> CostProfiler | None:
+    """The profiler a BTS run with TAG on the hybrid engine starts with: g' (TAG_GEN) seeded with the switch alone.
+
+    The switch can be timed before any TAG: verl-omni already syncs the actor's weights into the colocated replicas
+    once at start-up (`on_init_end`, trainer_separate_async.py:166-174), and a wake + sync + sleep there measures
+    it. BTS then knows g' >= switch from its first bubble instead of running a probe TAG (`CostProfiler.seed_floor`:
+    the first TAG's measurement replaces it). The floor makes a TAG look cheaper, never dearer, than it is, and BTS
+    decides ties for skip on it (`schedule.tag.BtsTag`), so a switch the bubbles cannot repay costs no TAG at all
+    (unless a longer TAG shortened the model's schedule, a list-scheduling anomaly BTS's model does not exclude).
+    None for every other run (the profiler starts empty, as today)."""
+    if profile.tag_switch is None or config.tag.policy != "bts" or config.mode != "disaggregated":
+        return None
+    trainers = config.workers(config.trainer_pool)
+    mbs = planner_for(config).microbatches(config.start_step, config.prompts_per_step, config.n,
+                                           config.pools[config.generator_pool].size)
+    work = -(-len(mbs[-1].samples) // len(trainers))  # the driver estimates g' for this work (`Driver._bubble_context`)
+    profiler = CostProfiler()
+    profiler.seed_floor(TaskKind.TAG_GEN, config.pools[config.trainer_pool].worker_class, profile.tag_switch_s / work)
+    return profiler
+
+
+HYBRID_ROWS = ("tag off", "BTS in-process", "BTS hybrid fast", "BTS hybrid slow", "BTS hybrid slow, probe")
+"""The hybrid suite's rows per base scenario: the ladder's ``+TSP`` (no TAG: every ratio's baseline) and ``+TAG BTS``
+configs; TAG in the trainer's process (``tag_overhead``), on the hybrid engine with the small and the large switch
+(both starting from `hybrid_switch_prior`), and the large switch without that prior (BTS probes g' with one TAG)."""
+
+
+def hybrid_suite_row(base: str, row: str, *, jitter: float = 0.0, seed: int = 0) -> RunOutcome:
+    """Run one row of `HYBRID_ROWS` for base scenario ``base`` (one of `HYBRID_BASES`)."""
+    if row not in HYBRID_ROWS:
+        raise ValueError(f"unknown hybrid suite row {row!r}; use one of {list(HYBRID_ROWS)}")
+    name = {"BTS hybrid fast": f"{base}-hybrid", "BTS hybrid slow": f"{base}-hybrid-slow",
+            "BTS hybrid slow, probe": f"{base}-hybrid-slow"}.get(row, base)
+    s = get_scenario(name)
+    cluster = ClusterSpec.parse(s.cluster)
+    rc = scenario_profile(s, cluster)
+    cfg, _ = ladder_configs(s, cluster, rc.profile)["+TSP" if row == "tag off" else "+TAG BTS"]
+    o = run_config(cfg, cluster, rc.profile, label=row, jitter=jitter, seed=seed,
+                   switch_prior=not row.endswith("probe"))
+    o.extra["cost_model"] = dict(rc.info)
+    return o
+
+
+def run_hybrid_suite(*, jitter: float = 0.0, seeds: Sequence[int] = (0,),
+                     bases: Sequence[str] = HYBRID_BASES) -> dict[str, Any]:
+    """Every row of `HYBRID_ROWS` for every base, once per seed: median makespans, TAG micro-batches and speedups
+    (``speedup_vs_tag_off`` = median makespan of ``tag off`` / median makespan of the row)."""
+    out: dict[str, Any] = {"suite": "hybrid", "jitter": jitter, "seeds": list(seeds), "bases": {}}
+    for base in bases:
+        rows: dict[str, Any] = {}
+        for row in HYBRID_ROWS:
+            runs = [hybrid_suite_row(base, row, jitter=jitter, seed=sd) for sd in seeds]
+            rows[row] = {"median_makespan_s": _median([o.makespan for o in runs]),
+                         "makespans_s": [o.makespan for o in runs],
+                         "median_tag_microbatches": _median([float(o.summary()["tag_microbatches"]) for o in runs]),
+                         "cost_model": runs[0].extra["cost_model"]}
+        off = rows["tag off"]["median_makespan_s"]
+        for r in rows.values():
+            r["speedup_vs_tag_off"] = off / r["median_makespan_s"]
+        out["bases"][base] = rows
+    return out
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0

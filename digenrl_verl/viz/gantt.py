@@ -5,6 +5,10 @@ Bubbles are shown as numbers, not only as white space: each row is labelled with
 `Trace.metrics` over the trace's span (first task start to last task end; a task that failed still
 occupied its worker, so it counts as busy).
 
+A task whose completion reports phases (`schedule.trace.PHASES`: a TAG on verl-omni's hybrid engine) has its engine
+switch (`schedule.trace.SWITCH_PHASES`: wake, sync, sleep) drawn hatched over its bar, and the legend gains
+"TAG switch"; a trace without phases draws as before.
+
 matplotlib is imported inside ``save_gantt`` (Agg backend), so importing this module costs nothing.
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from digenrl_verl.schedule.trace import Trace, TraceMetrics
+from digenrl_verl.schedule.trace import SWITCH_PHASES, Trace, TraceMetrics, phase_spans
 from digenrl_verl.schedule.types import TaskKind, parse_worker, worker_pool
 
 COLOURS = {
@@ -20,6 +24,8 @@ COLOURS = {
     TaskKind.UPDATE: "#55a868", TaskKind.OPT_STEP: "#c44e52", TaskKind.SYNC: "#937860",
     TaskKind.CHECKPOINT: "#7f7f7f",
 }
+SWITCH_COLOUR = "#d9d2ec"
+"""The engine switch inside a hybrid-engine TAG bar (a light shade of the TAG colour, hatched)."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,8 @@ class GanttInfo:
 
     labels: tuple[str, ...]
     title: str
+    switch_spans: int = 0
+    """Engine-switch phases drawn (one per phase per drawn worker; 0 without hybrid-engine TAGs)."""
 
 
 def _worker_key(worker: str) -> tuple[int, str, int]:
@@ -90,16 +98,36 @@ def save_gantt(trace: Trace, path: str, *, title: str = "", max_workers: int = 6
                 continue
             ax.barh(row[e.worker], e.end - e.start, left=e.start, height=0.8, color=COLOURS[e.kind],
                     edgecolor="black" if not e.ok else "none", hatch="//" if not e.ok else None, linewidth=0.3)
+        switch_spans = _draw_switches(ax, trace, row)
         ax.set_yticks(range(len(workers)))
         ax.set_yticklabels([worker_label(metrics, w) for w in workers], fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel("time (s)")
         ax.set_title(chart_title(metrics, title), fontsize=9, pad=16)
         # the legend sits between the title and the chart, so it never covers the x-axis label
-        ax.legend(handles=[Patch(color=c, label=k.value) for k, c in COLOURS.items()], loc="lower center",
-                  bbox_to_anchor=(0.5, 1.0), ncol=len(COLOURS), fontsize=7, frameon=False)
+        handles = [Patch(color=c, label=k.value) for k, c in COLOURS.items()]
+        if switch_spans:
+            handles.append(Patch(facecolor=SWITCH_COLOUR, hatch="xx", edgecolor=COLOURS[TaskKind.TAG_GEN],
+                                 label="TAG switch"))
+        ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles), fontsize=7,
+                  frameon=False)
         fig.tight_layout()
         fig.savefig(path, dpi=dpi)
-        return GanttInfo(tuple(t.get_text() for t in ax.get_yticklabels()), ax.get_title())
+        return GanttInfo(tuple(t.get_text() for t in ax.get_yticklabels()), ax.get_title(), switch_spans)
     finally:
         plt.close(fig)
+
+
+def _draw_switches(ax, trace: Trace, row: dict[str, int]) -> int:
+    """Overlay the engine-switch phases of every completion that reports phases; returns how many were drawn."""
+    drawn = 0
+    for c in trace.completions:
+        for name, start, end in phase_spans(c):
+            if name not in SWITCH_PHASES:
+                continue
+            for w in c.task.workers:
+                if w in row:
+                    ax.barh(row[w], end - start, left=start, height=0.8, color=SWITCH_COLOUR, hatch="xx",
+                            edgecolor=COLOURS[TaskKind.TAG_GEN], linewidth=0.0)
+                    drawn += 1
+    return drawn

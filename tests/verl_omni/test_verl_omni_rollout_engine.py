@@ -116,6 +116,11 @@ def test_a_weight_update_changes_the_next_sample_as_the_trainer_weights_say(case
         engine.load_weights(str(before), 0)
 
 
+def _named_dir(tmp_path, architecture: str = "StableDiffusion3Pipeline") -> str:
+    (tmp_path / "model_index.json").write_text(f'{{"_class_name": "{architecture}"}}')
+    return str(tmp_path)
+
+
 @pytest.mark.parametrize("change, key", [
     ({"lora": LoraConfig(rank=4)}, "actor_rollout_ref.model.lora_rank"),
     ({"rollout": RolloutConfig(num_inference_steps=4, timestep_selection="flow_grpo")},
@@ -123,9 +128,14 @@ def test_a_weight_update_changes_the_next_sample_as_the_trainer_weights_say(case
 ])
 def test_what_the_engine_cannot_do_is_refused_by_name(change, key, tmp_path):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):  # PolicySpec checks on construction
-        replace(_spec("StableDiffusion3Pipeline", str(tmp_path)), **change)
+        replace(_spec("StableDiffusion3Pipeline", _named_dir(tmp_path)), **change)
 
 
 def test_gpu_placement_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.name=verl_omni runs"):
-        replace(_spec("StableDiffusion3Pipeline", str(tmp_path)), device="cuda")
+        replace(_spec("StableDiffusion3Pipeline", _named_dir(tmp_path)), device="cuda")
+
+
+def test_an_architecture_the_engine_does_not_map_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.architecture='FluxPipeline' with"):
+        _spec("StableDiffusion3Pipeline", _named_dir(tmp_path, "FluxPipeline"))

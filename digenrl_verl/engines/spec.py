@@ -104,10 +104,6 @@ def check_verl_omni_policy(spec: PolicySpec) -> tuple[str, str]:
         raise ValueError(f"actor_rollout_ref.rollout.algo.timestep_selection={rollout.timestep_selection!r} with {key}:"
                          " verl-omni's rollout samples one SDE window per row; use window (sde_window_size / "
                          "sde_window_range), or actor_rollout_ref.rollout.name=diffusers")
-    if spec.lora.rank > 0:
-        raise ValueError(f"actor_rollout_ref.model.lora_rank={spec.lora.rank} with {key}: LoRA updates through "
-                         "vLLM-Omni's LoRA manager are not wired into this engine yet; use "
-                         "actor_rollout_ref.rollout.name=diffusers for LoRA runs")
     if spec.device != "cpu":
         raise ValueError(f"{key} runs verl-omni's pipeline in the generator's process, on CPU; on GPUs verl-omni's "
                          "rollout replicas are not started by this version. Fix: actor_rollout_ref.rollout.name="

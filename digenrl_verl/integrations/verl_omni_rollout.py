@@ -7,16 +7,18 @@ class (the call `re_init_pipeline` makes in the vLLM-Omni worker), real `OmniDif
 `DiffusionRequestBatch` go through its `forward`, its `trajectory_*` outputs are the samples (verl-omni's window
 SDE: per row one window of ``sde_window_size`` consecutive steps whose start is drawn in ``sde_window_range``), and
 weights reach it through the pipeline's `load_weights`, which verl-omni's worker extension calls on every update
-(`vLLMOmniColocateWorkerExtension.update_weights_from_ipc`, full weights). On CPU the pipeline lives in the
+(`vLLMOmniColocateWorkerExtension.update_weights_from_ipc`, full weights). The trainers' weights arrive in a shadow
+of their transformer (`shadow_transformer`: same LoRA wrapping, names, order and initial values); LoRA is merged
+into the base weights for the pipeline (`pipeline_weights`, PEFT's own delta). On CPU the pipeline lives in the
 generator's process (`integrations.vllm_omni_cpu`: vLLM-Omni has no CPU platform); the request / sampling split is
 the server's (`vLLMOmniHttpServer._preprocess_input`: fields of `OmniDiffusionSamplingParams` first-class, the rest
 in ``extra_args``). Not used here: the replica and server processes, the agent loop (prompts are tokenized with
-the pipeline's own tokenizers, `prompt_fields`), verl-omni's per-row seeds (each row's seed derives from its
-`SampleKey`, as every DigenRL engine's draws do).
+the pipeline's own tokenizers, `PROMPT_FIELDS`), verl-omni's per-row seeds (each row's seed derives from its
+`SampleKey`, as every DigenRL engine's draws do), vLLM-Omni's LoRA manager (see `pipeline_weights`).
 
-Limits, each refused by name when built: LoRA (verl-omni sends LoRA as an `OmniTensorLoRARequest` through
-vLLM-Omni's LoRA manager; not wired here), a timestep selection other than ``window`` (verl-omni samples SDE
-windows), an architecture verl-omni registers no pipeline for.
+Limits, each refused by name when the `PolicySpec` is built (`engines.spec.check_verl_omni_policy`): a timestep
+selection other than ``window`` (verl-omni samples SDE windows), an architecture outside `PROMPT_FIELDS`, a GPU
+placement (there verl-omni's replicas are the path; not started by this version).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -184,35 +186,44 @@ def media_of(output: Any) -> torch.Tensor:
     return to_uint8(media)
 
 
-def transformer_layout(model_path: str) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """The trainable parameters of a full fine-tune (name -> shape, dtype), in `named_parameters` order: the names
-    and order in which trainers send them (the package's adapter holds the diffusers transformer, its
-    `unused_modules` frozen). Built on the meta device, no memory."""
+def shadow_transformer(spec: PolicySpec) -> torch.nn.Module:
+    """The diffusers transformer wrapped as the trainers wrap theirs (`models.lora.apply_lora`: LoRA, or every weight
+    but the adapter's `unused_modules` trainable): its trainable parameters have the trainers' names, order and
+    initial values, so trainer rank 0's weights are received straight into them. One copy of the transformer in the
+    engine's dtype beside the pipeline's own."""
     import diffusers
 
+    from digenrl_verl.models.lora import apply_lora
     from digenrl_verl.models.registry import get_adapter_class
+    from digenrl_verl.models.spec import get_model_spec
 
-    folder = Path(model_path) / "transformer"
-    config = json.loads((folder / "config.json").read_text())
-    cls = getattr(diffusers, config["_class_name"])
-    with torch.device("meta"):
-        model = cls.from_config(cls.load_config(str(folder)))
-    frozen = tuple(f"{m}." for m in get_adapter_class(architecture_of(model_path)).unused_modules(model))
-    return {n: (p.shape, p.dtype) for n, p in model.named_parameters() if not n.startswith(frozen)}
+    architecture = architecture_of(spec.model_path)
+    folder = Path(spec.model_path) / "transformer"
+    cls = getattr(diffusers, json.loads((folder / "config.json").read_text())["_class_name"])
+    model = cls.from_pretrained(str(folder), torch_dtype=getattr(torch, spec.engine.dtype)).requires_grad_(False)
+    return apply_lora(model, spec.lora, architecture, get_model_spec(architecture).lora_targets,
+                      get_adapter_class(architecture).unused_modules(model))
 
 
-def transformer_state(model_path: str, layout: Mapping[str, tuple[torch.Size, torch.dtype]],
-                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The model directory's transformer weights (diffusers names) in `layout`'s order, as `dtype`."""
-    from safetensors.torch import load_file
+def pipeline_weights(shadow: torch.nn.Module, lora: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the pipeline's `load_weights` gets after an update, diffusers names under `transformer.`: the trainable
+    weights (full fine-tune), or each LoRA-wrapped layer's base weight with PEFT's own delta merged in (LoRA; as
+    verl's rollout sync with merged LoRA: vLLM-Omni 0.27's LoRA manager skips layers it names differently, e.g.
+    Qwen-Image's `attn.to_out.0`, so unmerged adapters would sample partly base weights)."""
+    if not lora:
+        for name, p in shadow.named_parameters():
+            if p.requires_grad:
+                yield f"{PIPELINE_PREFIX}{name}", p.detach()
+        return
+    from peft.tuners.lora import LoraLayer
 
-    found: dict[str, torch.Tensor] = {}
-    for f in sorted((Path(model_path) / "transformer").glob("*.safetensors")):
-        found.update(load_file(str(f)))
-    missing = [n for n in layout if n not in found]
-    if missing:
-        raise ValueError(f"actor_rollout_ref.model.path={model_path}: transformer weights missing {missing[:5]}")
-    return {n: found[n].to(dtype) for n in layout}
+    prefix = "base_model.model."
+    for name, module in shadow.named_modules():
+        if isinstance(module, LoraLayer) and module.active_adapters:
+            weight = module.base_layer.weight.detach()
+            for adapter in module.active_adapters:
+                weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+            yield f"{PIPELINE_PREFIX}{name.removeprefix(prefix)}.weight", weight
 
 
 @ENGINES.register(ENGINE_NAME)
@@ -227,15 +238,17 @@ class VerlOmniRolloutEngine:
         version: the policy version of those weights.
     """
 
-    def __init__(self, handle: Any, spec: PolicySpec, state: dict[str, torch.Tensor], version: int = 0) -> None:
+    def __init__(self, handle: Any, spec: PolicySpec, shadow: torch.nn.Module, version: int = 0) -> None:
         self.handle = handle
         self.spec = spec
-        self.state = state
+        self.shadow = shadow
+        self.state = {n: p for n, p in shadow.named_parameters() if p.requires_grad}  # live: received in place
         self.version = int(version)
         self.collectives: Collectives | None = None
         _, sde_type = check_verl_omni_policy(spec)  # the architecture is one of PROMPT_FIELDS
         self.architecture = architecture_of(spec.model_path)
         self.sampling = sampling_dict(spec, sde_type)
+        self.load_pipeline_weights()  # the pipeline holds exactly the shadow's weights from the start
 
     @classmethod
     def from_policy(cls, spec: PolicySpec) -> "VerlOmniRolloutEngine":
@@ -245,14 +258,9 @@ class VerlOmniRolloutEngine:
         from digenrl_verl.integrations.vllm_omni_cpu import load_omni_pipeline
 
         algorithm, _ = check_verl_omni_policy(spec)
-        dtype = getattr(torch, spec.engine.dtype)
         handle = load_omni_pipeline(spec.model_path, pipeline_class(architecture_of(spec.model_path), algorithm),
                                     dtype=spec.engine.dtype)
-        state = transformer_state(spec.model_path, transformer_layout(spec.model_path), dtype)
-        engine = cls(handle, spec, state, spec.start_version)
-        if spec.start_version:  # a resumed run's weights come from its checkpoint (`load_weights`), not the model
-            engine.load_pipeline_weights()
-        return engine
+        return cls(handle, spec, shadow_transformer(spec), spec.start_version)
 
     # -- sampling -------------------------------------------------------------------------------------------------
     def requests(self, rows: RolloutRows) -> list[Any]:
@@ -290,9 +298,9 @@ class VerlOmniRolloutEngine:
 
     # -- weights --------------------------------------------------------------------------------------------------
     def load_pipeline_weights(self) -> None:
-        """Hand `state` to the pipeline, as verl-omni's worker extension does on a full-weight update."""
+        """Hand the shadow's weights to the pipeline, as verl-omni's worker extension does on a full-weight update."""
         with torch.no_grad(), self.handle.context():
-            self.handle.pipe.load_weights((f"{PIPELINE_PREFIX}{k}", v) for k, v in self.state.items())
+            self.handle.pipe.load_weights(pipeline_weights(self.shadow, self.spec.lora.enabled))
 
     def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
         self.collectives = Collectives(spec, "generator", generator_rank, epoch)

@@ -84,8 +84,8 @@ def test_vllm_omni_on_a_cpu_host_with_verl_omni_plans_verl_omnis_rollout_pipelin
     assert spec.policy.engine.name == "verl_omni"
     found = [d for d in spec.decisions if d.startswith(f"{A}.rollout.name=vllm_omni on CPU")]
     assert len(found) == 1 and "verl-omni's own registered rollout pipeline" in found[0]
-    with pytest.raises(ValueError, match=rf"{A}\.model\.lora_rank=4 with {A}\.rollout\.name=verl_omni"):
-        _build(tiny_sd3_dir, f"{A}.rollout.name=vllm_omni", *window[:2], f"{A}.model.lora_rank=4")
+    lora = _build(tiny_sd3_dir, f"{A}.rollout.name=vllm_omni", *window[:2], f"{A}.model.lora_rank=4")
+    assert lora.policy.engine.name == "verl_omni" and lora.policy.lora.rank == 4  # merged into its weights
     with pytest.raises(ValueError, match=rf"{A}\.rollout\.algo\.timestep_selection='flow_grpo'"):
         _build(tiny_sd3_dir, f"{A}.rollout.name=vllm_omni", f"{A}.rollout.algo.timestep_selection=flow_grpo",
                f"{A}.model.lora_rank=0")

@@ -6,7 +6,8 @@ indices, and log-probs that the package's policy (the same weights) assigns to t
 replayed through the package's adapter (`compute_log_probs`, the old-log-prob pass): <= 1e-5 relative. After a
 weight update through the pipeline's `load_weights` (what verl-omni's worker extension calls), the next samples'
 log-probs are those of the updated policy (<= 1e-5) and not of the old one (> 1e-2), and the engine's checksum is the
-trainer's. Tiny twins of Qwen-Image and SD3 (flow_grpo, CFG on) and Wan2.2 (dance_grpo, CFG on).
+trainer's. Tiny twins of Qwen-Image and SD3 (flow_grpo, CFG on) and Wan2.2 (dance_grpo, CFG on), each full fine-tune
+and LoRA (rank 4 on the architecture's default targets, merged into the pipeline's weights on every update).
 """
 
 from __future__ import annotations
@@ -47,19 +48,19 @@ ROWS = RolloutRows(["a red cube on a table", "a blue ball", "a green cone in the
                    [0, 1, 0], [0, 1, 2], step=2)
 
 
-def _spec(arch: str, path: str) -> PolicySpec:
+def _spec(arch: str, path: str, lora_rank: int = 0) -> PolicySpec:
     sde, noise, guidance = CASES[arch]
     pipeline = PipelineConfig(height=32, width=32, max_sequence_length=16, **guidance)
     rollout = RolloutConfig(num_inference_steps=4, sde_type=sde, noise_level=noise, timestep_selection="window",
                             sde_window_size=2, sde_window_range=(0, 3), seed=5)
-    return PolicySpec(path, LoraConfig(rank=0), pipeline, rollout, dtype="float32",
+    return PolicySpec(path, LoraConfig(rank=lora_rank), pipeline, rollout, dtype="float32",
                       engine=RolloutEngineSpec(name="verl_omni", dtype="float32"))
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=[(a, r) for a in CASES for r in (0, 4)], ids=lambda p: f"{p[0]}-lora{p[1]}")
 def case(request, tmp_path_factory):
-    arch = request.param
-    spec = _spec(arch, str(build_tiny_model_dir(arch, tmp_path_factory.mktemp(arch))))
+    arch, rank = request.param
+    spec = _spec(arch, str(build_tiny_model_dir(arch, tmp_path_factory.mktemp(arch))), rank)
     engine = ENGINES.engine_class("verl_omni").from_policy(spec)  # what a generator worker builds
     return arch, spec, engine
 
@@ -122,7 +123,6 @@ def _named_dir(tmp_path, architecture: str = "StableDiffusion3Pipeline") -> str:
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"lora": LoraConfig(rank=4)}, "actor_rollout_ref.model.lora_rank"),
     ({"rollout": RolloutConfig(num_inference_steps=4, timestep_selection="flow_grpo")},
      "actor_rollout_ref.rollout.algo.timestep_selection"),
 ])

@@ -89,7 +89,9 @@ def _import_rollout_adapters() -> None:
 
 def sampling_dict(spec: PolicySpec, sde_type: str) -> dict[str, Any]:
     """verl-omni's sampling dict (`rollout.pipeline` + `rollout.algo` + logprobs, as its agent loop builds it) for
-    the resolved policy; None values are left out (the pipeline's defaults)."""
+    the resolved policy; None values are left out (the pipeline's defaults). No ``sigmas``: verl-omni's rollout
+    pipelines build their own schedule (with the resolution's shift), as on its GPUs; the trainer holds it to its
+    training scheduler's (`verl_omni_batch.scheduler_timesteps`)."""
     p, r = spec.pipeline, spec.rollout
     window = r.sde_window_size or None  # verl-omni: None = the whole schedule
     values = {"height": p.height, "width": p.width, "num_frames": p.num_frames,
@@ -98,8 +100,6 @@ def sampling_dict(spec: PolicySpec, sde_type: str) -> dict[str, Any]:
               "noise_level": float(r.noise_level), "sde_type": sde_type, "sde_window_size": window,
               "sde_window_range": list(r.sde_window_range) if r.sde_window_range is not None else None,
               "logprobs": True}
-    if p.host_sigmas:
-        values["sigmas"] = next((list(s[:-1]) for n, s in p.host_sigmas if n == r.num_inference_steps), None)
     return {k: v for k, v in values.items() if v is not None}
 
 

@@ -418,21 +418,26 @@ def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_wan_twin_generates_with_verl_omnis_rollout_pipeline_on_cpu(tmp_path):
-    """verl-omni's Wan2.2 DanceGRPO script as written (`rollout.name=vllm_omni`, full fine-tune, an SDE window) on
-    a CPU host: the generators sample with verl-omni's own `Wan22DanceGRPOPipelineWithLogProb`, built by vLLM-Omni's
-    loader in the generator process (rollout engine verl_omni), and the trainer pool (verl-omni's actor worker)
-    trains one real step on those samples; the new weights reach the pipeline."""
-    argv = _twin_argv("wan22_dancegrpo", tmp_path,
-                      extra=("actor_rollout_ref.rollout.name=vllm_omni", "actor_rollout_ref.rollout.dtype=float32",
-                             "trainer.digenrl.trainer_engine=verl_omni"))
-    text = _run_twin(TWINS["wan22_dancegrpo"], argv, tmp_path)
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_twin_generates_with_verl_omnis_rollout_pipeline_on_cpu(name, tmp_path):
+    """verl-omni's script as written (`rollout.name=vllm_omni`; SD3.5 LoRA with cps, Qwen-Image LoRA, Wan2.2
+    DanceGRPO full fine-tune, each with an SDE window) on a CPU host: the generators sample with verl-omni's own
+    registered rollout pipeline, built by vLLM-Omni's loader in the generator process (rollout engine verl_omni), and
+    the trainer pool (verl-omni's actor worker) trains one real step on those samples; the new weights reach the
+    pipeline (the run ends with the generator at version 1, its checksum the trainer's)."""
+    entry = TWINS[name]
+    plus = "+" if entry.endswith("_v1") else ""
+    argv = _twin_argv(name, tmp_path, extra=("actor_rollout_ref.rollout.name=vllm_omni",
+                                             "actor_rollout_ref.rollout.dtype=float32",
+                                             f"{plus}trainer.digenrl.trainer_engine=verl_omni"))
+    text = _run_twin(entry, argv, tmp_path)
     assert "actor_rollout_ref.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own" in text
     assert "engines: generation verl_omni" in text
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     summary, workers = written["summary"], written["workers"]
     steps = [m for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
              if "actor/grad_norm" in m]
+    print(f"{name} on verl-omni's rollout pipeline: summary {json.dumps(summary)}")
     assert summary["steps"] == 1 and len(steps) == 1 and steps[0]["actor/grad_norm"] > 0
     assert summary["samples"] == 4
-    assert {w["version"] for w in workers} == {1}  # the generator holds the trained weights (checked by checksum)
+    assert {w["version"] for w in workers} == {1}

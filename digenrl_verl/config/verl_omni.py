@@ -962,7 +962,8 @@ def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str)
 
 def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig, device: str = "cpu") -> RolloutEngineSpec:
     name = generator_engine_name(keys, digenrl, device)
-    if name != "diffusers" and digenrl.mode == "disaggregated" and digenrl.tag.policy != "off":
+    colocated = name == "verl_omni" and colocated_sampling(keys, digenrl)
+    if not colocated and name != "diffusers" and digenrl.mode == "disaggregated" and digenrl.tag.policy != "off":
         keys.decide(f"TAG (trainer.digenrl.tag.policy={digenrl.tag.policy}) with {A}.rollout.name={name}: trainer "
                     "ranks generate their TAG micro-batches with their own diffusers engine over the weights they "
                     f"train (the generators keep {name}); trainer.digenrl.tag.policy=off turns TAG off")
@@ -975,7 +976,29 @@ def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig, device: str = "cpu") 
         raise ValueError(f"{A}.rollout.dtype={dtype!r}; valid: {sorted(DTYPES)}")
     return RolloutEngineSpec(  # validates rollout.name, and (but for a dry run) that the backend can run here
         name=name, dtype=DTYPES[dtype],
-        engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni") or {}), runs_here=why is None)
+        engine_kwargs=dict(keys(f"{A}.rollout.engine_kwargs.vllm_omni") or {}), runs_here=why is None,
+        colocated=colocated)
+
+
+def colocated_sampling(keys: RecipeKeys, digenrl: DigenRLConfig) -> bool:
+    """Whether the trainer ranks sample (TAG, or everything in the colocated mode) with their own copy of verl-omni's
+    rollout pipeline, as verl-omni's hybrid engine does; said in the plan either way. One trainer rank only:
+    vLLM-Omni's pipeline on CPU needs a single-rank world in its process."""
+    pool = digenrl.pools[digenrl.trainer_role]
+    what = ("all their samples (the colocated mode)" if digenrl.mode == "colocated" else
+            f"their TAG micro-batches (trainer.digenrl.tag.policy={digenrl.tag.policy})")
+    if digenrl.mode == "disaggregated" and digenrl.tag.policy == "off":
+        return False
+    if pool.size != 1:
+        keys.decide(f"{A}.rollout.name=verl_omni with {pool.size} {digenrl.trainer_role} ranks: those ranks sample "
+                    f"{what} with their own diffusers engine over the weights they train; verl-omni's pipeline runs "
+                    "colocated on one trainer rank only (vLLM-Omni on CPU needs a single-rank world in its process)")
+        return False
+    keys.decide(f"{A}.rollout.name=verl_omni: the {digenrl.trainer_role} rank samples {what} with its own copy of "
+                "verl-omni's rollout pipeline, handed the trained weights before it samples at a new version "
+                "(verl-omni's hybrid engine: wake up, weight sync, generate; the switch is part of the TAG task's "
+                "time, which BTS measures)")
+    return True
 
 
 # component field -> the user's key, for the components' ConfigErrors (`ConfigError.keyed`)

@@ -41,6 +41,10 @@ class RolloutEngineSpec:
         runs_here: check that the engine can run in this process (its packages, a CUDA device). False only for a
             dry run's plan (`trainer.digenrl.dry_run`), which is made for the cluster, not for this machine; the
             engine still checks when it is built.
+        colocated: trainer ranks (TAG micro-batches, the colocated mode) sample with a colocated copy of this engine
+            too, their trained weights handed over whenever they sample at a new version (`hand_over`: verl-omni's
+            hybrid engine, which wakes its rollout, syncs the actor's weights and generates); False: they sample
+            with their own diffusers engine over the model they train. Set by the config (verl_omni only).
     """
 
     name: str = "diffusers"
@@ -48,6 +52,7 @@ class RolloutEngineSpec:
     engine_kwargs: dict = field(default_factory=dict)
     client: str = "async_omni"
     runs_here: bool = True
+    colocated: bool = False
 
     def __post_init__(self) -> None:
         entry = ENGINES.entry(self.name)
@@ -55,6 +60,8 @@ class RolloutEngineSpec:
             raise ValueError(f"unknown vLLM-Omni client {self.client!r}; valid: {list(OMNI_CLIENTS)}")
         if self.client == "async_omni" and self.runs_here:
             entry.require()
+        if self.colocated and self.name != "verl_omni":
+            raise ValueError(f"{self.name}: only the verl_omni engine runs colocated on trainer ranks")
 
 
 @dataclass(frozen=True)

@@ -302,6 +302,19 @@ class VerlOmniRolloutEngine:
         with torch.no_grad(), self.handle.context():
             self.handle.pipe.load_weights(pipeline_weights(self.shadow, self.spec.lora.enabled))
 
+    def hand_over(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Weights of this process's trained model (a trainer rank's, colocated: the trainers' names), into the
+        pipeline: the hybrid engine's weight sync."""
+        if set(state) != set(self.state):
+            missing, extra = sorted(set(self.state) - set(state)), sorted(set(state) - set(self.state))
+            raise ValueError(f"the trained weights do not match the rollout's: missing {missing[:3]}, "
+                             f"extra {extra[:3]}")
+        with torch.no_grad():
+            for name, value in state.items():
+                self.state[name].copy_(value)
+        self.load_pipeline_weights()
+        self.version = int(version)
+
     def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
         self.collectives = Collectives(spec, "generator", generator_rank, epoch)
         return self.collectives.global_rank

@@ -223,6 +223,9 @@ class RayExecutor:
         return Completion(f.task, f.start, self.now(), ok=True, info=info)
 
     def _absorb(self, task: Task, values: list) -> dict:
+        if task.kind in (TaskKind.GEN, TaskKind.TAG_GEN):  # a colocated (hybrid) engine reports its switch phases
+            hybrid = [v for v in values if isinstance(v, Mapping) and v.get("engine")]
+            return {k: hybrid[0][k] for k in ("engine", "switch_s", "phases") if k in hybrid[0]} if hybrid else {}
         if task.kind == TaskKind.SCORE:
             rewards = []
             for v in values:

@@ -115,6 +115,13 @@ class GenerationMixin:
     def version(self, value: int) -> None:
         self.engine.version = value
 
+    #: a colocated engine's switch before the last `sampling_engine`: ((phase, seconds), ...), sent with its samples
+    switch_phases: tuple = ()
+
+    def sampling_engine(self) -> RolloutEngine:
+        """The engine `generate` samples with: this worker's own."""
+        return self.engine
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def current_version(self) -> int:
         """The policy version held (never a collective, unlike `checksum`)."""
@@ -131,7 +138,10 @@ class GenerationMixin:
         nt = shard.non_tensor_batch
         rows = RolloutRows(list(nt["raw_prompt"]), [str(u) for u in nt["uid"]], [int(i) for i in nt["sample_index"]],
                            list(sample_ids), int(shard.meta_info["global_step"]))
-        out = self.engine.generate(rows)
+        engine = self.sampling_engine()
+        t_sample = time.perf_counter()
+        out = engine.generate(rows)
+        t_sampled = time.perf_counter()
         got = sorted(set(out.tensors["policy_version"].tolist()))
         if got != [version]:
             raise RuntimeError(f"the {self.policy_spec.engine.name} engine of {type(self).__name__} rank {self.rank} "
@@ -140,7 +150,12 @@ class GenerationMixin:
         trajectories, images = generation_batches(out.tensors, out.images, shard, sample_ids, cfg.sde_type,
                                                   float(cfg.noise_level))
         self.busy_s += time.perf_counter() - t0
-        return trajectories, images, {"samples": len(sample_ids), "version": version}
+        facts = {"samples": len(sample_ids), "version": version}
+        switch = self.switch_phases if engine is not self.engine else None
+        if switch is not None:  # a colocated rollout engine (hybrid): its switch and generation, for the trace
+            facts.update(engine="hybrid", switch_s=sum(s for _, s in switch),
+                         phases=(*switch, ("generate", t_sampled - t_sample)))
+        return trajectories, images, facts
 
 
 class SamplingMixin(GenerationMixin):
@@ -164,6 +179,30 @@ class SamplingMixin(GenerationMixin):
     @property
     def adapter(self) -> Any:
         return self.engine.adapter
+
+    def sampling_engine(self) -> RolloutEngine:
+        """The policy's diffusers engine, or, when the generators' engine runs colocated (`RolloutEngineSpec.
+        colocated`: verl-omni's rollout pipeline), a copy of that engine in this process, built on first use, which
+        gets the trained weights whenever it samples at a new version (verl-omni's hybrid engine: wake up, weight
+        sync, generate; the time is part of the TAG task's, so BTS measures it)."""
+        spec = self.policy_spec
+        if not spec.engine.colocated:
+            return self.engine
+        if self.lockstep:
+            raise RuntimeError("a colocated rollout engine on sharded trainer ranks is not supported (the config "
+                               "allows it with one trainer rank only)")
+        colocated = getattr(self, "_colocated_engine", None)
+        phases, t0, fresh = [], time.perf_counter(), colocated is None
+        if fresh:  # first use: the pipeline is built (from the model directory: the trained weights follow)
+            colocated = build_engine(dataclasses.replace(spec, start_version=self.version))
+            self._colocated_engine = colocated
+            phases.append(("wake", time.perf_counter() - t0))
+        if fresh or colocated.version != self.version:
+            t1 = time.perf_counter()
+            colocated.hand_over(self.full_trainable(), self.version)
+            phases.append(("sync", time.perf_counter() - t1))
+        self.switch_phases = tuple(phases)
+        return colocated
 
     def trainable(self) -> dict[str, torch.Tensor]:
         """The trainable parameters as this rank holds them (shards under FSDP2)."""

@@ -429,7 +429,9 @@ def test_twin_generates_with_verl_omnis_rollout_pipeline_on_cpu(name, tmp_path):
     plus = "+" if entry.endswith("_v1") else ""
     argv = _twin_argv(name, tmp_path, extra=("actor_rollout_ref.rollout.name=vllm_omni",
                                              "actor_rollout_ref.rollout.dtype=float32",
-                                             f"{plus}trainer.digenrl.trainer_engine=verl_omni"))
+                                             f"{plus}trainer.digenrl.trainer_engine=verl_omni",
+                                             f"{plus}trainer.digenrl.tag.policy=static",
+                                             f"{plus}trainer.digenrl.tag.static_k=1"))
     text = _run_twin(entry, argv, tmp_path)
     assert "actor_rollout_ref.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own" in text
     assert "engines: generation verl_omni" in text
@@ -441,3 +443,13 @@ def test_twin_generates_with_verl_omnis_rollout_pipeline_on_cpu(name, tmp_path):
     assert summary["steps"] == 1 and len(steps) == 1 and steps[0]["actor/grad_norm"] > 0
     assert summary["samples"] == 4
     assert {w["version"] for w in workers} == {1}
+    # the TAG micro-batch ran on the trainer rank's own copy of verl-omni's pipeline (the hybrid engine), its switch
+    # (pipeline built, trained weights handed over) and its generation as sub-spans of the TAG span in the trace
+    assert "the trainer rank samples their TAG micro-batches" in text
+    events = json.loads((tmp_path / "run" / "trace.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    tags = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("TAG")]
+    assert tags and all(e["args"].get("engine") == "hybrid" and e["args"]["switch_s"] > 0 for e in tags), tags
+    phases = [e["name"] for e in events if e.get("args", {}).get("task_id") == tags[0]["args"]["task_id"]
+              and "phase" in e.get("args", {})]
+    assert phases == ["wake", "sync", "generate"], phases

@@ -93,7 +93,11 @@ def test_samples_are_what_the_package_policy_trains_on(case):
     assert _replay_error(spec, load_policy(spec), out) <= 1e-5
 
 
-def test_a_weight_update_changes_the_next_sample_as_the_trainer_weights_say(case, tmp_path):
+@pytest.mark.parametrize("route", ["checkpoint", "hand_over"])
+def test_a_weight_update_changes_the_next_sample_as_the_trainer_weights_say(case, tmp_path, route):
+    """`route`: a resumed checkpoint (`load_weights`), or a colocated trainer's weights (`hand_over`, the hybrid
+    engine's sync before a TAG micro-batch); the generator's broadcast (`receive_weights`) lands in the same shadow
+    parameters and runs the same `load_pipeline_weights`."""
     arch, spec, engine = case
     trainer = load_policy(spec)
     params = {n: p for n, p in trainer.transformer.named_parameters() if p.requires_grad}
@@ -107,7 +111,10 @@ def test_a_weight_update_changes_the_next_sample_as_the_trainer_weights_say(case
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     save_trainer_state(after, params, torch.optim.SGD(list(params.values()), lr=0.0))
     try:
-        engine.load_weights(str(after), 1)  # -> the pipeline's load_weights, as verl-omni's update does
+        if route == "checkpoint":
+            engine.load_weights(str(after), 1)  # -> the pipeline's load_weights, as verl-omni's update does
+        else:
+            engine.hand_over({k: v.detach() for k, v in params.items()}, 1)
         assert engine.checksum() == state_checksum({k: v.detach() for k, v in params.items()})
         out = engine.generate(replace(ROWS, step=3))
         assert out.tensors["policy_version"].tolist() == [1, 1, 1]

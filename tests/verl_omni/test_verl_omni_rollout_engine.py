@@ -146,3 +146,91 @@ def test_gpu_placement_is_refused_by_name(tmp_path):
 def test_an_architecture_the_engine_does_not_map_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.architecture='FluxPipeline' with"):
         _spec("StableDiffusion3Pipeline", _named_dir(tmp_path, "FluxPipeline"))
+
+
+# ----------------------------------------------------------------------------- verl-omni's server code as the contract
+@pytest.fixture(scope="module")
+def server_module():
+    """verl-omni's `vllm_omni_async_server` module, imported on CPU: it imports torchvision (stubbed by the harness,
+    as for Wan) and, through vLLM-Omni's CLI, torchaudio, whose PyPI wheels are CUDA builds (three empty stand-in
+    modules, removed again once the module is imported; nothing here calls them)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from digenrl_verl.integrations.vllm_omni_cpu import stub_torchvision
+
+    stub_torchvision()
+    added = []
+    for name in ("torchaudio", "torchaudio.functional", "torchaudio.transforms"):
+        if name not in sys.modules:
+            mod = types.ModuleType(name)
+            mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            mod.__path__ = []
+            sys.modules[name] = mod
+            added.append(name)
+    if "torchaudio.functional" in added:
+        sys.modules["torchaudio.functional"].melscale_fbanks = None
+    try:
+        import verl_omni.workers.rollout.vllm_rollout.vllm_omni_async_server as server
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+    return server
+
+
+def _server(server_module, engine):
+    """verl-omni's `vLLMOmniHttpServer` with only what its diffusion `_preprocess_input` / `_process_output` read
+    (no AsyncOmni, no HTTP server): `_to_tensor` is torchvision's `PILToTensor`, here as numpy (uint8 CHW)."""
+    import numpy as np
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    srv = object.__new__(server_module.vLLMOmniHttpServer)
+    srv._ar_mode, srv.global_steps = False, ROWS.step
+    srv.engine = type("Engine", (), {"default_sampling_params_list": [OmniDiffusionSamplingParams()]})()
+    srv._to_tensor = lambda image: torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous()
+    return srv
+
+
+def test_requests_and_outputs_are_what_verl_omnis_server_makes_of_them(case, server_module):
+    """The engine builds each request as verl-omni's server would from the same ids and sampling dict
+    (`_preprocess_input`), and reads each output as the server does after vLLM-Omni's own post-processing
+    (`DiffusionEngine.postprocess_output`, then `_process_output`): the same latents, timesteps, log-probs and
+    uint8 sample, bit for bit."""
+    from vllm_omni.diffusion.diffusion_engine import DiffusionEngine
+
+    arch, spec, engine = case
+    srv = _server(server_module, engine)
+    requests = engine.requests(ROWS)
+    for req in requests:
+        fields, params = dict(req.prompt), req.sampling_params
+        sampling = {**engine.sampling, "seed": params.seed, "global_steps": ROWS.step, "num_outputs_per_prompt": 1}
+        if "prompt_token_ids" in fields:  # SD3's requests carry text (the server takes ids per text encoder)
+            prompt, server_params = srv._preprocess_input(
+                fields["prompt_token_ids"], dict(sampling), {}, None, fields.get("negative_prompt_ids"))
+            assert prompt == fields
+        else:
+            _, server_params = srv._preprocess_input([0], dict(sampling), {}, None, None)
+        theirs = server_params[-1]
+        for name in (*engine.sampling, "seed", "num_outputs_per_prompt"):
+            mine = getattr(params, name, None) if hasattr(type(params), name) else params.extra_args.get(name)
+            got = getattr(theirs, name, None) if hasattr(type(theirs), name) else theirs.extra_args.get(name)
+            assert mine == got, (name, mine, got)
+        assert params.extra_args == theirs.extra_args
+    out = engine.generate(ROWS)
+    outputs = engine._forward(engine.requests(ROWS))
+    post = object.__new__(DiffusionEngine)
+    post.od_config = engine.handle.od_config
+    post._init_process_hooks(engine.handle.od_config)
+    for r, (req, output) in enumerate(zip(requests, outputs)):
+        result = post.postprocess_output(req, output)[0]
+        theirs = srv._process_output(result, None, dict(engine.sampling))
+        lat = theirs.extra_fields["all_latents"].float()
+        assert torch.equal(lat[:-1], out.tensors["latents"][r]) and torch.equal(lat[1:], out.tensors["next_latents"][r])
+        assert torch.equal(theirs.log_probs.float(), out.tensors["rollout_log_probs"][r])
+        assert torch.equal(theirs.extra_fields["all_timesteps"].float() / 1000, out.tensors["sigmas"][r])
+        sample = theirs.diffusion_output
+        assert sample.dtype == torch.uint8
+        if sample.dim() == 5:  # a video comes out [1, T, H, W, C]; the package's scorers take [T, C, H, W]
+            sample = sample[0].permute(0, 3, 1, 2)
+        assert torch.equal(sample, out.images[r]), (arch, theirs.diffusion_output.shape)

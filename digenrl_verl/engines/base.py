@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from digenrl_verl.weights.sync import CollectiveSpec
+from digenrl_verl.weights.state import load_trainer_state
+from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
 
 BACKEND_KEY = "actor_rollout_ref.rollout.name"
 
@@ -95,6 +96,45 @@ class RolloutEngine(Protocol):
 
     def checksum(self) -> str:
         """sha256 of `trainable_state()` (`weights.sync.state_checksum`)."""
+
+
+class InPlaceWeights:
+    """The weight methods of an engine whose trainable weights are tensors of this process (`trainable()`, name ->
+    tensor, in the trainers' names and order): trainer rank 0's broadcast and a checkpoint land in them in place,
+    then `weights_received` passes them on (nothing to do when the engine samples with those very tensors)."""
+
+    collectives: Collectives | None = None
+    version: int
+
+    def trainable(self) -> Mapping[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def weights_received(self) -> None:
+        """Called after new weights landed in `trainable()`."""
+
+    def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
+        self.collectives = Collectives(spec, "generator", generator_rank, epoch)
+        return self.collectives.global_rank
+
+    def receive_weights(self, version: int) -> int:
+        if self.collectives is None:
+            raise RuntimeError(f"{type(self).__name__} received weights before joining the process group")
+        self.collectives.receive_weights(self.trainable())  # sent in the trainer's dtypes, cast into place
+        self.weights_received()
+        self.version = version
+        return version
+
+    def load_weights(self, path: str, version: int) -> int:
+        load_trainer_state(path, self.trainable(), None)
+        self.weights_received()
+        self.version = version
+        return version
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.trainable().items()}
+
+    def checksum(self) -> str:
+        return state_checksum({k: v.detach() for k, v in self.trainable().items()})
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,10 @@ import torch
 
 from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
-from digenrl_verl.engines.base import ENGINES, Rollout, RolloutRows
+from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
 from digenrl_verl.engines.spec import PolicySpec
 from digenrl_verl.models.base import DiffusionAdapter
 from digenrl_verl.models.registry import load_adapter
-from digenrl_verl.weights.state import load_trainer_state
-from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
 
 
 def load_policy(spec: PolicySpec, *, keep_reference: bool = False) -> DiffusionAdapter:
@@ -29,7 +27,7 @@ def load_policy(spec: PolicySpec, *, keep_reference: bool = False) -> DiffusionA
 
 
 @ENGINES.register("diffusers")
-class DiffusersEngine:
+class DiffusersEngine(InPlaceWeights):
     """Samples with a `DiffusionAdapter` held in this process.
 
     Args:
@@ -42,7 +40,6 @@ class DiffusersEngine:
         self.adapter = adapter
         self.rollout = rollout
         self.version = int(version)
-        self.collectives: Collectives | None = None
 
     @classmethod
     def from_policy(cls, spec: PolicySpec) -> "DiffusersEngine":
@@ -65,25 +62,3 @@ class DiffusersEngine:
         tensors.update(rollout_log_probs=traj.log_probs,
                        policy_version=torch.full((traj.batch_size,), self.version, dtype=torch.int64))
         return Rollout(tensors, images.cpu())
-
-    def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
-        self.collectives = Collectives(spec, "generator", generator_rank, epoch)
-        return self.collectives.global_rank
-
-    def receive_weights(self, version: int) -> int:
-        if self.collectives is None:
-            raise RuntimeError("the diffusers engine received weights before joining the process group")
-        self.collectives.receive_weights(self.trainable())  # sent in the trainer's dtypes, cast into place
-        self.version = version
-        return version
-
-    def load_weights(self, path: str, version: int) -> int:
-        load_trainer_state(path, self.trainable(), None)
-        self.version = version
-        return version
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.trainable().items()}
-
-    def checksum(self) -> str:
-        return state_checksum({k: v.detach() for k, v in self.trainable().items()})

@@ -24,18 +24,15 @@ placement (there verl-omni's replicas are the path; not started by this version)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
 from digenrl_verl.diffusion.noise import SampleKey, sample_seed
-from digenrl_verl.engines.base import ENGINES, Rollout, RolloutRows
+from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
 from digenrl_verl.engines.spec import VERL_OMNI_ARCHITECTURES, PolicySpec, check_verl_omni_policy
 from digenrl_verl.models.pipeline_adapter import to_uint8
-from digenrl_verl.weights.state import load_trainer_state
-from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
 
 ENGINE_NAME = "verl_omni"
 SIGMA_TOLERANCE = 1e-5
@@ -147,22 +144,11 @@ assert tuple(sorted(PROMPT_FIELDS)) == VERL_OMNI_ARCHITECTURES, "engines.spec li
 _GUIDED = ("guidance_scale", "true_cfg_scale")
 
 
-@dataclass(frozen=True)
-class WindowRows:
-    """What one output row of verl-omni's adapter holds, in the package's `Rollout` layout."""
-
-    latents: torch.Tensor
-    next_latents: torch.Tensor
-    sigmas: torch.Tensor
-    next_sigmas: torch.Tensor
-    log_probs: torch.Tensor
-    step_index: torch.Tensor
-
-
-def window_rows(output: Any, schedule: torch.Tensor) -> WindowRows:
+def window_rows(output: Any, schedule: torch.Tensor) -> dict[str, torch.Tensor]:
     """One `DiffusionOutput`'s trajectory (``trajectory_latents`` [1, W+1, *L], ``trajectory_log_probs`` [1, W],
-    ``trajectory_timesteps`` [1, W] = σ·1000) as the package's per-step rows; `schedule`: the pipeline scheduler's
-    σ_0..σ_N. The window's steps are found in the schedule (RuntimeError when they are not consecutive steps)."""
+    ``trajectory_timesteps`` [1, W] = σ·1000) as the package's `Rollout` rows (its tensor keys, one sample);
+    `schedule`: the pipeline scheduler's σ_0..σ_N. The window's steps are found in the schedule (RuntimeError when
+    they are not consecutive steps)."""
     lat = torch.as_tensor(output.trajectory_latents)[0].float()
     sig = torch.as_tensor(output.trajectory_timesteps)[0].float() / 1000.0
     gap = (schedule[:-1, None] - sig[None, :]).abs()
@@ -170,8 +156,9 @@ def window_rows(output: Any, schedule: torch.Tensor) -> WindowRows:
     if float(gap.min(dim=0).values.max()) > SIGMA_TOLERANCE or (idx.numel() > 1 and not bool((idx.diff() == 1).all())):
         raise RuntimeError(f"verl-omni's rollout returned σ {sig.tolist()} that are not consecutive steps of its "
                            f"schedule {schedule.tolist()}")
-    return WindowRows(lat[:-1], lat[1:], schedule[idx], schedule[idx + 1],
-                      torch.as_tensor(output.trajectory_log_probs)[0].float(), idx.to(torch.int64))
+    return {"latents": lat[:-1], "next_latents": lat[1:], "sigmas": schedule[idx], "next_sigmas": schedule[idx + 1],
+            "rollout_log_probs": torch.as_tensor(output.trajectory_log_probs)[0].float(),
+            "step_index": idx.to(torch.int64)}
 
 
 def media_of(output: Any) -> torch.Tensor:
@@ -227,7 +214,7 @@ def pipeline_weights(shadow: torch.nn.Module, lora: bool) -> Iterator[tuple[str,
 
 
 @ENGINES.register(ENGINE_NAME)
-class VerlOmniRolloutEngine:
+class VerlOmniRolloutEngine(InPlaceWeights):
     """Samples with verl-omni's registered rollout pipeline, loaded in this process by vLLM-Omni's loader.
 
     Args:
@@ -244,7 +231,6 @@ class VerlOmniRolloutEngine:
         self.shadow = shadow
         self.state = {n: p for n, p in shadow.named_parameters() if p.requires_grad}  # live: received in place
         self.version = int(version)
-        self.collectives: Collectives | None = None
         _, sde_type = check_verl_omni_policy(spec)  # the architecture is one of PROMPT_FIELDS
         self.architecture = architecture_of(spec.model_path)
         self.sampling = sampling_dict(spec, sde_type)
@@ -291,12 +277,17 @@ class VerlOmniRolloutEngine:
         outputs = self._forward(self.requests(rows))
         schedule = torch.as_tensor(self.handle.pipe.scheduler.sigmas).detach().cpu().float()
         parts = [window_rows(o, schedule) for o in outputs]
-        tensors = {k: torch.stack([getattr(p, k) for p in parts]) for k in WindowRows.__dataclass_fields__}
-        tensors["rollout_log_probs"] = tensors.pop("log_probs")
+        tensors = {k: torch.stack([p[k] for p in parts]) for k in parts[0]}
         tensors["policy_version"] = torch.full((len(parts),), self.version, dtype=torch.int64)
         return Rollout(tensors, torch.stack([media_of(o) for o in outputs]))
 
-    # -- weights --------------------------------------------------------------------------------------------------
+    # -- weights (`InPlaceWeights`: broadcast and checkpoints land in the shadow, then reach the pipeline) -------
+    def trainable(self) -> dict[str, torch.Tensor]:
+        return self.state
+
+    def weights_received(self) -> None:
+        self.load_pipeline_weights()
+
     def load_pipeline_weights(self) -> None:
         """Hand the shadow's weights to the pipeline, as verl-omni's worker extension does on a full-weight update."""
         with torch.no_grad(), self.handle.context():
@@ -312,29 +303,5 @@ class VerlOmniRolloutEngine:
         with torch.no_grad():
             for name, value in state.items():
                 self.state[name].copy_(value)
-        self.load_pipeline_weights()
+        self.weights_received()
         self.version = int(version)
-
-    def join(self, spec: CollectiveSpec, generator_rank: int, epoch: int = 0) -> int:
-        self.collectives = Collectives(spec, "generator", generator_rank, epoch)
-        return self.collectives.global_rank
-
-    def receive_weights(self, version: int) -> int:
-        if self.collectives is None:
-            raise RuntimeError("the verl_omni engine received weights before joining the process group")
-        self.collectives.receive_weights(self.state)  # in the trainer's names and order, cast into the buffers
-        self.load_pipeline_weights()
-        self.version = version
-        return version
-
-    def load_weights(self, path: str, version: int) -> int:
-        load_trainer_state(path, self.state, None)
-        self.load_pipeline_weights()
-        self.version = version
-        return version
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.state.items()}
-
-    def checksum(self) -> str:
-        return state_checksum(self.state)

@@ -98,6 +98,11 @@ class LossConfig:
                               "cap), or None (stale rows clipped like the others)")
 
 
+#: the per-step metrics `LossStats.run_clip_metrics` merges
+_RUN_KEYS = ("rows", "stale_rows", "pg_clipfrac", "pg_zero_grad_frac", "stale_clip_frac", "stale_zero_grad_frac",
+             "stale_is_weight_mean", "stale_is_weight_max", "stale_is_capped_frac")
+
+
 @dataclass
 class LossStats:
     """Sums over rows, mergeable across micro-batches and ranks (`+`); `metrics()` turns them into means."""
@@ -159,7 +164,9 @@ class LossStats:
             M["stale_zero_grad_frac"]: frac(self.stale_zero_grad, self.stale_rows),
             M["stale_rows"]: self.stale_rows,
             M["stale_is_weight_mean"]: frac(self.stale_is_weight_sum, self.stale_rows),
-            M["stale_is_weight_max"]: self.stale_is_weight_max if self.stale_rows > 0 else 0.0,
+            # 0 without a stale row, or with stale rows but no weight (an objective that computes none, e.g.
+            # verl-omni's own loss on its actor worker): never -inf in the metric rows
+            M["stale_is_weight_max"]: self.stale_is_weight_max if self.stale_is_weight_max > float("-inf") else 0.0,
             M["stale_is_capped_frac"]: frac(self.stale_is_capped, self.stale_rows),
         }
 
@@ -168,15 +175,15 @@ class LossStats:
         """Run-level clip fractions from per-step metric rows (`metrics()` of each step), weighted by rows."""
         total = LossStats()
         for h in history:
-            rows, stale = float(h.get(M["rows"], 0.0)), float(h.get(M["stale_rows"], 0.0))
+            g = {k: float(h.get(M[k], 0.0)) for k in _RUN_KEYS}  # a logged row holds a non-finite number as text
+            rows, stale = g["rows"], g["stale_rows"]
             total = total + LossStats(
-                rows=rows, stale_rows=stale, clipped=h.get(M["pg_clipfrac"], 0.0) * rows,
-                zero_grad=h.get(M["pg_zero_grad_frac"], 0.0) * rows,
-                stale_clipped=h.get(M["stale_clip_frac"], 0.0) * stale,
-                stale_zero_grad=h.get(M["stale_zero_grad_frac"], 0.0) * stale,
-                stale_is_weight_sum=h.get(M["stale_is_weight_mean"], 0.0) * stale,
-                stale_is_weight_max=h.get(M["stale_is_weight_max"], 0.0) if stale > 0 else float("-inf"),
-                stale_is_capped=h.get(M["stale_is_capped_frac"], 0.0) * stale)
+                rows=rows, stale_rows=stale, clipped=g["pg_clipfrac"] * rows,
+                zero_grad=g["pg_zero_grad_frac"] * rows, stale_clipped=g["stale_clip_frac"] * stale,
+                stale_zero_grad=g["stale_zero_grad_frac"] * stale,
+                stale_is_weight_sum=g["stale_is_weight_mean"] * stale,
+                stale_is_weight_max=g["stale_is_weight_max"] if stale > 0 else float("-inf"),
+                stale_is_capped=g["stale_is_capped_frac"] * stale)
         return total.clip_metrics()
 
 

@@ -126,3 +126,14 @@ def test_objective_settings_are_checked_and_routed_as_a_cap():
     with pytest.raises(ValueError, match=r"stale_is_cap=1\.0.*> 1"):
         LossConfig(stale_is_cap=1.0)
     assert LossConfig().stale_is_cap is None  # the loss alone: stale rows clipped like the others
+
+
+def test_stale_rows_without_importance_weights_report_zero_and_the_run_merge_takes_logged_rows():
+    """An objective that computes no importance weight (verl-omni's loss on its actor worker) leaves the max at
+    -inf: the metric row says 0, and the run-level merge also reads rows as logged (non-finite numbers as text)."""
+    stats = LossStats(rows=8, stale_rows=4, stale_clipped=4, stale_zero_grad=1)
+    assert stats.metrics()[M["stale_is_weight_max"]] == 0.0
+    logged = [{**stats.metrics(), M["stale_is_weight_max"]: "-inf"}, stats.metrics()]
+    total = LossStats.run_clip_metrics(logged)
+    assert total[M["stale_is_weight_max"]] == 0.0 and total[M["stale_clip_frac"]] == 1.0
+    assert total[M["stale_zero_grad_frac"]] == pytest.approx(0.25)

@@ -453,3 +453,26 @@ def test_twin_generates_with_verl_omnis_rollout_pipeline_on_cpu(name, tmp_path):
     phases = [e["name"] for e in events if e.get("args", {}).get("task_id") == tags[0]["args"]["task_id"]
               and "phase" in e.get("args", {})]
     assert phases == ["wake", "sync", "generate"], phases
+
+
+@pytest.mark.slow
+def test_tcss_runs_ahead_on_verl_omnis_rollout_pipeline_and_actor_worker(tmp_path):
+    """TCSS (staleness 1) with both pools on verl-omni's code (generators: its Qwen-Image rollout pipeline;
+    trainers: its actor worker): step 1's first micro-batches are generated with version 0 while step 0 still
+    updates, each trajectory carries the one version it was sampled with, and both steps train."""
+    argv = _twin_argv("qwen_image_flowgrpo_lora", tmp_path, extra=(
+        "actor_rollout_ref.rollout.name=vllm_omni", "actor_rollout_ref.rollout.dtype=float32",
+        "trainer.digenrl.trainer_engine=verl_omni", "trainer.digenrl.tag.policy=off",
+        "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=0.5",
+        "trainer.digenrl.tcss.guard=false", "trainer.total_training_steps=2"))
+    _run_twin(TWINS["qwen_image_flowgrpo_lora"], argv, tmp_path)
+    schedule = (tmp_path / "run" / "schedule.txt").read_text().splitlines()
+    gens = [line.split() for line in schedule if line.split()[2:3] == ["GEN"]]
+    stale = [g for g in gens if g[3] == "s1" and g[5] == "v0"]  # <start> <end> GEN s<step> m<mb> v<version> ...
+    assert stale, "\n".join(schedule)
+    assert all(g[5] in ("v0", "v1") for g in gens if g[3] == "s1")
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["summary"]["steps"] == 2 and {w["version"] for w in written["workers"]} == {2}
+    steps = [m for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if "actor/grad_norm" in m]
+    assert len(steps) == 2 and all(m["actor/grad_norm"] > 0 for m in steps)

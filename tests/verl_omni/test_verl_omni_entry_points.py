@@ -476,3 +476,25 @@ def test_tcss_runs_ahead_on_verl_omnis_rollout_pipeline_and_actor_worker(tmp_pat
     steps = [m for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
              if "actor/grad_norm" in m]
     assert len(steps) == 2 and all(m["actor/grad_norm"] > 0 for m in steps)
+
+
+@pytest.mark.slow
+def test_colocated_mode_on_verl_omnis_pipeline_and_actor_worker(tmp_path):
+    """The colocated mode with both roles on verl-omni's code, as verl-omni's hybrid engine runs a step: one rank
+    samples with its own copy of verl-omni's Wan2.2 rollout pipeline (handed the trained weights at each new
+    version) and trains with verl-omni's actor worker; two steps, so the second samples after a weight hand-over."""
+    argv = _twin_argv("wan22_dancegrpo", tmp_path, workers=1, extra=(
+        "actor_rollout_ref.rollout.name=vllm_omni", "actor_rollout_ref.rollout.dtype=float32",
+        "trainer.digenrl.trainer_engine=verl_omni", "trainer.digenrl.mode=colocated",
+        "trainer.total_training_steps=2"))
+    text = _run_twin(TWINS["wan22_dancegrpo"], argv, tmp_path)
+    assert "the colocated rank samples all their samples (the colocated mode) with its own copy of verl-omni's" in text
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["summary"]["mode"] == "colocated" and written["summary"]["steps"] == 2
+    assert {w["version"] for w in written["workers"]} == {2}
+    events = json.loads((tmp_path / "run" / "trace.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    gens = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("GEN")]
+    assert gens and all(e["args"].get("engine") == "hybrid" for e in gens)
+    synced = [e for e in events if e.get("args", {}).get("phase") == "sync"]
+    assert len(synced) >= 2  # built at version 0, handed version 1 before step 1's samples

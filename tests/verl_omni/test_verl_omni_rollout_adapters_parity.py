@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import sys
 from dataclasses import dataclass, replace
 
 import pytest
-
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 try:
     import verl_omni  # noqa: F401  (imports vLLM-Omni eagerly)

@@ -12,13 +12,9 @@ and LoRA (rank 4 on the architecture's default targets, merged into the pipeline
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
-
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 try:
     import verl_omni  # noqa: F401  (imports vLLM-Omni eagerly)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.engines.base import ENGINES
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
+from digenrl_verl.models.registry import read_model_index
 
 #: the package's SDE kinds -> verl-omni's (algorithm, sde_type): its rollout pipelines are registered by algorithm
 VERL_OMNI_SDE_KINDS = {"sde": ("flow_grpo", "sde"), "cps": ("flow_grpo", "cps"), "dance": ("dance_grpo", "dance_sde"),
@@ -98,8 +97,7 @@ def check_verl_omni_policy(spec: PolicySpec) -> tuple[str, str]:
     rollout pipeline in the generator's process); ValueError naming the key of what that engine cannot do."""
     key = "actor_rollout_ref.rollout.name=verl_omni"
     rollout = spec.rollout
-    index = Path(spec.model_path) / "model_index.json"
-    architecture = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
+    architecture = read_model_index(spec.model_path)["_class_name"]  # ValueError naming model.path if not a model
     if architecture not in VERL_OMNI_ARCHITECTURES:
         raise ValueError(f"actor_rollout_ref.model.architecture={architecture!r} with {key}: this engine maps the "
                          f"prompts of {list(VERL_OMNI_ARCHITECTURES)} to verl-omni's rollout requests; use "

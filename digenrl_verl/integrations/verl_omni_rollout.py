@@ -31,18 +31,14 @@ import torch
 
 from digenrl_verl.diffusion.noise import SampleKey, sample_seed
 from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
-from digenrl_verl.engines.spec import VERL_OMNI_ARCHITECTURES, PolicySpec, check_verl_omni_policy
+from digenrl_verl.engines.spec import VERL_OMNI_ARCHITECTURES, VERL_OMNI_SDE_KINDS, PolicySpec
+from digenrl_verl.models.registry import read_model_index
 from digenrl_verl.models.pipeline_adapter import to_uint8
 
 ENGINE_NAME = "verl_omni"
 SIGMA_TOLERANCE = 1e-5
 #: the transformer's place in the pipeline's weight names (`load_weights` maps pipeline-level names)
 PIPELINE_PREFIX = "transformer."
-
-
-def architecture_of(model_path: str) -> str:
-    """The diffusers `_class_name` of a model directory (what verl-omni's registry is keyed by)."""
-    return str(json.loads((Path(model_path) / "model_index.json").read_text())["_class_name"])
 
 
 def pipeline_class(architecture: str, algorithm: str) -> str:
@@ -184,7 +180,7 @@ def shadow_transformer(spec: PolicySpec) -> torch.nn.Module:
     from digenrl_verl.models.registry import get_adapter_class
     from digenrl_verl.models.spec import get_model_spec
 
-    architecture = architecture_of(spec.model_path)
+    architecture = read_model_index(spec.model_path)["_class_name"]
     folder = Path(spec.model_path) / "transformer"
     cls = getattr(diffusers, json.loads((folder / "config.json").read_text())["_class_name"])
     model = cls.from_pretrained(str(folder), torch_dtype=getattr(torch, spec.engine.dtype)).requires_grad_(False)
@@ -219,9 +215,10 @@ class VerlOmniRolloutEngine(InPlaceWeights):
 
     Args:
         handle: the loaded pipeline (`integrations.vllm_omni_cpu.OmniPipelineHandle`).
-        spec: the policy (model, pipeline and rollout settings, the engine's dtype).
-        state: the transformer's weights the pipeline holds, diffusers names in send order (what `trainable_state`
-            reports and what arriving weights are received into before `load_weights`).
+        spec: the policy (model, pipeline and rollout settings, the engine's dtype), checked when it was built
+            (`engines.spec.check_verl_omni_policy`).
+        shadow: the trainers' transformer as `shadow_transformer` builds it; its trainable parameters (`state`) are
+            what `trainable_state` reports and what arriving weights land in before the pipeline's `load_weights`.
         version: the policy version of those weights.
     """
 
@@ -231,9 +228,8 @@ class VerlOmniRolloutEngine(InPlaceWeights):
         self.shadow = shadow
         self.state = {n: p for n, p in shadow.named_parameters() if p.requires_grad}  # live: received in place
         self.version = int(version)
-        _, sde_type = check_verl_omni_policy(spec)  # the architecture is one of PROMPT_FIELDS
-        self.architecture = architecture_of(spec.model_path)
-        self.sampling = sampling_dict(spec, sde_type)
+        self.architecture = read_model_index(spec.model_path)["_class_name"]  # one of PROMPT_FIELDS (PolicySpec)
+        self.sampling = sampling_dict(spec, VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][1])
         self.load_pipeline_weights()  # the pipeline holds exactly the shadow's weights from the start
 
     @classmethod
@@ -243,9 +239,9 @@ class VerlOmniRolloutEngine(InPlaceWeights):
         started by this engine)."""
         from digenrl_verl.integrations.vllm_omni_cpu import load_omni_pipeline
 
-        algorithm, _ = check_verl_omni_policy(spec)
-        handle = load_omni_pipeline(spec.model_path, pipeline_class(architecture_of(spec.model_path), algorithm),
-                                    dtype=spec.engine.dtype)
+        algorithm = VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][0]  # the spec was checked when it was built
+        architecture = read_model_index(spec.model_path)["_class_name"]
+        handle = load_omni_pipeline(spec.model_path, pipeline_class(architecture, algorithm), dtype=spec.engine.dtype)
         return cls(handle, spec, shadow_transformer(spec), spec.start_version)
 
     # -- sampling -------------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ from verl.utils import tensordict_utils as tu
 from verl_omni.trainer.diffusion.diffusion_algos import get_diffusion_loss_fn
 from verl_omni.workers.engine_workers import ActorRolloutRefWorker
 
+from digenrl_verl.diffusion.loss import loss_stats as shared_loss_stats
 from digenrl_verl.integrations.verl_omni_batch import to_verl_omni_batch, with_engine_meta
 from digenrl_verl.integrations.verl_omni_tsp import TSP_VENDOR
 from digenrl_verl.integrations.verl_omni_worker import TSPActorWorker
@@ -290,29 +291,20 @@ def micro_batch_size(rows: int, configured: int) -> int:
 
 
 def loss_stats(output: Any, batch: Any, stale: torch.Tensor, clip_ratio: float) -> dict[str, float]:
-    """The UPDATE's result as `diffusion.loss.LossStats` sums (what the runner merges): the ratios from the log-probs
-    verl-omni's engine returned for the batch's rows and steps (count, sum, extremes, squared log-ratio, clipped and
-    zero-gradient rows, on-policy and stale apart, with verl-omni's clip ratio), the policy loss and the loss from
-    verl-omni's own metrics (means over its micro-batches). KL stays 0 (no reference on this path)."""
+    """The UPDATE's result as `diffusion.loss.LossStats` sums (what the runner merges), by the package's own
+    `diffusion.loss.loss_stats` on the log-probs verl-omni's engine returned for the batch's rows and steps (with
+    verl-omni's clip ratio; stale rows apart, their importance weights π_θ/π_b included), the policy loss and the
+    loss from verl-omni's own metrics (means over its micro-batches). KL stays 0 (no reference on this path)."""
     metrics = tu.get(output, "metrics")
     log_ratio = tu.get(output, "log_probs").float() - batch["old_log_probs"].float()
-    ratio = log_ratio.exp()
-    adv = batch["advantages"].float()
-    clipped = (ratio - 1).abs() > clip_ratio
-    zero_grad = ((adv > 0) & (ratio > 1 + clip_ratio)) | ((adv < 0) & (ratio < 1 - clip_ratio))
-    stale_rows = stale.reshape(-1, 1).expand_as(ratio)
-    count = float(ratio.numel())
 
     def mean(name: str) -> float:
         values = _floats(metrics.get(name, 0.0))
         return float(sum(values) / max(len(values), 1))
 
-    return {"rows": count, "pg_sum": mean("actor/pg_loss") * count, "loss_sum": mean("loss"),
-            "ratio_sum": float(ratio.sum()), "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max()),
-            "sq_log_ratio_sum": float((log_ratio ** 2).sum()), "clipped": float(clipped.sum()),
-            "zero_grad": float(zero_grad.sum()), "stale_rows": float(stale_rows.sum()),
-            "stale_clipped": float((clipped & stale_rows).sum()),
-            "stale_zero_grad": float((zero_grad & stale_rows).sum())}
+    stats = shared_loss_stats(clip_ratio, log_ratio, batch["advantages"].float(), stale=stale.reshape(-1, 1),
+                              pg_sum=mean("actor/pg_loss") * log_ratio.numel(), loss_sum=mean("loss"))
+    return dict(vars(stats))
 
 
 def _floats(value: Any) -> list[float]:

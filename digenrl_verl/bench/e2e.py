@@ -82,13 +82,22 @@ LADDER: list[tuple[str, list[str]]] = [
                  "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=0.5", NO_RECOMPUTE]),
 ]
 
-#: the tiny demo of `recipes/run_tiny_cpu.sh` (its overrides, the model path aside), for the start-up figures
+#: the tiny demo of `recipes/run_tiny_cpu.sh` (its overrides after `+preset=tiny_cpu`, the model path aside), for the
+#: start-up figures (`demo_overrides`)
 DEMO = ["actor_rollout_ref.model.algorithm=flow_grpo", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.pipeline.num_inference_steps=6", "actor_rollout_ref.rollout.algo.sde_type=sde",
         "actor_rollout_ref.rollout.algo.noise_level=0.7", "actor_rollout_ref.actor.optim.lr=3e-3",
         "data.train_batch_size=4", "reward.reward_functions={brightness: 1.0}", "trainer.logger=[console]",
         "trainer.digenrl.pools.colocated.workers_per_node=2", "trainer.digenrl.pools.generator.workers_per_node=1",
         "trainer.digenrl.pools.trainer.workers_per_node=1"]
+
+
+def demo_overrides(model: str | Path) -> list[str]:
+    """The start-up demo's command line after `python -m digenrl_verl.main`: `recipes/run_tiny_cpu.sh`'s, the tiny
+    preset first (the package's defaults are verl-omni's; the preset passes the tiny values), then `DEMO`."""
+    from digenrl_verl.main import TINY_CPU
+
+    return [TINY_CPU, f"actor_rollout_ref.model.path={model}", *DEMO]
 
 
 def load_average() -> float:
@@ -219,8 +228,8 @@ def startup(tmp: Path, repeat: int) -> dict:
         load = load_average()
         out = tmp / f"startup_demo_{rep}"
         t0 = time.time()
-        proc = subprocess.run([sys.executable, "-m", "digenrl_verl.main", f"actor_rollout_ref.model.path={model}",
-                               *DEMO, "trainer.total_training_steps=1", "trainer.digenrl.mode=disaggregated",
+        proc = subprocess.run([sys.executable, "-m", "digenrl_verl.main", *demo_overrides(model),
+                               "trainer.total_training_steps=1", "trainer.digenrl.mode=disaggregated",
                                "trainer.digenrl.final_eval_prompts=0", f"trainer.digenrl.output_dir={out}"],
                               capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:

@@ -18,6 +18,7 @@ micro-batch, or the normalisation differs from colocated training.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Hashable, Mapping, Sequence
 
@@ -39,6 +40,10 @@ class AdvantageConfig:
         unbiased_std: Bessel-corrected std (torch.std default, verl-omni) or population std (np.std, Flow-GRPO).
         timesteps_per_sample: T, each reward's weight in the stds (verl-omni's stds are over B x T elements, each
             sample's reward repeated over its T trained timesteps); 1 = the std over the rewards.
+        deferred_std: with `global_std`, a disaggregated run's trainer accumulates group-centred rewards as groups are
+            scored and scales the step's gradient by 1/(σ + ε) at its optimizer step (the section below
+            `deferred_supported`); the advantages are the same, only when they are applied changes. Set by the
+            config layer (`config.verl_omni.honour_global_std`), never by `normalize_rewards`.
     """
 
     global_std: bool = True
@@ -47,6 +52,7 @@ class AdvantageConfig:
     adv_clip_max: float | None = 5.0
     unbiased_std: bool = True
     timesteps_per_sample: int = 1
+    deferred_std: bool = False
 
     def __post_init__(self) -> None:
         t = self.timesteps_per_sample
@@ -148,3 +154,70 @@ def combine_rewards(rewards: Mapping[str, torch.Tensor], weights: Mapping[str, f
         zero += int(all(bool((torch.as_tensor(rewards[n])[rows] == torch.as_tensor(rewards[n])[rows][0]).all())
                         for n in weights))
     return AdvantageResult(adv.to(torch.float32), num_groups, zero)
+
+
+# ------------------------------------------------------------------ the global std without the step barrier
+# With group-centred rewards a_i = r_i − mean_{group(i)} r and s = σ + ε (σ the step's std, `_std`), the advantage is
+# A_i = clamp(a_i / s, −c, c). The clipped surrogate max(−A·ρ, −A·clip(ρ)) (and the decoupled one, −A·w·ρ) is
+# positively homogeneous in A, so for a sample the clamp does not touch, its gradient with A_i is (1/s) times its
+# gradient with a_i: a trainer may accumulate a_i as soon as the sample's group is scored and multiply the step's
+# accumulated gradient by 1/s at the optimizer step, once the last reward is in (before the gradient clip). A sample
+# the clamp touches is trained, once σ is known, with clamp(a_i/s)·s, which the same 1/s turns into its A_i.
+# Which samples are safe early: the step's sum of squares about its mean is at least that of the rewards seen so far
+# about their own mean (SS_seen), and N (the step's sample count) is known, so σ >= sqrt(T·SS_seen / (N·T − δ))
+# (δ = 1 with Bessel's correction; `std_lower_bound`), and |a_i| <= c·(bound + ε) means "certainly not clamped".
+# The KL term does not scale with 1/s: the deferred path needs kl_coef = 0 (the config layer decides).
+
+
+def centred_rewards(rewards: Mapping[int, float], uids: Sequence[Hashable]) -> dict[int, float]:
+    """a_i = r_i − the mean of the finite rewards of i's prompt group (`uids[i]`), for every finite reward given
+    (sample id -> reward); a group with one finite reward gets 0 (as `normalize_rewards`)."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, r in rewards.items():
+        if math.isfinite(r):
+            groups.setdefault(uids[i], []).append(i)
+    out: dict[int, float] = {}
+    for members in groups.values():
+        r = torch.tensor([rewards[i] for i in members], dtype=torch.float64)
+        out.update({i: float(a) for i, a in zip(members, r - r.mean())})
+    return out
+
+
+def std_lower_bound(rewards: Sequence[float], step_samples: int, cfg: AdvantageConfig) -> float:
+    """A lower bound of the std `_std` will give over the whole step's finite rewards (at most `step_samples`), from
+    the finite `rewards` seen so far (see the section's comment)."""
+    r = torch.tensor([x for x in rewards if math.isfinite(x)], dtype=torch.float64)
+    elements = step_samples * cfg.timesteps_per_sample - (1 if cfg.unbiased_std else 0)
+    if r.numel() < 2 or elements <= 0:
+        return 0.0
+    ss = float(((r - r.mean()) ** 2).sum()) * cfg.timesteps_per_sample
+    return math.sqrt(ss / elements)
+
+
+def certainly_unclamped(a: float, bound: float, cfg: AdvantageConfig) -> bool:
+    """True when the clamp cannot touch a_i whatever the step's other rewards: |a_i| <= c·(bound + ε)."""
+    return cfg.adv_clip_max is None or abs(a) <= cfg.adv_clip_max * (bound + cfg.epsilon)
+
+
+def step_scale(rewards: Sequence[float], cfg: AdvantageConfig) -> float:
+    """s = σ + ε of the whole step's finite rewards: the accumulated policy gradient is multiplied by 1/s."""
+    finite = torch.tensor([x for x in rewards if math.isfinite(x)], dtype=torch.float64)
+    return float(_std(finite, cfg)) + cfg.epsilon
+
+
+def late_advantage(a: float, scale: float, cfg: AdvantageConfig) -> float:
+    """The value to train a deferred sample with, once s is known: clamp(a_i/s, −c, c)·s (1/s makes it A_i)."""
+    adv = a / scale
+    if cfg.adv_clip_max is not None:
+        adv = min(max(adv, -cfg.adv_clip_max), cfg.adv_clip_max)
+    return adv * scale
+
+
+def deferred_supported(cfg: AdvantageConfig) -> bool:
+    """The deferred scaling applies to the global std with the division (the Flow-GRPO / DanceGRPO default)."""
+    return cfg.global_std and cfg.norm_adv_by_std
+
+
+def needs_whole_step(cfg: AdvantageConfig) -> bool:
+    """An advantage needs every reward of the step (the global std divides it, and it is not deferred)."""
+    return deferred_supported(cfg) and not cfg.deferred_std

@@ -278,6 +278,9 @@ class ScheduleConfig(ScheduleSettings):
             the UPDATEs of mini-batch j accumulate until its OPT_STEP, mini-batch j+1's UPDATEs wait for it, and
             the weights reach the generators (SYNC, one version bump) after the last one. Must divide
             ``prompts_per_step``.
+        opt_waits_for_step: a step's optimizer steps wait until every micro-batch of the step is scored, while its
+            UPDATEs still start as micro-batches are scored (verl-omni's global std by deferred scaling: the
+            step's std scales the gradient at the optimizer step, `diffusion.advantages`).
     """
 
     pools: Optional[Mapping[str, PoolSpec]] = None
@@ -289,6 +292,7 @@ class ScheduleConfig(ScheduleSettings):
     micro_batch_size: Optional[int] = None
     validate_every: int = 0
     mini_batches_per_step: int = 1
+    opt_waits_for_step: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -602,7 +602,9 @@ class Driver:
         st = self.steps.get(self.last_update + 1)
         if st is None:
             return False
-        if not st.opt_issued and all(m.status == MbStatus.UPDATED for m in st.mbs if m.mb.minibatch == st.opt_done):
+        scored = not self.config.opt_waits_for_step or st.scored == len(st.mbs)  # the step's std is known
+        if not st.opt_issued and scored and all(m.status == MbStatus.UPDATED for m in st.mbs
+                                                if m.mb.minibatch == st.opt_done):
             st.opt_issued = True
             k = self.config.mini_batches_per_step
             last = st.opt_done == k - 1

@@ -43,7 +43,7 @@ from digenrl_verl.sim.scenarios import (ALTERNATIVE_CALIBRATION, COSTS, DISAGGRE
                                         HETERO_TARGET, HYBRID_ROWS, IDEAL_PARITY_TARGET, PAPER_FIGURES, PAPER_SUITE,
                                         PAPER_VS_VERL_OMNI, SCENARIOS, RunOutcome, Scenario, calibrate, costs_named,
                                         get_scenario, paper_check, predictions, ratios, run_config, run_hybrid_suite,
-                                        run_ladder, scenario_profile)
+                                        run_global_std_suite, run_ladder, scenario_profile)
 
 EFFICIENCY_TARGET = 0.95
 ALTERNATIVE_ROWS = ("colocated-verl-omni", "colocated-best", "+TAG BTS", "digenrl")
@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="digenrl-sim", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default="hunyuanvideo-20-0.6", help=f"one of {sorted(SCENARIOS)}")
-    p.add_argument("--suite", choices=("paper", "ladder", "scale", "hybrid"), help="run a suite instead of one config")
+    p.add_argument("--suite", choices=("paper", "ladder", "scale", "hybrid", "global-std"),
+                   help="run a suite instead of one config")
     p.add_argument("--costs", choices=COSTS, default="ideal",
                    help="--suite ladder: colocation cost terms off (ideal) or on (calibrated); "
                         "the paper suite runs both")
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         hybrid_flags = args.hybrid_switch_gb_s is not None or args.hybrid_gen_factor is not None
-        if hybrid_flags and args.suite in ("paper", "scale", "hybrid"):
+        if hybrid_flags and args.suite in ("paper", "scale", "hybrid", "global-std"):
             raise ValueError(f"--hybrid-switch-gb-s / --hybrid-gen-factor apply to one scenario (a single run or "
                              f"--suite ladder), not to --suite {args.suite}")
         if args.suite == "paper":
@@ -393,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.suite == "hybrid":
             out = run_hybrid_suite(jitter=args.jitter, seeds=range(args.seed, args.seed + max(1, args.seeds)))
             print(_hybrid_table(out))
+        elif args.suite == "global-std":
+            out = {"suite": "global-std", "rows": run_global_std_suite()}
+            print(_global_std_table(out["rows"]))
         elif args.suite == "ladder":
             s = _scenario(args)
             outcomes = run_ladder(s, costs=costs_named(args.costs), jitter=args.jitter, seed=args.seed)
@@ -425,6 +429,16 @@ def _single_table(s: Scenario, o: RunOutcome) -> str:
              f"{m['driver_ms_per_decision']:.3f}"]]
     header = ["makespan s", "samples/s", "LB s", "LB/makespan", "util", "TAG mb", "stale", "driver ms/dec"]
     return _table(f"{s.name}: {s.profile} on {s.cluster}", header, rows)
+
+
+def _global_std_table(rows: list[dict[str, Any]]) -> str:
+    header = ["scenario", "costs", "opt steps", "per-group s", "barrier s", "deferred s", "barrier/per-group",
+              "barrier/deferred"]
+    body = [[r["scenario"], r["costs"], str(r["mini_batches_per_step"]),
+             *(f"{r['makespan_s'][m]:.0f}" for m in ("per-group std", "global std: barrier", "global std: deferred")),
+             f"{r['barrier_over_per_group']:.3f}x", f"{r['barrier_over_deferred']:.3f}x"] for r in rows]
+    return _table("algorithm.global_std (simulated, full DigenRL row): the barrier vs deferred scaling; 'x' = "
+                  "makespan ratio", header, body)
 
 
 def _hybrid_table(out: dict[str, Any]) -> str:

@@ -632,3 +632,40 @@ def _median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+GLOBAL_STD_MODES = ("per-group std", "global std: barrier", "global std: deferred")
+"""verl-omni's ``algorithm.global_std`` as a step runs it (``global_std_configs``): ``per-group std``
+(``global_std=false``, GAP pipelining), ``barrier`` (the step's updates wait for its last reward: ``pipeline=False``)
+and ``deferred`` (updates as groups are scored, the optimizer steps wait for the last reward:
+``opt_waits_for_step``). The simulator does not model the deferred path's late UPDATEs of the samples the clamp may
+touch (they re-run their micro-batch before the optimizer step): its row is the bound with none of them."""
+
+
+def global_std_configs(cfg: ScheduleConfig) -> dict[str, ScheduleConfig]:
+    """The three ways of ``GLOBAL_STD_MODES`` to run the disaggregated config ``cfg``."""
+    return {"per-group std": cfg, "global std: barrier": replace(cfg, pipeline=False),
+            "global std: deferred": replace(cfg, opt_waits_for_step=True)}
+
+
+def run_global_std_suite(*, costs: Sequence[str] = COSTS, mini_batches: Sequence[int] = (1, 2),
+                         scenarios: Sequence[str] = PAPER_SUITE, row: str = "digenrl") -> list[dict[str, Any]]:
+    """For every scenario, cost setting and optimizer steps per global step (verl-omni's recipes: 1 or, mostly,
+    2: ``ppo_mini_batch_size`` = half of ``data.train_batch_size``), the makespan of ladder row ``row`` under each
+    of ``GLOBAL_STD_MODES``, and what the barrier costs / the deferred scaling recovers (ratios over the per-group
+    row)."""
+    out = []
+    for name in scenarios:
+        s = SCENARIOS[name]
+        cluster = ClusterSpec.parse(s.cluster)
+        profile = get_profile(s.profile) if s.hybrid is None else scenario_profile(s, cluster).profile
+        base, cl = ladder_configs(s, cluster, profile)[row]
+        for cost in costs:
+            for k in mini_batches:
+                spans = {mode: run_row(row, s, cfg, cl, costs_named(cost)).makespan
+                         for mode, cfg in global_std_configs(replace(base, mini_batches_per_step=k)).items()}
+                piped, barrier, deferred = (spans[m] for m in GLOBAL_STD_MODES)
+                out.append({"scenario": name, "costs": cost, "mini_batches_per_step": k, "row": row,
+                            "makespan_s": spans, "barrier_over_per_group": barrier / piped,
+                            "deferred_over_per_group": deferred / piped, "barrier_over_deferred": barrier / deferred})
+    return out

@@ -36,7 +36,7 @@ COMMON = ("actor_rollout_ref.rollout.n={n}", "data.train_batch_size={prompts}",
           "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tag.policy=off", "trainer.digenrl.tcss.guard=false",
           "actor_rollout_ref.actor.optim.lr=3e-3", "actor_rollout_ref.actor.diffusion_loss.clip_ratio=1e-4",
           "trainer.digenrl.final_eval_prompts=0", "trainer.logger=[console]",
-          "reward.reward_functions={brightness: 1.0}")
+          "reward.reward_functions={{brightness: 1.0}}")  # (str.format: {{ }} is a brace)
 STALE = ("trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=0.5")
 ARMS = {"on": ("trainer.digenrl.tcss.staleness=0",),
         "clip": (*STALE, "trainer.digenrl.tcss.objective=clip"),

@@ -1,0 +1,97 @@
+"""Every registered benchmark runs from the command line at tiny sizes (issue 31): `python -m digenrl_verl.bench
+<name> ... --json` in a fresh process, each phase it has included (e2e: its start-up phase and a ladder row), so a
+change of defaults cannot break a benchmark silently. Figures are not checked here (speed goals live in the benches),
+only that each run ends with the JSON object its docstring promises.
+
+To add a benchmark: register it in `digenrl_verl.bench.BENCHMARKS` and add its tiny case to `SMOKE` below
+(`test_every_registered_bench_has_a_smoke_case` fails until then).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+from digenrl_verl.bench import BENCHMARKS
+from digenrl_verl.bench.__main__ import main as bench_main
+
+
+@dataclass(frozen=True)
+class Smoke:
+    argv: tuple[str, ...]  # after `python -m digenrl_verl.bench <name>`; `--json` is added
+    check: Callable[[dict], None]  # asserts on the last line's JSON object
+    timeout_s: float = 600.0
+
+
+def _check_tsp(out: dict) -> None:
+    assert out["per_step_ms"] > 0 and out["tsp_ms"] > 0 and out["grad_max_rel_err"] < 1e-3
+
+
+def _check_bts(out: dict) -> None:
+    assert out["rows"] and isinstance(out["headline"]["meets_target"], bool)
+
+
+def _check_driver(out: dict) -> None:
+    assert out["bench"] == "driver" and [r["actors"] for r in out["rows"]] == [4]
+    r = out["rows"][0]
+    assert r["tasks"] == 3 * r["prompts_per_step"] + 2 and r["ray_lane_ceiling_tasks_per_s"] > 0
+
+
+def _check_e2e(out: dict) -> None:
+    assert out["bench"] == "e2e" and [r["config"] for r in out["rows"]] == ["digenrl"]
+    assert out["rows"][0]["samples_per_s"] > 0
+    s = out["startup"]  # the start-up phase: the tiny demo (recipes/run_tiny_cpu.sh settings) and the reference
+    assert len(s["demo_runs"]) == 1 and len(s["reference_runs"]) == 1
+    assert s["demo_median"]["time_to_first_step_s"] > 0 and s["reference_median"]["time_to_first_step_s"] > 0
+
+
+def _check_tcss(out: dict) -> None:
+    assert out["bench"] == "tcss" and [r["arm"] for r in out["runs"]] == ["on", "clip"]
+    assert "clip" in out["compare"]
+
+
+SMOKE: dict[str, Smoke] = {
+    "tsp": Smoke(("--repeats", "1", "--no-memory"), _check_tsp),
+    "bts": Smoke(("--repeat", "1"), _check_bts, timeout_s=120),
+    "driver": Smoke(("--actors", "4", "--steps", "2", "--n", "2", "--ceiling-s", "0.2"), _check_driver),
+    "e2e": Smoke(("--repeat", "1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--num-inference-steps", "2",
+                  "--only", "digenrl", "--startup-repeat", "1"), _check_e2e, timeout_s=900),
+    "tcss": Smoke(("--pairs", "2x2:0", "--arms", "on,clip", "--steps", "6"), _check_tcss, timeout_s=900),
+}
+
+
+def test_every_registered_bench_has_a_smoke_case():
+    missing = sorted(set(BENCHMARKS) - set(SMOKE))
+    assert not missing, (f"benchmarks {missing} are registered in digenrl_verl.bench.BENCHMARKS but have no tiny "
+                         f"case in SMOKE ({__name__}): add one")
+    extra = sorted(set(SMOKE) - set(BENCHMARKS))
+    assert not extra, f"SMOKE names unregistered benchmarks {extra}"
+
+
+def test_help_lists_every_registered_bench(capsys):
+    assert bench_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in BENCHMARKS), out
+    assert bench_main(["nope"]) == 2 and "valid names" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a fresh process per bench; driver, e2e and tcss start Ray and workers, e2e runs the demo
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_bench_runs_at_tiny_size(name):
+    if name not in SMOKE:
+        pytest.fail(f"bench {name!r} has no smoke case in SMOKE: add one")
+    case = SMOKE[name]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "TORCH_COMPILE_DISABLE": "1"}
+    env.pop("RAY_ADDRESS", None)  # its own Ray instance, as from a shell
+    proc = subprocess.run([sys.executable, "-m", "digenrl_verl.bench", name, *case.argv, "--json"], env=env,
+                          capture_output=True, text=True, timeout=case.timeout_s)
+    assert proc.returncode == 0, f"bench {name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert lines, f"bench {name} printed no JSON object:\n{proc.stdout[-2000:]}"
+    case.check(json.loads(lines[-1]))

@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ARCHIVE = ROOT.parent / "shared" / "upstream" / "verl-omni-a1139baf.tar.gz"
+UPSTREAM = Path(os.environ.get("DIGENRL_UPSTREAM_DIR") or ROOT.parent / "shared" / "upstream")  # as the venv script
+ARCHIVE = UPSTREAM / "verl-omni-a1139baf.tar.gz"
 TRAINERS = ("flowgrpo_trainer", "dancegrpo_trainer")
 FLAG = ("trainer.digenrl.mode=disaggregated", "trainer.digenrl.dry_run=true")
 A = "actor_rollout_ref"

@@ -8,4 +8,5 @@ cd "$ROOT"
 source scripts/ensure_venv.sh
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=0 \
        RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
-exec "$VENV_PY" -m pytest -q --durations=15 "$@"
+# -rs: every skip with its reason (tests/conftest.py fails a skip whose reason DECLARED_SKIPS["main"] lacks)
+exec "$VENV_PY" -m pytest -q -rs --durations=15 "$@"

@@ -5,13 +5,16 @@
 #   bash scripts/test_contract.sh tests/models tests/diffusion    # the CPU tests on vLLM-Omni's diffusers pin
 # DIGENRL_CONTRACT_VLLM=0.27.0 DIGENRL_CONTRACT_VLLM_OMNI=0.27.0rc1 DIGENRL_CONTRACT_VENV=.venv-contract-027 runs
 # it on verl-omni's pair. The main suite (scripts/test.sh) collects tests/contract too and skips it there
-# (each module starts with pytest.importorskip("vllm_omni")).
+# (each module starts with pytest.importorskip("vllm_omni")); in the tier (DIGENRL_TIER=contract) a skip is a failure
+# unless its reason is declared (tests/conftest.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 source scripts/contract_venv.sh
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-       MPLBACKEND=Agg VLLM_TARGET_DEVICE=cpu
+       MPLBACKEND=Agg DIGENRL_TIER=contract
 if [[ $# -eq 0 ]]; then set -- tests/contract; fi
 "$CONTRACT_PY" -c "import vllm, vllm_omni, diffusers; print(f'contract venv: vllm {vllm.__version__}, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}')"
-exec "$CONTRACT_PY" -m pytest -q -p no:randomly --durations=10 "$@"
+"$CONTRACT_PY" scripts/tier_preflight.py "$@"  # every module the tests import (a broken import fails, never skips)
+# -rs: every skip with its reason; tests/conftest.py fails any skip whose reason DECLARED_SKIPS["contract"] lacks
+exec "$CONTRACT_PY" -m pytest -q -rs -p no:randomly --durations=10 "$@"

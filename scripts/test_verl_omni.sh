@@ -6,7 +6,8 @@
 # written as a stand-in dist-info (the venv holds the project through a .pth file, without metadata). Redone
 # when the archive, the series or digenrl_verl/integrations/verl_omni.py change (stamp in the venv).
 # Extra args go to pytest. The main suite (scripts/test.sh) collects tests/verl_omni too and skips it there (each
-# module skips itself when verl_omni does not import).
+# module skips itself when verl_omni does not import). In the tier (DIGENRL_TIER=verl_omni) a skip is a failure unless
+# its reason is declared (tests/conftest.py), and scripts/tier_preflight.py imports what the tests import first.
 #   bash scripts/test_verl_omni.sh                                       # the tier (key coverage + the replay)
 #   source scripts/verl_omni_venv.sh && $VERL_OMNI_PY scripts/replay_verl_omni_recipes.py --markdown   # the table
 set -euo pipefail
@@ -14,7 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 source scripts/verl_omni_venv.sh
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-       MPLBACKEND=Agg VLLM_TARGET_DEVICE=cpu RAY_USAGE_STATS_ENABLED=0
+       MPLBACKEND=Agg RAY_USAGE_STATS_ENABLED=0 DIGENRL_TIER=verl_omni
 PATCHED="$ROOT/build/verl-omni-a1139baf-patched"
 PATCH_STAMP="$(dirname "$VERL_OMNI_PY")/../.digenrl-verl-omni-patched"
 patch_want="$(cat "$VERL_OMNI_TGZ" patches/verl-omni-a1139baf/*.patch digenrl_verl/integrations/verl_omni.py | sha256sum \
@@ -37,4 +38,7 @@ if [[ ! -f "$PATCH_STAMP" || "$(cat "$PATCH_STAMP")" != "$patch_want" ]]; then
 fi
 if [[ $# -eq 0 ]]; then set -- tests/verl_omni; fi
 "$VERL_OMNI_PY" -c "import verl, verl_omni, vllm_omni, diffusers; print(f'verl-omni venv: verl {verl.__version__}, verl-omni a1139baf + patches/verl-omni-a1139baf, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}')"
-exec "$VERL_OMNI_PY" -m pytest -q -p no:randomly -s --durations=10 "$@"
+# pre-flight: every module the tier's tests import, imported here first (a broken import fails the tier, never skips it)
+"$VERL_OMNI_PY" scripts/tier_preflight.py "$@"
+# -rs: every skip with its reason; tests/conftest.py fails any skip whose reason DECLARED_SKIPS["verl_omni"] lacks
+exec "$VERL_OMNI_PY" -m pytest -q -rs -p no:randomly -s --durations=10 "$@"

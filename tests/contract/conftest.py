@@ -7,12 +7,7 @@ skipped. Nothing here imports vLLM-Omni at module level.
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
 
 @pytest.fixture(scope="session")
 def flux_dir(tmp_path_factory) -> str:

@@ -21,8 +21,10 @@ from verl.single_controller.ray.base import RayClassWithInitArgs
 from digenrl_verl.platform import CPU_PLATFORM_MODULE, QUIET_MODULE, process_env
 from digenrl_verl.workers.pools import PoolSpec, make_ray_pool, make_worker_group
 
+from _upstream import VERL_ARCHIVE, require
+
 ROOT = Path(__file__).resolve().parents[2]
-VERL_8A69493 = ROOT.parent / "shared" / "upstream" / "verl-8a69493.tar.gz"
+VERL_8A69493 = VERL_ARCHIVE
 FALLBACK = "No supported accelerator detected"
 
 _PROBE = """
@@ -58,9 +60,7 @@ def _probe(env: dict[str, str], pythonpath: str | None = None) -> subprocess.Com
 def test_cpu_platform_through_verls_external_module_hook(verl_tree, tmp_path):
     pythonpath = None
     if verl_tree == "8a69493":
-        if not VERL_8A69493.is_file():
-            pytest.skip(f"{VERL_8A69493} is missing (verl's source archive)")
-        with tarfile.open(VERL_8A69493) as tar:
+        with tarfile.open(require(VERL_8A69493)) as tar:
             tar.extractall(tmp_path, filter="data")
         (pythonpath,) = {str(p.parent.parent) for p in tmp_path.glob("*/verl/__init__.py")}
     proc = _probe(process_env(cpu=True, environ={}), pythonpath)

@@ -18,10 +18,12 @@ import pytest
 
 from digenrl_verl.platform import process_env
 
+from _upstream import VERL_OMNI_ARCHIVE, require
+
 ROOT = Path(__file__).resolve().parents[2]
 VERL_PATCHES = sorted((ROOT / "patches" / "verl-0.9.1").glob("*.patch"))
 OMNI_PATCHES = sorted((ROOT / "patches" / "verl-omni-a1139baf").glob("*.patch"))
-OMNI_ARCHIVE = ROOT.parent / "shared" / "upstream" / "verl-omni-a1139baf.tar.gz"
+OMNI_ARCHIVE = VERL_OMNI_ARCHIVE
 
 
 def _installed_verl() -> tuple[Path, str]:
@@ -110,9 +112,7 @@ def test_verl_omni_series_git_ams_onto_a1139baf_and_its_hook_finds_our_trainer(t
     its CPU test, its docs page in the index, `trainer.trainer_class` in the YAML and the generated references, and
     the hook in v0 `main_diffusion` only (v1 selects a trainer through its registry, unpatched).
     The hook module, loaded from the patched tree, resolves our trainer by the FQN our entry point names."""
-    if not OMNI_ARCHIVE.is_file():
-        pytest.skip(f"{OMNI_ARCHIVE} is missing (verl-omni's source archive)")
-    with tarfile.open(OMNI_ARCHIVE) as tar:
+    with tarfile.open(require(OMNI_ARCHIVE)) as tar:
         tar.extractall(tmp_path, filter="data")
     (tree,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "a1139baf"]):

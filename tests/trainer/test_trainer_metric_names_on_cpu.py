@@ -25,9 +25,10 @@ from digenrl_verl.diffusion.advantages import AdvantageConfig, normalize_rewards
 from digenrl_verl.metric_names import DIGENRL, METRICS, VERL_OMNI
 from digenrl_verl.trainer.reporting import data_metrics, perf_metrics, staleness_metrics
 
+from _upstream import VERL_OMNI_ARCHIVE, VERL_ARCHIVE, require
+
 ROOT = Path(__file__).resolve().parents[2]
-UPSTREAM = ROOT.parent / "shared" / "upstream"
-OMNI_ARCHIVE, VERL_ARCHIVE = UPSTREAM / "verl-omni-a1139baf.tar.gz", UPSTREAM / "verl-8a69493.tar.gz"
+OMNI_ARCHIVE = VERL_OMNI_ARCHIVE
 M = METRICS
 # 3 prompt groups of 2 (one of equal rewards), one NaN reward (left out, counted), 2 trained steps per sample
 REWARDS = {0: 0.2, 1: 0.6, 2: 0.5, 3: 0.5, 4: 0.1, 5: 0.9, 6: float("nan")}
@@ -37,9 +38,7 @@ ADV = AdvantageConfig(adv_clip_max=0.5)  # a clamp the logged advantages are not
 
 
 def _sources(archive: Path, suffixes: tuple[str, ...]) -> dict[str, str]:
-    if not archive.is_file():
-        pytest.skip(f"{archive.name} is not in ../shared/upstream/")
-    with tarfile.open(archive) as tar:
+    with tarfile.open(require(archive)) as tar:
         found = {m.name: m for m in tar.getmembers() if m.name.endswith(suffixes)}
         assert len(found) == len(suffixes), (suffixes, sorted(found))
         return {name: tar.extractfile(m).read().decode() for name, m in found.items()}

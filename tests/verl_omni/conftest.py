@@ -7,12 +7,7 @@ itself when that fails.
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
 
 @pytest.fixture(scope="session")
 def tiny_flux_dir(tmp_path_factory) -> str:

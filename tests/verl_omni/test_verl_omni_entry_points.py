@@ -56,8 +56,10 @@ from digenrl_verl.integrations.verl_omni import (  # noqa: E402
 )
 from digenrl_verl.integrations.verl_omni_recipes import RECIPES  # noqa: E402
 
+from _upstream import VERL_OMNI_ARCHIVE, require  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
-ARCHIVE = ROOT.parent / "shared" / "upstream" / "verl-omni-a1139baf.tar.gz"
+ARCHIVE = VERL_OMNI_ARCHIVE
 CONFIG_DIR = str(Path(verl_omni.__file__).parent / "trainer" / "config")
 SELECT = f"trainer.trainer_class={ENTRY_POINT_NAME}"  # v0
 SELECT_V1 = ("trainer.use_v1=true", f"trainer.v1.trainer_mode={TRAINER_MODE}")
@@ -173,8 +175,7 @@ def _flagged(entry: str, localised: list[str]) -> list[str]:
 def replayed(tmp_path_factory):
     """Every example script through the entry point it calls, with the flag and a dry run: as shipped, and with
     the overrides that switch on unsupported features dropped (the replay script's --drop-unsupported)."""
-    if not ARCHIVE.is_file():
-        pytest.skip(f"{ARCHIVE} is missing")
+    require(ARCHIVE)
     replay = _replay_module()
     work = tmp_path_factory.mktemp("replay_entry")
     repo = replay.extract(ARCHIVE, work / "src")

@@ -17,14 +17,15 @@ try:
 except ImportError as e:
     pytest.skip(f"verl_omni is not importable here ({e}); run bash scripts/test_verl_omni.sh", allow_module_level=True)
 
+from _upstream import VERL_OMNI_ARCHIVE, require  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
-ARCHIVE = ROOT.parent / "shared" / "upstream" / "verl-omni-a1139baf.tar.gz"
+ARCHIVE = VERL_OMNI_ARCHIVE
 
 
 @pytest.mark.slow
 def test_every_example_script_is_accepted_or_rejected_by_name(tmp_path):
-    if not ARCHIVE.is_file():
-        pytest.skip(f"{ARCHIVE} is missing")
+    require(ARCHIVE)
     out = tmp_path / "replay.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "replay_verl_omni_recipes.py"), "--json", str(out)],
                           capture_output=True, text=True, timeout=1800)

@@ -3,7 +3,7 @@
 # (tests/contract/, run by scripts/test_contract.sh). CPU only: vllm and vllm-omni import on CPU, their CUDA
 # kernels never run. Usage: source scripts/contract_venv.sh   (sets CONTRACT_PY)
 #
-# What goes in, in this order (reinstalled when this script, setup.py or constraints.txt change):
+# What goes in, in this order (reinstalled when this script, setup.py's requirements or constraints.txt change):
 #   1. torch==2.13.0, the CPU wheel (constraints.txt): vllm pins this torch, so pip keeps the CPU build;
 #   2. vllm / vllm-omni at the pinned pair (DIGENRL_CONTRACT_VLLM / DIGENRL_CONTRACT_VLLM_OMNI override them, e.g.
 #      0.27.0 / 0.27.0rc1, verl-omni's pair), with the project's install_requires and test extra read from
@@ -18,8 +18,8 @@ VENV="${DIGENRL_CONTRACT_VENV:-$ROOT/.venv-contract}"
 VLLM_VERSION="${DIGENRL_CONTRACT_VLLM:-0.28.0}"
 VLLM_OMNI_VERSION="${DIGENRL_CONTRACT_VLLM_OMNI:-0.28.0}"
 STAMP="$VENV/.digenrl-contract-installed"
-want="$( (cat "$ROOT/setup.py" "$ROOT/constraints.txt" "$ROOT/scripts/contract_venv.sh"; \
-          echo "$VLLM_VERSION $VLLM_OMNI_VERSION") | sha256sum | cut -d' ' -f1)"
+want="$( (python3 "$ROOT/scripts/setup_metadata.py" requirements; cat "$ROOT/constraints.txt" \
+          "$ROOT/scripts/contract_venv.sh"; echo "$VLLM_VERSION $VLLM_OMNI_VERSION") | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
   t0=$SECONDS
   rm -rf "$VENV"

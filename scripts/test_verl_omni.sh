@@ -2,9 +2,9 @@
 # The verl-omni tier: tests/verl_omni/ with the real verl-omni a1139baf + verl 8a69493, in .venv-verl-omni (built or
 # reused by scripts/verl_omni_venv.sh), with OUR upstream series applied: the archive is unpacked into a git tree
 # under build/ (gitignored), patches/verl-omni-a1139baf/*.patch go on with `git am`, and that tree is installed over
-# the venv's verl-omni (--no-deps); the plugin's entry point (group verl_omni.trainers, declared in setup.py) is
-# written as a stand-in dist-info (the venv holds the project through a .pth file, without metadata). Redone
-# when the archive, the series or digenrl_verl/integrations/verl_omni.py change (stamp in the venv).
+# the venv's verl-omni (--no-deps); the plugin's entry points (setup.py's: verl_omni.trainers, verl.plugins, the
+# vLLM / vLLM-Omni platform plugins) are written as a stand-in dist-info (the venv holds the project through a .pth
+# file, without metadata). Redone when the archive, the series or setup.py change (stamp in the venv).
 # Extra args go to pytest. The main suite (scripts/test.sh) collects tests/verl_omni too and skips it there (each
 # module skips itself when verl_omni does not import). In the tier (DIGENRL_TIER=verl_omni) a skip is a failure unless
 # its reason is declared (tests/conftest.py), and scripts/tier_preflight.py imports what the tests import first.
@@ -18,7 +18,7 @@ export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZE
        MPLBACKEND=Agg RAY_USAGE_STATS_ENABLED=0 DIGENRL_TIER=verl_omni
 PATCHED="$ROOT/build/verl-omni-a1139baf-patched"
 PATCH_STAMP="$(dirname "$VERL_OMNI_PY")/../.digenrl-verl-omni-patched"
-patch_want="$(cat "$VERL_OMNI_TGZ" patches/verl-omni-a1139baf/*.patch digenrl_verl/integrations/verl_omni.py | sha256sum \
+patch_want="$(cat "$VERL_OMNI_TGZ" patches/verl-omni-a1139baf/*.patch setup.py | sha256sum \
               | cut -d' ' -f1)"
 if [[ ! -f "$PATCH_STAMP" || "$(cat "$PATCH_STAMP")" != "$patch_want" ]]; then
   rm -rf "$PATCHED" && mkdir -p "$PATCHED"
@@ -31,8 +31,7 @@ if [[ ! -f "$PATCH_STAMP" || "$(cat "$PATCH_STAMP")" != "$patch_want" ]]; then
   dist="$site/digenrl_verl_entry_points-0.0.0.dist-info"
   mkdir -p "$dist"
   printf 'Metadata-Version: 2.1\nName: digenrl-verl-entry-points\nVersion: 0.0.0\n' > "$dist/METADATA"
-  "$VERL_OMNI_PY" -c "from digenrl_verl.integrations.verl_omni import entry_points_txt; print(entry_points_txt(), end='')" \
-    > "$dist/entry_points.txt"
+  "$VERL_OMNI_PY" scripts/setup_metadata.py entry-points > "$dist/entry_points.txt"  # setup.py's, as pip writes them
   echo "$patch_want" > "$PATCH_STAMP"
   echo "verl-omni venv: verl-omni a1139baf + $(ls patches/verl-omni-a1139baf/*.patch | wc -l) patches installed" >&2
 fi

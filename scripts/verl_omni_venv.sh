@@ -5,7 +5,7 @@
 # vLLM-Omni are imported (verl-omni's config, its registries), their CUDA kernels never run.
 # Usage: source scripts/verl_omni_venv.sh   (sets VERL_OMNI_PY)
 #
-# What goes in, in this order (reinstalled when this script, setup.py or constraints.txt change):
+# What goes in, in this order (reinstalled when this script, setup.py's requirements or constraints.txt change):
 #   1. torch==2.13.0, the CPU wheel (constraints.txt), and setuptools/wheel (the sources build without isolation);
 #   2. verl 8a69493 and verl-omni a1139baf from the source archives in ../shared/upstream/ (not on the registries),
 #      with --no-deps;
@@ -26,7 +26,9 @@ UPSTREAM="${DIGENRL_UPSTREAM_DIR:-$ROOT/../shared/upstream}"
 VERL_TGZ="$UPSTREAM/verl-8a69493.tar.gz"
 VERL_OMNI_TGZ="$UPSTREAM/verl-omni-a1139baf.tar.gz"
 STAMP="$VENV/.digenrl-verl-omni-installed"
-want="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" "$ROOT/scripts/verl_omni_venv.sh" | sha256sum | cut -d' ' -f1)"
+# the requirements read from setup.py (not its entry points: scripts/test_verl_omni.sh writes those)
+want="$( (python3 "$ROOT/scripts/setup_metadata.py" requirements; cat "$ROOT/constraints.txt" \
+          "$ROOT/scripts/verl_omni_venv.sh") | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
   for f in "$VERL_TGZ" "$VERL_OMNI_TGZ"; do
     [[ -f "$f" ]] || { echo "verl-omni venv: $f is missing (the source archives live in ../shared/upstream/)" >&2; exit 2; }

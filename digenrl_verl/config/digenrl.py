@@ -110,6 +110,9 @@ class DigenRLConfig(ScheduleSettings):
             from verl-omni's entry point. ``digenrl``: the package's own trainer (the standalone entry point,
             no verl-omni installed). ``auto`` (default): ``verl_omni`` when the run comes from verl-omni's entry
             point (verl-omni installed), else ``digenrl``.
+        rows_alone: the diffusers engines (generators, TAG, colocated) draw each sample in a batch of its own, so a
+            sample is bit-identical whichever worker draws it (`diffusion.rollout.RolloutConfig.rows_alone`); costs
+            the batching of the sampling forwards. False (default): batched, as verl-omni's rollout.
     """
 
     task_timeout_s: Optional[float] = 600.0  # the product's default; the simulator's runs have no timeout
@@ -120,11 +123,14 @@ class DigenRLConfig(ScheduleSettings):
     max_nonfinite_steps: int = 3
     final_eval_prompts: int = 4
     trainer_engine: str = "auto"
+    rows_alone: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.trainer_engine not in TRAINER_ENGINES:
             raise ConfigError("trainer_engine", self.trainer_engine, f"use one of {list(TRAINER_ENGINES)}")
+        if not isinstance(self.rows_alone, bool):
+            raise ConfigError("rows_alone", self.rows_alone, "use true or false")
         for name, low in (("torch_threads", 1), ("max_nonfinite_steps", 1), ("final_eval_prompts", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -1116,8 +1116,27 @@ def build_policy(keys: RecipeKeys, digenrl: DigenRLConfig, *, path: str, algorit
         raise ValueError(f"{model}.lora_adapter_path with {A}.rollout.name={engine.name}: the vLLM-Omni generator does "
                          f"not load pre-trained adapters yet; set {A}.rollout.name=diffusers (the generators then "
                          f"load the adapter too) or {model}.lora_adapter_path=null")
-    return PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=build_rollout(keys, algorithm),
+    rollout = replace(build_rollout(keys, algorithm), rows_alone=digenrl.rows_alone)
+    if digenrl.rows_alone:
+        rows_alone_decision(keys, engine, DTYPES[model_dtype])
+    return PolicySpec(model_path=str(path), lora=lora, pipeline=pipeline, rollout=rollout,
                       dtype=DTYPES[model_dtype], start_version=start_version, device=device, engine=engine)
+
+
+def rows_alone_decision(keys: RecipeKeys, engine: RolloutEngineSpec, model_dtype: str) -> None:
+    """What `trainer.digenrl.rows_alone=true` does here, said in the plan: which engines draw each sample alone, and
+    what still makes a sample depend on who draws it (another engine, another dtype)."""
+    said = ("trainer.digenrl.rows_alone=true: the diffusers engines draw each sample in a batch of its own (its "
+            "trajectory does not depend on its neighbours)")
+    if engine.name != "diffusers" or engine.colocated:
+        said += (f"; the generators' {A}.rollout.name={engine.name} batches as it does (the key has no effect there): "
+                 "a sample drawn by a generator and by a trainer rank come from different samplers")
+    elif engine.dtype != model_dtype:
+        said += (f"; generators sample in {A}.rollout.dtype={engine.dtype}, trainer ranks in {model_dtype}: a sample "
+                 "still depends on who draws it (set both dtypes equal for identical samples)")
+    else:
+        said += "; every worker samples in the same dtype, so a sample is the same whichever worker draws it"
+    keys.decide(said)
 
 
 def build_lora(keys: RecipeKeys) -> LoraConfig:

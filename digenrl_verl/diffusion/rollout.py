@@ -33,6 +33,11 @@ class RolloutConfig:
         sde_window_size, sde_window_range: the window for `window` mode.
         seed: base seed all per-sample seeds derive from.
         init_same_noise: one initial noise per prompt group (keyed on (step, uid)).
+        rows_alone: an engine draws each sample in a batch of its own (prompt encoding, every transformer forward,
+            the decode), so its trajectory and decoded sample do not depend on its neighbours: bit-identical
+            whichever worker draws it (generator, TAG, colocated) in the same dtype on the same kind of device.
+            Batched forwards (False) may round a row differently with other rows next to it (`noise.py`).
+            `trainer.digenrl.rows_alone`; read by the diffusers engine (`engines.diffusers`), not by `rollout`.
     """
 
     num_inference_steps: int = 10
@@ -44,6 +49,7 @@ class RolloutConfig:
     sde_window_range: tuple[int, int] | None = None
     seed: int = 0
     init_same_noise: bool = False
+    rows_alone: bool = False
 
     def __post_init__(self) -> None:
         kind = get_sde_kind(self.sde_type)  # ValueError naming the key and the choices

@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 
 from digenrl_verl.diffusion.noise import SampleKey
-from digenrl_verl.diffusion.rollout import RolloutConfig, rollout
+from digenrl_verl.diffusion.rollout import RolloutConfig, Trajectory, rollout
 from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
 from digenrl_verl.engines.spec import PolicySpec
 from digenrl_verl.models.base import DiffusionAdapter
@@ -52,13 +52,24 @@ class DiffusersEngine(InPlaceWeights):
         """The trainable parameters, live (weights are received and loaded into them in place)."""
         return {n: p for n, p in self.adapter.transformer.named_parameters() if p.requires_grad}
 
-    def generate(self, rows: RolloutRows) -> Rollout:
+    def generate(self, rows: RolloutRows, min_rows: int = 0) -> Rollout:
+        """One trajectory per row. With `rollout.rows_alone` each row is drawn in a batch of its own, and `min_rows`
+        (sharded trainer ranks, whose forwards are collectives) pads this call with dummy rows, drawn and dropped, up
+        to the largest share of the micro-batch, so every rank runs the same forwards."""
         keys = [SampleKey(rows.step, str(u), int(i)) for u, i in zip(rows.uids, rows.sample_indices)]
-        cond = self.adapter.encode_prompts(list(rows.prompts))
-        traj = rollout(self.adapter, cond, keys, self.rollout)
-        images = self.adapter.decode(traj.final_latents)
+        if self.rollout.rows_alone:
+            drawn = [self._draw([p], [k]) for p, k in zip(rows.prompts, keys)]
+            for _ in range(len(keys), min_rows):
+                self._draw([""], [SampleKey(-1, "pad", 0)])
+            traj, images = Trajectory.cat([t for t, _ in drawn]), torch.cat([i for _, i in drawn])
+        else:
+            traj, images = self._draw(list(rows.prompts), keys)
         traj = traj.to("cpu")  # results travel through Ray's object store
         tensors = traj.tensors()
         tensors.update(rollout_log_probs=traj.log_probs,
                        policy_version=torch.full((traj.batch_size,), self.version, dtype=torch.int64))
         return Rollout(tensors, images.cpu())
+
+    def _draw(self, prompts: list[str], keys: list[SampleKey]) -> tuple[Trajectory, torch.Tensor]:
+        traj = rollout(self.adapter, self.adapter.encode_prompts(prompts), keys, self.rollout)
+        return traj, self.adapter.decode(traj.final_latents)

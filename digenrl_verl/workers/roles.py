@@ -122,6 +122,10 @@ class GenerationMixin:
         """The engine `generate` samples with: this worker's own."""
         return self.engine
 
+    def lockstep_rows(self, rows: int) -> int:
+        """The rows every rank's `generate` must draw for its forwards to match the other ranks' (0: no constraint)."""
+        return 0
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def current_version(self) -> int:
         """The policy version held (never a collective, unlike `checksum`)."""
@@ -140,7 +144,8 @@ class GenerationMixin:
                            list(sample_ids), int(shard.meta_info["global_step"]))
         engine = self.sampling_engine()
         t_sample = time.perf_counter()
-        out = engine.generate(rows)
+        pad = self.lockstep_rows(len(rows)) if engine is self.engine else 0
+        out = engine.generate(rows, min_rows=pad) if pad else engine.generate(rows)
         t_sampled = time.perf_counter()
         got = sorted(set(out.tensors["policy_version"].tolist()))
         if got != [version]:
@@ -218,6 +223,19 @@ class SamplingMixin(GenerationMixin):
     def lockstep(self) -> bool:
         """True on sharded (FSDP2) trainers: every forward is a collective over the trainer ranks."""
         return bool(self.grad_sync is not None and self.grad_sync.lockstep)
+
+    def lockstep_rows(self, rows: int) -> int:
+        """Sharded trainer ranks drawing each sample alone (`RolloutConfig.rows_alone`) run one set of forwards per
+        row, so a rank with a smaller share of a TAG micro-batch pads to the largest share: the maximum over the
+        trainer ranks (a collective: a TAG task calls every trainer rank). 0 otherwise (batched sampling runs the
+        same forwards whatever the share)."""
+        if not (self.lockstep and self.engine.rollout.rows_alone):
+            return 0
+        group = self.collectives.trainer_group
+        count = torch.tensor([rows], dtype=torch.int64,
+                             device=self.device if torch.distributed.get_backend(group) == "nccl" else "cpu")
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX, group=group)
+        return int(count.item())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def checksum(self) -> dict[str, Any]:

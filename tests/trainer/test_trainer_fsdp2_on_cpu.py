@@ -25,7 +25,11 @@ RUN = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=3", "trainer.dige
        "trainer.digenrl.tsp.chunk_size=3", "trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3",
        # a larger eps keeps Adam's first step a smooth function of the gradient, so summation-order noise in ~0
        # elements is not amplified to +/-lr (the on-policy equivalence test compares gradients instead)
-       "actor_rollout_ref.actor.optim.eps=1e-3"]
+       "actor_rollout_ref.actor.optim.eps=1e-3",
+       # each sample drawn alone: the same trajectory whether a generator or the trainers (TAG, at bubbles whose timing
+       # varies run to run) draw it; batched, a uint8 pixel flip changed step 2's gradient by 1% in 5 runs of 10
+       # (test_trainer_sample_placement_on_cpu.py)
+       "trainer.digenrl.rows_alone=true"]
 
 
 def _state(trainer, worker):

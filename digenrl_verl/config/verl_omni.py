@@ -1307,18 +1307,34 @@ def build_trainer_engine(keys: RecipeKeys, digenrl: DigenRLConfig, train: TrainS
     return replace(train, engine="verl_omni", host_config=host.actor_rollout_ref)
 
 
-def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig) -> DigenRLConfig:
-    """`algorithm.global_std=True` (verl-omni's default) normalises by the std of the whole step's rewards, known only
-    once the step's last group is scored: a disaggregated step's updates then wait for its last reward (GAP
-    pipelining off: `pipeline=False`; TCSS may still generate the next step meanwhile), said in the plan with the
-    switch that allows pipelining. Colocated steps score everything before updating anyway."""
-    if not advantage_std(keys)[0] or digenrl.mode != "disaggregated" or not digenrl.pipeline:
-        return digenrl
-    keys.decide("algorithm.global_std=True (verl-omni's default): advantages use the std of the whole step's rewards, "
-                "so a step's updates wait for its last reward (GAP pipelining off for the updates; TCSS may still "
-                "generate the next step meanwhile); algorithm.global_std=false (each prompt group's own std) lets "
-                "updates start as soon as a group is scored")
-    return replace(digenrl, pipeline=False)
+def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig,
+                      engine: str = "digenrl") -> tuple[DigenRLConfig, bool]:
+    """`algorithm.global_std=True` (verl-omni's default) divides by the std of the whole step's rewards, known only
+    once the step's last group is scored. A disaggregated, pipelined run keeps it exactly in one of two ways, said in
+    the plan: **deferred** (returns True): groups train as soon as they are scored, with their group-centred rewards,
+    and the step's gradient is scaled by 1/(std + epsilon) at its optimizer step, which waits for the last reward
+    (`diffusion.advantages`; samples the clamp may touch train then); **barrier** (`pipeline=False`): the step's
+    updates wait for its last reward, where the deferred scaling does not apply (the KL term, verl-omni's actor
+    worker). Colocated steps, and runs without pipelining, score everything before updating anyway (False)."""
+    global_std, norm = advantage_std(keys)
+    if not (global_std and norm) or digenrl.mode != "disaggregated" or not digenrl.pipeline:
+        return digenrl, False
+    head = "algorithm.global_std=True (verl-omni's default): advantages use the std of the whole step's rewards"
+    blocked = (f"{A}.actor.use_kl_loss=true (the KL term does not scale with the std)" if keys(f"{A}.actor.use_kl_loss")
+               else "trainer.digenrl.trainer_engine=verl_omni (verl-omni's actor worker clamps the advantages it is "
+               "given and takes no gradient scale)" if engine == "verl_omni" else None)
+    if blocked is None:
+        keys.decide(f"{head}, applied by deferred scaling (exact): a prompt group trains as soon as it is scored, with "
+                    "its group-centred rewards, and the step's gradient is scaled by 1/(std + epsilon) at its "
+                    "optimizer step, which waits for the step's last reward; samples that "
+                    f"{A}.actor.diffusion_loss.adv_clip_max may clamp train then. With several optimizer steps per "
+                    "global step only the first one's updates overlap generation")
+        return digenrl, True
+    keys.decide(f"{head}, so a step's updates wait for its last reward (GAP pipelining off for the updates; TCSS may "
+                "still generate the next step meanwhile): the deferred scaling (updates as groups are scored, the std "
+                f"applied at the optimizer step) does not apply with {blocked}; algorithm.global_std=false (each "
+                "prompt group's own std) lets updates start as soon as a group is scored")
+    return replace(digenrl, pipeline=False), False
 
 
 #: the std keys verl-omni's `compute_advantage` passes to the Flow-GRPO estimator only: with
@@ -1334,10 +1350,11 @@ def advantage_std(keys: RecipeKeys) -> tuple[bool, bool]:
     return bool(keys(STD_KEYS[0])), bool(keys(STD_KEYS[1]))
 
 
-def build_advantage(keys: RecipeKeys) -> AdvantageConfig:
+def build_advantage(keys: RecipeKeys, deferred_std: bool = False) -> AdvantageConfig:
     """verl-omni's Flow-GRPO advantages: its stds are over [B, T] rows (each reward repeated over the sample's T
     trained timesteps, `compute_flow_grpo_outcome_advantage`), so T is the run's trained steps per sample. A std
-    key that verl-omni ignores (DanceGRPO) and the user set otherwise is warned about by name."""
+    key that verl-omni ignores (DanceGRPO) and the user set otherwise is warned about by name. `deferred_std`: the
+    global std by deferred scaling (`honour_global_std`)."""
     timesteps = trained_steps_per_sample(keys)
     global_std, norm = advantage_std(keys)
     for key, used in zip(STD_KEYS, (global_std, norm)):
@@ -1348,7 +1365,7 @@ def build_advantage(keys: RecipeKeys) -> AdvantageConfig:
     with user_keys(ADVANTAGE_KEYS):
         return AdvantageConfig(global_std=global_std, norm_adv_by_std=norm,
                                adv_clip_max=keys(f"{A}.actor.diffusion_loss.adv_clip_max"),
-                               timesteps_per_sample=timesteps)
+                               timesteps_per_sample=timesteps, deferred_std=deferred_std)
 
 
 def _data_seed(keys: RecipeKeys) -> int:

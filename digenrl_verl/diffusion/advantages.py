@@ -205,12 +205,18 @@ def step_scale(rewards: Sequence[float], cfg: AdvantageConfig) -> float:
     return float(_std(finite, cfg)) + cfg.epsilon
 
 
+def gradient_scale(scale: float) -> float:
+    """1/s; 0 when s = 0 (ε = 0 and equal rewards: every a_i is 0, and the barrier's 0/0 advantages are 0 too)."""
+    return 1.0 / scale if scale > 0 else 0.0
+
+
 def late_advantage(a: float, scale: float, cfg: AdvantageConfig) -> float:
-    """The value to train a deferred sample with, once s is known: clamp(a_i/s, −c, c)·s (1/s makes it A_i)."""
-    adv = a / scale
-    if cfg.adv_clip_max is not None:
-        adv = min(max(adv, -cfg.adv_clip_max), cfg.adv_clip_max)
-    return adv * scale
+    """The value to train a sample with once s is known: a_i where the clamp does not touch a_i/s, else
+    ±c·s (which the step's 1/s turns into the clamped A_i)."""
+    c = cfg.adv_clip_max
+    if c is None or scale <= 0 or abs(a / scale) <= c:
+        return a
+    return math.copysign(c, a) * scale
 
 
 def deferred_supported(cfg: AdvantageConfig) -> bool:

@@ -226,7 +226,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None =
     engine = trainer_engine_of(section, host)  # verl-omni's actor worker reads its keys itself (HOST_TRAINER_KEYS)
     check_unsupported(keys, engine)
     warn_no_effect(keys, engine)
-    digenrl = honour_global_std(keys, build_layout(keys, section))
+    digenrl, deferred_std = honour_global_std(keys, build_layout(keys, section), engine)
     model = build_model(keys)
     policy = build_policy(keys, digenrl, path=model.path, algorithm=model.algorithm, start_version=start_step)
     if engine == "verl_omni" and host is not None and host.sigma_schedules:  # verl-omni's schedules, sampled
@@ -236,7 +236,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None =
     train = build_trainer_engine(keys, digenrl, build_train(keys, digenrl, policy, shape.n, shape.total_steps, engine),
                                  host)
     reward = build_reward(keys, digenrl)
-    advantage = build_advantage(keys)
+    advantage = build_advantage(keys, deferred_std)
     checkpoint = build_checkpoint(keys)
     validation = build_validation(keys, data, policy.rollout)
     num_steps = shape.total_steps - start_step
@@ -247,7 +247,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None =
     warn_unknown(keys)  # after every builder: the keys nothing read are known now
     schedule = schedule_of(digenrl, num_steps=num_steps, start_step=start_step, prompts_per_step=shape.prompts,
                            n=shape.n, checkpoint_every=checkpoint.every, micro_batch_size=shape.micro_batch_size,
-                           mini_batches_per_step=shape.mini_batches,
+                           mini_batches_per_step=shape.mini_batches, opt_waits_for_step=deferred_std,
                            validate_every=validation.every)
     return RunSpec(digenrl=digenrl, schedule=schedule, policy=policy, train=train, reward=reward, advantage=advantage,
                    data=data, logging=logging, checkpoint=checkpoint, validation=validation,

@@ -46,7 +46,9 @@ import ray
 import torch
 from ray.exceptions import ObjectLostError, RayActorError
 
-from digenrl_verl.diffusion.advantages import AdvantageConfig, normalize_rewards
+from digenrl_verl.diffusion.advantages import (AdvantageConfig, centred_rewards, certainly_unclamped, gradient_scale,
+                                               late_advantage, needs_whole_step, normalize_rewards, std_lower_bound,
+                                               step_scale)
 from digenrl_verl.schedule.types import Completion, Task, TaskKind, worker_pool, worker_rank
 
 POLL_S = 0.5
@@ -125,6 +127,12 @@ class RayExecutor:
         self._scores: dict[int, dict[int, float]] = defaultdict(dict)
         self._pending_refs: dict[Any, int] = {}  # ref not seen ready yet -> its task id
         self.stats = ExecutorStats()
+        # the deferred global std (`AdvantageConfig.deferred_std`): UPDATEs holding samples the clamp may touch (re-run
+        # before the step's first OPT_STEP), the step's 1/(σ + ε), its UPDATE results held until it is known
+        self._late: dict[int, list[tuple[Task, tuple[int, ...]]]] = defaultdict(list)
+        self._grad_scale: dict[int, float] = {}
+        self._held: dict[int, list[tuple[Task, list]]] = defaultdict(list)
+        self.late_samples = 0  # samples trained late (their first UPDATE gave them 0), over the run
 
     # -- protocol -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -210,7 +218,7 @@ class RayExecutor:
             return Completion(f.task, f.start, end, ok=False, info=info)
         info = self._absorb(f.task, values)
         if self.on_result is not None:
-            self.on_result(f.task, values)
+            self._report(f.task, values)
         return Completion(f.task, f.start, end, ok=True, info=info)
 
     def _run_call(self, f: _InFlight) -> Completion:
@@ -308,22 +316,31 @@ class RayExecutor:
         """The advantages of `samples` as the UPDATE call's argument (fp32 [len(samples)])."""
         return torch.tensor([adv[s] for s in samples], dtype=torch.float32)
 
-    def _advantage_map(self, step: int, samples) -> dict[int, float]:
-        """Sample -> advantage for every row of the groups of `samples` (global_std: of the whole step batch);
-        a group's values do not depend on the other groups asked for, so one call serves every rank of an
-        UPDATE."""
+    def _pool(self, step: int, samples) -> list[int]:
+        """The samples whose rewards the advantages of `samples` need (the whole step for the global std without
+        deferral, else their groups), all scored."""
         batch = self.step_batch(step)
         uids = batch.non_tensor_batch["uid"]
-        scores = self._scores[step]
-        if self.advantage_cfg.global_std:
+        if needs_whole_step(self.advantage_cfg):
             pool = list(range(len(batch)))
         else:
             groups = {uids[s] for s in samples}
             pool = [i for i in range(len(batch)) if uids[i] in groups]
-        missing = [i for i in pool if i not in scores]
+        missing = [i for i in pool if i not in self._scores[step]]
         if missing:
             raise RuntimeError(f"step {step}: UPDATE of samples {list(samples)} before samples {missing} of "
                                "their group(s) were scored (internal schedule error)")
+        return pool
+
+    def _advantage_map(self, step: int, samples) -> dict[int, float]:
+        """Sample -> advantage for every row of the groups of `samples` (global_std: of the whole step batch);
+        a group's values do not depend on the other groups asked for, so one call serves every rank of an
+        UPDATE. Deferred global std: the values an UPDATE trains with now (`_deferred_map`)."""
+        if self.advantage_cfg.deferred_std:
+            return self._deferred_map(step, samples)[0]
+        uids = self.step_batch(step).non_tensor_batch["uid"]
+        scores = self._scores[step]
+        pool = self._pool(step, samples)
         finite = [i for i in pool if math.isfinite(scores[i])]
         adv = {i: 0.0 for i in pool}
         if finite:
@@ -331,6 +348,21 @@ class RayExecutor:
                                     [uids[i] for i in finite], self.advantage_cfg)
             adv.update({i: float(a) for i, a in zip(finite, res.advantages)})
         return {i: a if math.isfinite(a) else 0.0 for i, a in adv.items()}
+
+    def _deferred_map(self, step: int, samples) -> tuple[dict[int, float], list[int]]:
+        """The deferred global std (`diffusion.advantages`): sample -> the value an UPDATE trains with now (the
+        step's 1/(σ + ε) scales the gradient at its optimizer step), and the samples of `samples` the clamp may
+        still touch (0 now, trained once the step is scored). Once every reward is in, every value is final."""
+        cfg, scores = self.advantage_cfg, self._scores[step]
+        n = len(self.step_batch(step))
+        pool = self._pool(step, samples)
+        a = centred_rewards({i: scores[i] for i in pool}, self.step_batch(step).non_tensor_batch["uid"])
+        if len(scores) >= n:
+            scale = step_scale(list(scores.values()), cfg)
+            return {i: late_advantage(a[i], scale, cfg) if i in a else 0.0 for i in pool}, []
+        bound = std_lower_bound(list(scores.values()), n, cfg)
+        now = {i: a[i] if i in a and certainly_unclamped(a[i], bound, cfg) else 0.0 for i in pool}
+        return now, [s for s in samples if s in a and not certainly_unclamped(a[s], bound, cfg)]
 
     def loss_denominator(self, task: Task) -> float:
         """The loss of every UPDATE of a step is a sum over its rows divided by its mini-batch's rows (the step's
@@ -343,22 +375,75 @@ class RayExecutor:
         """UPDATE: each rank of the assignment (colocated: the plan's split of the micro-batch; disaggregated: even
         shares over the trainer pool) runs forward/backward over its samples; gradients accumulate until OPT_STEP."""
         f = _InFlight(task, self.now(), [], [])
-        denominator = self.loss_denominator(task)
-        max_share = max(len(samples) for _, samples in task.assignment)
         every = [s for _, samples in task.assignment for s in samples]
-        adv_of = self._advantage_map(task.step, every) if every else {}  # one normalisation for all ranks
-        for worker, samples in task.assignment:
-            f.add(self.workers[worker].update.remote(
-                list(samples), self.advantage_array(adv_of, samples), denominator, "tsp" in task.flags,
-                task.version, max_share,
-                *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
+        adv_of, late = {}, []
+        if every and self.advantage_cfg.deferred_std:
+            adv_of, late = self._deferred_map(task.step, every)
+        elif every:
+            adv_of = self._advantage_map(task.step, every)  # one normalisation for all ranks
+        if late:
+            self._late[task.step].append((task, tuple(late)))
+        self._submit_update(task, adv_of, f)
         return f
 
+    def _submit_update(self, task: Task, adv_of: Mapping[int, float], f: _InFlight) -> None:
+        """The UPDATE calls of `task` (every rank of its assignment) with the advantages `adv_of` (0 for a sample it
+        does not name), tracked by `f`."""
+        denominator = self.loss_denominator(task)
+        max_share = max(len(samples) for _, samples in task.assignment)
+        for worker, samples in task.assignment:
+            f.add(self.workers[worker].update.remote(
+                list(samples), self.advantage_array({s: adv_of.get(s, 0.0) for s in samples}, samples), denominator,
+                "tsp" in task.flags, task.version, max_share,
+                *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
+
     def _opt_step(self, task: Task) -> _InFlight:
+        """OPT_STEP. Deferred global std: first the UPDATEs that held samples the clamp might touch run again, on the
+        same ranks with the same rows, those samples with their final values and every other row with 0 (no
+        gradient; lock-step ranks keep their passes), then every rank's optimizer step scales the accumulated
+        gradient by 1/(σ + ε) (calls on one actor run in order). The optimizer steps' results come first."""
         f = _InFlight(task, self.now(), [], [])
+        if not self.advantage_cfg.deferred_std:
+            for worker in task.workers:
+                f.add(self.workers[worker].opt_step.remote(task.version), worker)
+            return f
+        if len(self._scores[task.step]) < len(self.step_batch(task.step)):
+            raise RuntimeError(f"step {task.step}: OPT_STEP before the step's last reward with the deferred global "
+                               "std (internal schedule error: ScheduleConfig.opt_waits_for_step is off)")
+        scale = self._grad_scale.setdefault(task.step, gradient_scale(step_scale(
+            list(self._scores[task.step].values()), self.advantage_cfg)))
+        late = _InFlight(task, self.now(), [], [])
+        for update, samples in self._late.pop(task.step, []):
+            final, _ = self._deferred_map(task.step, samples)
+            self._submit_update(update, {s: final[s] for s in samples}, late)
+            self.late_samples += len(samples)
         for worker in task.workers:
-            f.add(self.workers[worker].opt_step.remote(task.version), worker)
+            f.add(self.workers[worker].opt_step.remote(task.version, scale), worker)
+        for ref in late.result_refs:
+            f.add(ref, late.workers_of_ref[ref])
         return f
+
+    def _report(self, task: Task, values: list) -> None:
+        """`on_result`, with the deferred global std's UPDATE results held until the step's 1/(σ + ε) is known (at
+        its OPT_STEP) and their loss sums scaled by it: the logged losses are the barrier's. A late re-run adds only
+        its deferred rows' loss sums (its other rows are 0 and were counted by their first UPDATE)."""
+        if not self.advantage_cfg.deferred_std or task.kind not in (TaskKind.UPDATE, TaskKind.OPT_STEP):
+            self.on_result(task, values)
+            return
+        if task.kind == TaskKind.UPDATE:
+            self._held[task.step].append((task, values))
+            return
+        opts, late = values[:len(task.workers)], values[len(task.workers):]
+        scale = self._grad_scale[task.step]
+        held = self._held.pop(task.step, [])
+        if late:
+            held.append((held[0][0] if held else task, [{k: v[k] for k in ("pg_sum", "loss_sum")} for v in late]))
+        for update, vals in held:
+            self.on_result(update, [{**v, **{k: v[k] * scale for k in ("pg_sum", "loss_sum", "kl_sum") if k in v}}
+                                    for v in vals])
+        self.on_result(task, opts)
+        if "minibatch" not in task.flags:
+            self._grad_scale.pop(task.step, None)
 
     def _sync(self, task: Task) -> _InFlight:
         f = _InFlight(task, self.now(), [], [])

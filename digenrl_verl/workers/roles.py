@@ -419,10 +419,11 @@ class TrainingMixin:
         self.version = version
         return version
 
-    def opt_step(self, version: int) -> dict[str, float]:
-        """All-reduce the accumulated gradients, clip, step; the weights become `version`: ``self.version + 1`` at a
-        global step's last optimizer step, ``self.version`` at the step of one of its earlier mini-batches (versions
-        count global steps, `ScheduleConfig.mini_batches_per_step`)."""
+    def opt_step(self, version: int, grad_scale: float = 1.0) -> dict[str, float]:
+        """All-reduce the accumulated gradients, scale them by `grad_scale` (the deferred global std's 1/(σ + ε),
+        `diffusion.advantages`; before the clip, so the clip sees the barrier's gradient), clip, step; the weights
+        become `version`: ``self.version + 1`` at a global step's last optimizer step, ``self.version`` at the step
+        of one of its earlier mini-batches (versions count global steps, `ScheduleConfig.mini_batches_per_step`)."""
         if version not in (self.version, self.version + 1):
             raise RuntimeError(f"trainer rank {self.rank} at version {self.version} asked to produce version {version} "
                                f"(want {self.version + 1}, or {self.version} for a mini-batch's optimizer step)")
@@ -430,6 +431,9 @@ class TrainingMixin:
         params = list(self.trainable().values())
         self.grad_sync.reduce_grads(params)
         grads = [p.grad for p in params if p.grad is not None]
+        if grad_scale != 1.0:
+            for g in grads:
+                g.mul_(grad_scale)
         clip = self.train_spec.optim.grad_clip
         norm = 0.0
         if grads:

@@ -42,8 +42,9 @@ class TrainerRole(Protocol):
         The gradient is that of (sum over rows and trained steps of the loss) / `loss_denominator`. Returns
         `diffusion.loss.LossStats` sums."""
 
-    def opt_step(self, version: int) -> dict[str, float]:
-        """One optimizer step over what was accumulated; the weights become `version`. ``grad_norm``,
+    def opt_step(self, version: int, grad_scale: float = 1.0) -> dict[str, float]:
+        """One optimizer step over what was accumulated, scaled by `grad_scale` first (the deferred global std's
+        1/(σ + ε); only the package's trainer is sent one); the weights become `version`. ``grad_norm``,
         ``skipped``, ``version``, ``lr``."""
 
     def send_weights(self, version: int, generators: list[int]) -> int:

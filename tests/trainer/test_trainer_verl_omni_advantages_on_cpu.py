@@ -75,7 +75,7 @@ def test_the_run_weights_rewards_by_its_trained_steps(tiny_flux_dir, overrides, 
 def test_dance_grpo_advantages_always_use_the_global_std_as_verl_omni(tiny_flux_dir):
     """verl-omni's compute_advantage passes global_std / norm_adv_by_std_in_grpo to the flow_grpo estimator only:
     DanceGRPO runs the same estimator on its defaults. Set otherwise, the keys are warned about by name, and the
-    disaggregated plan keeps the global-std barrier (pipeline off)."""
+    disaggregated plan keeps the global std by the deferred scaling (issue 32: pipelined, the optimizer step waits)."""
     base = [TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", "algorithm.adv_estimator=dance_grpo",
             "actor_rollout_ref.model.algorithm=dance_grpo",
             "actor_rollout_ref.actor.diffusion_loss.loss_mode=dance_grpo",
@@ -86,7 +86,7 @@ def test_dance_grpo_advantages_always_use_the_global_std_as_verl_omni(tiny_flux_
         run = build_run(compose(base))
     assert any("norm_adv_by_std_in_grpo=False has no effect" in str(w.message) for w in caught)
     assert run.advantage.global_std is True and run.advantage.norm_adv_by_std is True
-    assert run.digenrl.pipeline is False  # the step's updates wait for its last reward
+    assert run.digenrl.pipeline is True and run.advantage.deferred_std and run.schedule.opt_waits_for_step
     flow = build_run(compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", "algorithm.global_std=false",
                               "trainer.digenrl.mode=disaggregated"]))
     assert flow.advantage.global_std is False and flow.digenrl.pipeline is True  # flow_grpo: the key is followed

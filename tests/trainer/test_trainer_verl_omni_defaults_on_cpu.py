@@ -46,14 +46,20 @@ def test_vllm_omni_keeps_the_default_tag_through_the_trainers_own_engine(tiny_fl
 
 # ------------------------------------------------------------------------------ b. algorithm.global_std=True
 def test_global_std_is_honoured_updates_wait_for_the_steps_last_reward(tiny_flux_dir):
-    """verl-omni's default (the step's std) is kept exactly: the updates of a disaggregated step wait for its last
-    reward (pipeline off), and the plan says so, naming the switch that allows pipelining."""
+    """verl-omni's default (the step's std) is kept exactly, by the deferred scaling (issue 32): groups update as they
+    are scored, the step's optimizer steps wait for its last reward, and the plan says so; with the KL term the
+    updates wait for the last reward (pipeline off), naming the key and the switch that allows pipelining."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # a decision, not a coercion warned about
         spec = build_run(compose([TINY_CPU, f"{A}.model.path={tiny_flux_dir}", DISAGG, "algorithm.global_std=true"]))
-    assert spec.advantage.global_std is True and spec.schedule.pipeline is False
-    text = _decision(spec, "algorithm.global_std")
+    assert spec.advantage.global_std is True and spec.advantage.deferred_std is True
+    assert spec.schedule.pipeline is True and spec.schedule.opt_waits_for_step is True
+    assert "deferred scaling" in _decision(spec, "algorithm.global_std")
+    kl = _build(tiny_flux_dir, DISAGG, "algorithm.global_std=true", f"{A}.actor.use_kl_loss=true")
+    assert kl.schedule.pipeline is False and kl.advantage.deferred_std is False
+    text = _decision(kl, "algorithm.global_std")
     assert "wait for its last reward" in text and "algorithm.global_std=false" in text
+    assert f"{A}.actor.use_kl_loss=true" in text
     piped = _build(tiny_flux_dir, DISAGG, "algorithm.global_std=false")
     assert piped.schedule.pipeline is True and piped.advantage.global_std is False
 
@@ -208,7 +214,7 @@ def test_the_dry_run_prints_decisions_and_differences_and_writes_plan_json(tiny_
     assert f"  - {A}.rollout.tensor_model_parallel_size=1 (verl-omni: 2)" in out
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["config"][f"{A}.rollout.pipeline.height"] == 64 and plan["config"]["algorithm.global_std"] is True
-    assert plan["schedule"]["pipeline"] is False and plan["pools"]["trainer"]["size"] == 1
+    assert plan["schedule"]["pipeline"] is True and plan["pools"]["trainer"]["size"] == 1  # deferred scaling (#32)
     assert plan["decisions"] and len(plan["differences_from_verl_omni"]) == len(NOT_VERL_OMNI_DEFAULTS) - 1
 
 

@@ -111,7 +111,9 @@ def _export_check(worker, lora: bool) -> dict:
 def _recompute_check(rank: int, world: int, args: dict) -> dict:
     """`recompute` (the old-log-prob pass) against verl-omni's stock `infer_batch` on the same weights and batch:
     with no accumulation open, and between two accumulations (train mode kept); under Ulysses SP every rank of the
-    group gets the source rank's outputs. Every rank's largest relative error, gathered."""
+    group must get the source rank's outputs. verl-omni returns them on the source rank only (None elsewhere): the
+    source's reference log-probs are sent to every rank of its group, and each rank's outputs are compared with
+    them. Every rank's largest relative error, gathered. Mutation ``rank1``: rank 1's shared outputs perturbed."""
     import torch
     from verl.utils import tensordict_utils as tu
     from verl_omni.workers.engine_workers import TrainingWorker
@@ -121,27 +123,55 @@ def _recompute_check(rank: int, world: int, args: dict) -> dict:
     actor_config = _actor_config(args["model_dir"], args["lora"], world, args["sp"])
     stock = _build(TrainingWorker, actor_config, {"VERL_ENGINE_DEVICE": "cuda"})
     ours = _build(TSPActorWorker, actor_config, {"VERL_ENGINE_VENDOR": "digenrl_tsp"})
+    if args["mutation"] == "rank1" and rank == 1:
+        share = ours._share_in_sp_group
+        ours._share_in_sp_group = lambda output, shapes: _perturbed(share(output, shapes))
     same_weights([stock.engine, ours.engine], args["lora"])
     dp_rank = rank // args["sp"]  # an SP group's ranks hold the same samples
     td = rollout_batch(actor_config.model_config, 2 * MICRO, seed=7 + dp_rank, num_steps=NUM_STEPS, height=HEIGHT,
                        random_old=False)
     mine = ours.engine.ulysses_sequence_parallel_size <= 1 or ours.engine.is_mp_src_rank_with_outputs()
     ref = stock.infer_batch(_with_meta(td, compute_loss=False))  # None on an SP group's other ranks
+    assert (ref is not None) == bool(mine), (rank, mine)
+    lp = _source_log_probs(ours, ref, td)
     closed = ours.recompute(_with_meta(td))  # every rank makes the same collective calls, in the same order
-    ref = ref if ref is not None else closed  # the other ranks' reference: the source's, shared
     part_a = tu.index_select_tensor_dict(td, torch.arange(0, MICRO))
     ours.accumulate(_with_meta(part_a, grad_accum_micro_batches=2))
     opened = ours.recompute(_with_meta(td))
-    lp = tu.get(ref, "log_probs").float()
 
     def err(out) -> float:
         return float((tu.get(out, "log_probs").float() - lp).abs().max() / lp.abs().max())
 
     row = {"rank": rank, "source": bool(mine), "closed": err(closed), "open": err(opened),
-           "mean_shape": list(tu.get(opened, "prev_sample_mean").shape)}
+           "ref_norm": float(lp.norm()), "mean_shape": list(tu.get(opened, "prev_sample_mean").shape)}
     rows = [None] * world
     torch.distributed.all_gather_object(rows, row)
     return {"ranks": rows}
+
+
+def _source_log_probs(worker, ref, td):
+    """verl-omni's reference log-probs as the SP group's source rank computed them, on every rank of the group (sent
+    over the gloo group, independently of the worker's own sharing); without SP, this rank's own."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    if worker.engine.ulysses_sequence_parallel_size <= 1:
+        return tu.get(ref, "log_probs").float()
+    group = worker.engine.ulysses_device_mesh.get_group(mesh_dim="ulysses")
+    shape = tuple(td["all_timesteps"].shape)
+    lp = tu.get(ref, "log_probs").float().contiguous() if ref is not None else torch.full(shape, float("nan"))
+    torch.distributed.broadcast(lp, src=torch.distributed.get_global_rank(group, 0), group=group)
+    assert torch.isfinite(lp).all()
+    return lp
+
+
+def _perturbed(out):
+    """The mutation: a rank's shared log-probs off by 1e-3 of their scale."""
+    from verl.utils import tensordict_utils as tu
+
+    lp = tu.get(out, "log_probs")
+    lp += 1e-3 * lp.abs().max()
+    return out
 
 
 def worker(rank: int, world: int, port: int, args: dict) -> None:
@@ -262,8 +292,21 @@ def test_recompute_equals_verl_omnis_infer_batch_open_or_not(qwen_dir, tmp_path,
     the accumulated gradients) gives verl-omni's `infer_batch` numbers; under Ulysses SP 2 both ranks of the group
     get them (verl-omni returns them on the source rank only)."""
     report = run_case(qwen_dir, tmp_path, lora=True, engine="tsp", world=world, mode="recompute", sp=sp)
+    assert _recompute_matches(report, world), report
+
+
+def _recompute_matches(report: dict, world: int) -> bool:
     rows = report["ranks"]
-    assert len(rows) == world and sum(r["source"] for r in rows) == 1, rows
-    for r in rows:
-        assert r["closed"] <= 1e-6 and r["open"] <= 1e-6, rows
-        assert r["mean_shape"][:2] == [2 * MICRO, NUM_STEPS], rows
+    assert len(rows) == world and sum(r["source"] for r in rows) == 1, rows  # one source rank per SP group
+    assert len({r["ref_norm"] for r in rows}) == 1 and rows[0]["ref_norm"] > 0, rows  # one reference: the source's
+    assert all(r["mean_shape"][:2] == [2 * MICRO, NUM_STEPS] for r in rows), rows
+    return all(r["closed"] <= 1e-6 and r["open"] <= 1e-6 for r in rows)
+
+
+@pytest.mark.slow
+def test_recompute_sp2_mutation_on_rank_1_fails(qwen_dir, tmp_path):
+    """Rank 1 (not the source) with outputs off by 1e-3: the check must see it."""
+    report = run_case(qwen_dir, tmp_path, lora=True, engine="tsp", world=2, mode="recompute", sp=2,
+                      mutation="rank1")
+    assert not _recompute_matches(report, 2), report
+    assert [r["closed"] > 1e-4 for r in report["ranks"]] == [False, True], report

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import sys
 import warnings
-from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,11 @@ from digenrl_verl.engines.diffusers import DiffusersEngine
 from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.models.tiny import build_tiny_model_dir
 from digenrl_verl.trainer.config import build_run
-from digenrl_verl.weights.sync import CollectiveSpec, Collectives, free_port
+from digenrl_verl.weights.sync import CollectiveSpec, free_port
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
+    sys.path.append(str(Path(__file__).resolve().parent))
+import _dtype_sync_ranks as ranks  # noqa: E402
 
 
 def _policy(model_dir: str, rollout_dtype: str, lora_rank: int):
@@ -26,32 +31,6 @@ def _policy(model_dir: str, rollout_dtype: str, lora_rank: int):
                                   f"actor_rollout_ref.model.lora_rank={lora_rank}",
                                   f"actor_rollout_ref.rollout.dtype={rollout_dtype}"]))
     return spec.policy
-
-
-def _sent(engine: DiffusersEngine) -> dict[str, torch.Tensor]:
-    """What the trainer sends: its trainable weights moved off their init, in the trained dtype (fp32)."""
-    g = torch.Generator().manual_seed(0)
-    return {k: (p.detach().float() + 0.1 * torch.randn(p.shape, generator=g)) for k, p in engine.trainable().items()}
-
-
-def _trainer(spec: CollectiveSpec, policy, out) -> None:
-    sent = _sent(DiffusersEngine.from_policy(replace(policy, engine=replace(policy.engine, dtype="float32"))))
-    Collectives(spec, "trainer", 0).send_weights(sent, [0])
-    out.put(_bytes(sent))
-
-
-def _generator(spec: CollectiveSpec, policy, out) -> None:
-    engine = DiffusersEngine.from_policy(policy)
-    engine.join(spec, 0)
-    engine.receive_weights(1)
-    out.put(_bytes({k: p.detach() for k, p in engine.trainable().items()}))
-
-
-def _bytes(tensors: dict[str, torch.Tensor]) -> bytes:
-    """Through the queue as bytes (a tensor would be shared by a file descriptor of a process that exits)."""
-    buffer = io.BytesIO()
-    torch.save(tensors, buffer)
-    return buffer.getvalue()
 
 
 @pytest.mark.slow  # two processes
@@ -66,11 +45,11 @@ def test_a_bf16_generator_receives_the_fp32_trainers_weights_cast(tmp_path, lora
     assert {p.dtype for p in params if not p.requires_grad} <= {torch.bfloat16}
     trained = {p.dtype for p in params if p.requires_grad}
     assert trained == ({torch.bfloat16} if lora_rank == 0 else {torch.float32})
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # not fork: the pytest process holds threads (a forked child could hang)
     out_t, out_g = ctx.Queue(), ctx.Queue()
     spec = CollectiveSpec("127.0.0.1", free_port(), 1, 1, timeout_s=60.0)
-    procs = [ctx.Process(target=_trainer, args=(spec, policy, out_t)),
-             ctx.Process(target=_generator, args=(spec, policy, out_g))]
+    procs = [ctx.Process(target=ranks.trainer, args=(spec, policy, out_t)),
+             ctx.Process(target=ranks.generator, args=(spec, policy, out_g))]
     for p in procs:
         p.start()
     try:

@@ -11,4 +11,5 @@ BENCHMARKS: dict[str, str] = {
     "e2e": "digenrl_verl.bench.e2e",
     "driver": "digenrl_verl.bench.driver",
     "tcss": "digenrl_verl.bench.tcss",
+    "global_std": "digenrl_verl.bench.global_std",
 }

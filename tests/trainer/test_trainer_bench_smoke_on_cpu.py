@@ -56,6 +56,11 @@ def _check_tcss(out: dict) -> None:
     assert "clip" in out["compare"]
 
 
+def _check_global_std(out: dict) -> None:
+    assert out["bench"] == "global_std" and [r["arm"] for r in out["runs"]] == ["per-group", "barrier", "deferred"]
+    assert out["summary"]["barrier_over_deferred"] > 0 and out["runs"][1]["update_overlap"] == 0.0
+
+
 SMOKE: dict[str, Smoke] = {
     "tsp": Smoke(("--repeats", "1", "--no-memory"), _check_tsp),
     "bts": Smoke(("--repeat", "1"), _check_bts, timeout_s=120),
@@ -63,6 +68,8 @@ SMOKE: dict[str, Smoke] = {
     "e2e": Smoke(("--repeat", "1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--num-inference-steps", "2",
                   "--only", "digenrl", "--startup-repeat", "1"), _check_e2e, timeout_s=900),
     "tcss": Smoke(("--pairs", "2x2:0", "--arms", "on,clip", "--steps", "6"), _check_tcss, timeout_s=900),
+    "global_std": Smoke(("--rounds", "1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--n", "2"),
+                        _check_global_std, timeout_s=900),
 }
 
 

@@ -14,16 +14,24 @@ the measured steps went:
 - ``probe_s``: collecting the other ready refs; ``get_s``: `ray.get` of the results (object transfer back);
 - ``complete_s``: absorbing results (scores); ``other_s``: the rest (the loop, timestamps).
 
-The machine's limits, measured on the same actors after the driver ran, with no driver at all (`ceilings`):
+The machine's limits, measured on the same actors right after the driver ran, with no driver at all (`ceilings`):
 
 - ``ray_ceiling_calls_per_s``: bare Ray round trips (one no-op call in flight per actor, the executor's
   two-`ray.wait` turn, `ray.get`, resubmit): the task rate a dispatch of one actor call per task could reach;
 - ``ray_lane_ceiling_tasks_per_s``: tasks of one call per rank over the run's groups (each GAP lane, the trainer
-  ranks), one in flight per group: the rate today's dispatch (a call per rank) could reach with a free driver;
-- ``cgraph_lane_executions_per_s`` (``--cgraph``): the same groups as Ray Compiled Graphs (shared-memory channels
-  instead of a call per rank), one graph per group, executions per second.
+  ranks), one in flight per group, each call `ready()` (no argument, one small return): Ray's own lane ceiling;
+- ``ray_call_lane_ceiling_tasks_per_s``: the same lanes making the driver's calls with their content
+  (`DriverCalls`: GEN with a shard and three returns, SCORE and UPDATE with their arguments and refs): Ray's own rate
+  for these calls, no driver;
+- with ``--cgraph``, the static fan-out (`receive_weights(version)` on every rank of each group, as a SYNC) plain
+  (``plain_fanout_tasks_per_s``) and as Ray Compiled Graphs (``cgraph_lane_executions_per_s``: shared-memory channels
+  instead of a call per rank, one graph per group), and ``lane_ceiling_idle_cgraph_tasks_per_s``: the plain lane
+  ceiling while a compiled graph over every actor is kept, idle (what keeping a compiled SYNC costs the other calls).
 
 ``calls_per_task`` = actor calls / tasks: the task rate is at most ``ray_ceiling_calls_per_s`` / ``calls_per_task``.
+``vs_lane_ceiling`` and ``vs_call_lane_ceiling``: the driver's task rate over those ceilings, each within one run.
+Each row runs `--repeat` times (driver, then the ceilings) on the same actors; the row's figures are the run of
+median rate, ``medians`` the medians over its runs, ``runs`` every run with the load average at its start and end.
 
 ``driver_cpu_s`` is the CPU time the driver process used meanwhile (all its threads, Ray's included):
 ``cpu_share`` = CPU / wall shows how much of a core it got on a shared machine, and ``tasks_per_cpu_s`` the
@@ -43,8 +51,9 @@ import io
 import json
 import os
 import pstats
+import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import ray
@@ -64,7 +73,11 @@ TARGET_TASKS_PER_S = 500.0
 MB_PER_LANE = 4  # micro-batches (prompt groups) per lane and step
 CEILING_S = 3.0  # seconds of each ceiling measurement per row (after a warm-up)
 CGRAPH_WARMUP_TIMEOUT_S = 120.0
-CEILING_KEYS = ("ray_ceiling_calls_per_s", "ray_lane_ceiling_tasks_per_s", "cgraph_lane_executions_per_s")
+CEILING_KEYS = ("ray_ceiling_calls_per_s", "ray_lane_ceiling_tasks_per_s", "ray_call_lane_ceiling_tasks_per_s",
+                "plain_fanout_tasks_per_s", "cgraph_lane_executions_per_s", "lane_ceiling_idle_cgraph_tasks_per_s")
+RATIOS = {"vs_lane_ceiling": "ray_lane_ceiling_tasks_per_s",
+          "vs_call_lane_ceiling": "ray_call_lane_ceiling_tasks_per_s"}
+"""ratio -> the ceiling it divides the driver's task rate by (both from the same run)"""
 TIME_KEYS = ("decision_s", "submit_s", "wait_s", "probe_s", "get_s", "complete_s", "other_s")
 
 
@@ -94,19 +107,23 @@ def ray_round_trips(actors: list, seconds: float) -> dict[str, float]:
     return {"calls": out["tasks"], "wall_s": out["wall_s"], "calls_per_s": out["tasks_per_s"]}
 
 
-def ray_lane_round_trips(groups: list[list], seconds: float) -> dict[str, float]:
+def ray_lane_round_trips(groups: list[list], seconds: float,
+                         call: Callable[[int, list], list] | None = None) -> dict[str, float]:
     """Bare Ray tasks per second when a task is one call per rank of a group (a GEN or SCORE on a GAP lane, an
     UPDATE on the trainer ranks), no driver: each group keeps one task in flight, done when all its ranks answered,
     then resubmitted. A turn blocks in `ray.wait` for the first ready ref, collects every other ready one, `ray.get`s
-    them and resubmits, as the executor's `wait_any` does."""
+    them and resubmits. `call(g, ranks)` makes group g's calls and returns the refs to wait on (default: `ready()`
+    on each rank, no argument, one small return)."""
+    call = call or (lambda g, ranks: [a.ready.remote() for a in ranks])
     ray.get([a.ready.remote() for g in groups for a in g])  # warm-up round
     owner: dict = {}
     left: dict[int, int] = {}
 
     def issue(g: int) -> None:
-        for a in groups[g]:
-            owner[a.ready.remote()] = g
-        left[g] = len(groups[g])
+        refs = call(g, groups[g])
+        for ref in refs:
+            owner[ref] = g
+        left[g] = len(refs)
 
     for g in range(len(groups)):
         issue(g)
@@ -125,6 +142,43 @@ def ray_lane_round_trips(groups: list[list], seconds: float) -> dict[str, float]
     wall = time.perf_counter() - start
     ray.get(list(owner))
     return {"tasks": tasks, "wall_s": wall, "tasks_per_s": tasks / wall}
+
+
+class DriverCalls:
+    """`ray_lane_round_trips`' calls with the content of the driver's: each GAP lane alternates a GEN
+    (`generate(shard, sample_ids, version)`, three returns, the facts waited on) and a SCORE of its decoded samples
+    (`score(sample_ids, images_ref)`), one sample per rank (a group of n on a lane of n ranks, as the bench's
+    micro-batches); the trainer ranks (the last group) run UPDATEs (`update(sample_ids, advantages, denominator,
+    tsp, version, max_share, trajectory_ref)`) of lane 0's trajectories. The same argument and return types as the
+    executor's calls (a `StepBatch` shard, numpy advantages), no driver: Ray's own rate for the driver's calls.
+    SYNC and OPT_STEP (one int argument each; 2 of a step's tasks) are left out."""
+
+    def __init__(self, lanes: int, batch: StepBatch) -> None:
+        self.lanes, self.batch = lanes, batch
+        self.turns = [0] * lanes
+        self.images: dict[int, Any] = {}  # actor index in its lane -> its latest decoded samples (ref)
+        self.trajectories: dict[int, Any] = {}  # rank of lane 0 -> its latest trajectory (ref)
+        self.generate: dict[Any, Any] = {}
+
+    def __call__(self, g: int, ranks: list) -> list:
+        if g >= self.lanes:  # the trainer ranks: UPDATE, trajectories by reference
+            traj = [self.trajectories[r % len(self.trajectories)] for r in range(len(ranks))]
+            return [a.update.remote([r], np.zeros(1, dtype=np.float32), float(len(ranks)), False, 0, 1, t)
+                    for r, (a, t) in enumerate(zip(ranks, traj))]
+        self.turns[g] += 1
+        if self.turns[g] % 2 == 0:  # SCORE of the lane's last GEN
+            return [a.score.remote([r], self.images[(g, r)]) for r, a in enumerate(ranks)]
+        refs = []
+        for r, a in enumerate(ranks):
+            method = self.generate.get(a)
+            if method is None:
+                method = self.generate[a] = a.generate.options(num_returns=3)
+            traj, images, facts = method.remote(self.batch.select_idxs(np.asarray([r], dtype=np.int64)), [r], 0)
+            self.images[(g, r)] = images
+            if g == 0:
+                self.trajectories[r] = traj
+            refs.append(facts)
+        return refs
 
 
 def cgraph_lane_executions(groups: list[list], seconds: float) -> dict[str, float]:
@@ -157,9 +211,11 @@ def cgraph_lane_executions(groups: list[list], seconds: float) -> dict[str, floa
 
 
 def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: float = CEILING_S,
-             cgraph: bool = False) -> dict[str, Any]:
-    """One row: start the actors, run a warm-up step, measure `steps - 1` steps, then the ceilings on the same
-    actors."""
+             cgraph: bool = False, repeat: int = 1) -> dict[str, Any]:
+    """One row: start the actors, then `repeat` times: the driver (a warm-up step, `steps - 1` measured) and the
+    ceilings on the same actors right after it. The row's figures are the run of median driver rate (its time
+    accounting adds up); `medians` has the median over the runs of the rate, every ceiling and every ratio (each
+    ratio is taken within its run: driver and ceiling minutes apart, under the same load)."""
     shape = shape_of(actors, n)
     t0 = time.perf_counter()
     remote = ray.remote(NoopWorker).options(num_cpus=0)
@@ -167,29 +223,58 @@ def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: 
     workers.update({f"trn:{i}": remote.remote(1000 + i) for i in range(shape["trainers"])})
     ray.get([w.ready.remote() for w in workers.values()])
     startup_s = time.perf_counter() - t0
+    runs = []
     try:
-        row = {**shape, "n": n, "steps_measured": steps - 1, "startup_s": startup_s,
-               **measure_driver(workers, shape, steps, n, profile)}
-        row.update(ceilings(workers, n, ceiling_s, cgraph))
+        for _ in range(repeat):
+            load = os.getloadavg()[0]
+            run = {**measure_driver(workers, shape, steps, n, profile), **ceilings(workers, n, ceiling_s, cgraph)}
+            run["calls_per_task"] = run["actor_calls"] / max(run["tasks"], 1)
+            for key, ceiling in RATIOS.items():
+                run[key] = run["tasks_per_s"] / run[ceiling]
+            runs.append({**run, "load_avg_start": load, "load_avg_end": os.getloadavg()[0]})
     finally:
         for w in workers.values():
             ray.kill(w)
-    row["calls_per_task"] = row["actor_calls"] / max(row["tasks"], 1)
-    return row
+    row = sorted(runs, key=lambda r: r["tasks_per_s"])[(len(runs) - 1) // 2]
+    keys = ("tasks_per_s", *CEILING_KEYS, *RATIOS)
+    return {**shape, "n": n, "steps_measured": steps - 1, "startup_s": startup_s, "repeat": repeat, **row,
+            "medians": {k: statistics.median(r[k] for r in runs) for k in keys if k in row},
+            "runs": [{k: r[k] for k in (*keys, "load_avg_start", "load_avg_end") if k in r} for r in runs]}
 
 
 def ceilings(workers: dict[str, Any], n: int, seconds: float, cgraph: bool) -> dict[str, float]:
     """The machine's limits on these actors, no driver: bare round trips (one call per task), tasks of one call per
-    rank over the run's groups (its GAP lanes and the trainer ranks), and with `cgraph` the same groups as compiled
-    graphs."""
+    rank over the run's groups (its GAP lanes and the trainer ranks): `ready()` calls, and the driver's calls
+    (`DriverCalls`). With `cgraph`, the static fan-out (`receive_weights(version)` on every rank of each group, as a
+    SYNC) plain and as compiled graphs, and the plain lane ceiling while a compiled graph is kept on every actor
+    (what keeping one costs every other call)."""
     gens = [w for w in workers if worker_pool(w) == "gen"]
     groups = [[workers[w] for w in lane] for lane in GapPlanner().lanes(gens, n)]
     groups.append([a for w, a in workers.items() if worker_pool(w) == "trn"])
+    batch = StepBatch.of(MB_PER_LANE * (len(groups) - 1), n)
+    calls = DriverCalls(len(groups) - 1, batch)
     out = {"ray_ceiling_calls_per_s": ray_round_trips(list(workers.values()), seconds)["calls_per_s"],
-           "ray_lane_ceiling_tasks_per_s": ray_lane_round_trips(groups, seconds)["tasks_per_s"]}
+           "ray_lane_ceiling_tasks_per_s": ray_lane_round_trips(groups, seconds)["tasks_per_s"],
+           "ray_call_lane_ceiling_tasks_per_s": ray_lane_round_trips(groups, seconds, calls)["tasks_per_s"]}
     if cgraph:
+        fanout = lambda g, ranks: [a.receive_weights.remote(0) for a in ranks]  # noqa: E731
+        out["plain_fanout_tasks_per_s"] = ray_lane_round_trips(groups, seconds, fanout)["tasks_per_s"]
         out["cgraph_lane_executions_per_s"] = cgraph_lane_executions(groups, seconds)["executions_per_s"]
+        out["lane_ceiling_idle_cgraph_tasks_per_s"] = lane_ceiling_beside_cgraph(groups, seconds)
     return out
+
+
+def lane_ceiling_beside_cgraph(groups: list[list], seconds: float) -> float:
+    """`ray_lane_round_trips` (plain `ready()` calls) while one compiled graph over every actor (`receive_weights`
+    on each, a SYNC's fan-out) is compiled and idle, as an executor that kept a compiled SYNC would leave it between
+    two steps: each actor's compiled-graph loop then runs beside its plain calls."""
+    with InputNode() as inp:
+        dag = MultiOutputNode([a.receive_weights.bind(inp) for g in groups for a in g]).experimental_compile()
+    try:
+        ray.get(dag.execute(0), timeout=CGRAPH_WARMUP_TIMEOUT_S)
+        return ray_lane_round_trips(groups, seconds)["tasks_per_s"]
+    finally:
+        dag.teardown()
 
 
 def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n: int,
@@ -252,42 +337,55 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--actors", type=_actors, default=ACTORS, help="actor counts, comma-separated (8,32,64)")
     parser.add_argument("--steps", type=int, default=6, help="global steps per row, the first a warm-up (>= 2)")
     parser.add_argument("--n", type=int, default=8, help="group size: generator ranks per GAP lane")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="driver + ceilings runs per row on the same actors; medians reported, every run kept")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured steps (top 15 by own time)")
     parser.add_argument("--ceiling-s", type=float, default=CEILING_S,
                         help="seconds of each ceiling measurement per row (bare Ray, lanes, compiled graphs)")
     parser.add_argument("--cgraph", action="store_true",
-                        help="also measure the lanes as Ray Compiled Graphs (cgraph_lane_executions_per_s; loads the "
-                             "machine heavily while it runs)")
+                        help="also measure the static fan-out plain and as Ray Compiled Graphs, and the lane ceiling "
+                             "beside an idle compiled graph (loads the machine heavily while it runs)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps {args.steps}: needs >= 2 (the first step is a warm-up)")
     if args.ceiling_s <= 0:
         parser.error(f"--ceiling-s {args.ceiling_s}: needs > 0 seconds")
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: needs >= 1")
     for a in args.actors:
         shape_of(a, args.n)
     if not ray.is_initialized():  # (tests run it on their shared Ray instance)
         init_local_ray(num_cpus=2)
-    rows = [run_case(a, args.steps, args.n, args.profile, args.ceiling_s, args.cgraph) for a in args.actors]
-    print(f"{'actors':>6} {'gen':>4} {'trn':>4} {'lanes':>5} {'tasks':>6} {'tasks/s':>8} {'calls/s':>8} "
-          f"{'call/tk':>7} {'ceiling':>8} {'lane-ce':>8} {'cgraph':>8} "
-          f"{'dec/s':>8} {'us/dec':>7} {'cpu%':>5} {'t/cpu-s':>7} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
+    load_start = list(os.getloadavg())
+    rows = [run_case(a, args.steps, args.n, args.profile, args.ceiling_s, args.cgraph, args.repeat)
+            for a in args.actors]
+    _print_table(rows)
+    head = max(rows, key=lambda r: r["actors"])
+    out = {"bench": "driver", "steps": args.steps, "n": args.n, "repeat": args.repeat, "load_avg_start": load_start,
+           "load_avg": list(os.getloadavg()), "cpus": os.cpu_count(),
+           "rows": [{k: v for k, v in r.items() if k != "profile_top"} for r in rows],
+           "headline": {"actors": head["actors"], "tasks_per_s": head["medians"]["tasks_per_s"],
+                        "decision_share": head["shares"]["decision_s"], "calls_per_task": head["calls_per_task"],
+                        **{k: head["medians"][k] for k in (*CEILING_KEYS, *RATIOS) if k in head["medians"]},
+                        "target_tasks_per_s": TARGET_TASKS_PER_S,
+                        "meets_target": head["medians"]["tasks_per_s"] >= TARGET_TASKS_PER_S}}
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+def _print_table(rows: list[dict]) -> None:
+    """Medians over the runs (rate, ceilings, ratios), then the median run's accounting."""
+    print(f"{'actors':>6} {'lanes':>5} {'tasks/s':>8} {'lane-ce':>8} {'x lane':>6} {'call-ce':>8} {'x call':>6} "
+          f"{'ceiling':>8} {'cgraph':>8} {'call/tk':>7} {'us/dec':>7} {'cpu%':>5} {'t/cpu-s':>7} "
+          + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
     for r in rows:
-        print(f"{r['actors']:>6} {r['generators']:>4} {r['trainers']:>4} {r['lanes']:>5} {r['tasks']:>6} "
-              f"{r['tasks_per_s']:>8.0f} {r['calls_per_s']:>8.0f} {r['calls_per_task']:>7.2f} "
-              f"{r['ray_ceiling_calls_per_s']:>8.0f} {r['ray_lane_ceiling_tasks_per_s']:>8.0f} "
-              f"{r.get('cgraph_lane_executions_per_s', float('nan')):>8.0f} {r['decisions_per_s']:>8.0f} "
+        m = r["medians"]
+        print(f"{r['actors']:>6} {r['lanes']:>5} {m['tasks_per_s']:>8.1f} {m['ray_lane_ceiling_tasks_per_s']:>8.1f} "
+              f"{m['vs_lane_ceiling']:>6.2f} {m['ray_call_lane_ceiling_tasks_per_s']:>8.1f} "
+              f"{m['vs_call_lane_ceiling']:>6.2f} {m['ray_ceiling_calls_per_s']:>8.0f} "
+              f"{m.get('cgraph_lane_executions_per_s', float('nan')):>8.0f} {r['calls_per_task']:>7.2f} "
               f"{r['us_per_decision']:>7.0f} {r['cpu_share']:>5.0%} {r['tasks_per_cpu_s'] or 0:>7.0f} "
               + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))
         if "profile_top" in r:
             print(r["profile_top"])
-    head = max(rows, key=lambda r: r["actors"])
-    out = {"bench": "driver", "steps": args.steps, "n": args.n, "load_avg": list(os.getloadavg()),
-           "cpus": os.cpu_count(), "rows": [{k: v for k, v in r.items() if k != "profile_top"} for r in rows],
-           "headline": {"actors": head["actors"], "tasks_per_s": head["tasks_per_s"],
-                        "decision_share": head["shares"]["decision_s"], "calls_per_task": head["calls_per_task"],
-                        **{k: head[k] for k in CEILING_KEYS if k in head},
-                        "target_tasks_per_s": TARGET_TASKS_PER_S,
-                        "meets_target": head["tasks_per_s"] >= TARGET_TASKS_PER_S}}
-    if args.json:
-        print(json.dumps(out))
-    return 0

@@ -56,7 +56,7 @@ class NoopWorker:
                max_share: int, *traj_parts: dict) -> dict[str, float]:
         return {"loss": 0.0, "rows": float(len(sample_ids))}
 
-    def opt_step(self, version: int) -> dict[str, float]:
+    def opt_step(self, version: int, grad_scale: float = 1.0) -> dict[str, float]:
         self.version = version
         return {"grad_norm": 0.0, "skipped": 0.0, "version": float(version)}
 

@@ -126,6 +126,7 @@ class RayExecutor:
         self._images: dict[tuple[int, int], Any] = {}         # (step, sample) -> images ref
         self._scores: dict[int, dict[int, float]] = defaultdict(dict)
         self._pending_refs: dict[Any, int] = {}  # ref not seen ready yet -> its task id
+        self._generate_methods: dict[str, tuple] = {}  # worker -> (actor, its 3-return `generate`)
         self.stats = ExecutorStats()
         # the deferred global std (`AdvantageConfig.deferred_std`): UPDATEs holding samples the clamp may touch (re-run
         # before the step's first OPT_STEP), the step's 1/(σ + ε), its UPDATE results held until it is known
@@ -161,34 +162,60 @@ class RayExecutor:
         while True:
             done = [f for f in self._inflight.values() if not f.waiting]
             if done:
-                return [self._complete(f) for f in done]
+                return self._complete_all(done)
             if not self._pending_refs:
                 return []
             left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if left <= 0:
                 return []
-            # only refs not yet ready (finished refs of unfinished tasks would return at once: a busy loop);
-            # short slices so Python signal handlers (Ctrl-C, SIGTERM) run promptly
-            pending = list(self._pending_refs)
-            t0 = time.perf_counter()
-            ready, _ = ray.wait(pending, num_returns=1, timeout=left, fetch_local=False)
-            t1 = time.perf_counter()
-            self.stats.waits += 1
-            self.stats.wait_s += t1 - t0
-            if not ready:
-                continue
-            if len(pending) > 1:  # every other ref ready by now, in one call
-                ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
-            for ref in ready:
-                self._inflight[self._pending_refs.pop(ref)].waiting.discard(ref)
-            self.stats.probe_s += time.perf_counter() - t1
+            self._collect_ready(left)
+
+    def _collect_ready(self, left: float) -> None:
+        """Mark the refs that are ready now, blocking at most `left` seconds for the first batch of them.
+
+        No task can end before every ref it still waits on is ready, so the blocking wait asks for as many refs as
+        the task closest to its end still lacks (`num_returns` = the fewest refs any task waits on): a GEN on a lane
+        of 8 ranks wakes the driver once, not once per rank. A second, non-blocking wait collects every other ref
+        ready by then. Only refs not yet ready are waited on (finished refs of unfinished tasks would return at once:
+        a busy loop); short slices so Python signal handlers (Ctrl-C, SIGTERM) run promptly."""
+        pending = list(self._pending_refs)
+        need = min(len(f.waiting) for f in self._inflight.values() if f.waiting)
+        t0 = time.perf_counter()
+        ready, _ = ray.wait(pending, num_returns=min(need, len(pending)), timeout=left, fetch_local=False)
+        t1 = time.perf_counter()
+        self.stats.waits += 1
+        self.stats.wait_s += t1 - t0
+        if not ready:
+            return
+        if len(ready) < len(pending):  # every other ref ready by now, in one call
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
+        for ref in ready:
+            self._inflight[self._pending_refs.pop(ref)].waiting.discard(ref)
+        self.stats.probe_s += time.perf_counter() - t1
 
     # -- bookkeeping ----------------------------------------------------------------------------
-    def _complete(self, f: _InFlight) -> Completion:
+    def _complete_all(self, done: list[_InFlight]) -> list[Completion]:
+        """Complete the tasks whose refs are all ready: their results fetched with one `ray.get` (a call that raises
+        is then looked at task by task, `_completion`)."""
+        values: list | None = None
+        refs = [r for f in done for r in f.result_refs]
+        if len(done) > 1 and refs:
+            try:
+                values = self._get(refs)
+            except Exception:  # a failed call: each task fetches its own, so the failure is attributed to its task
+                values = None
+        out, i = [], 0
+        for f in done:
+            k = len(f.result_refs)
+            out.append(self._complete(f, None if values is None else values[i:i + k]))
+            i += k
+        return out
+
+    def _complete(self, f: _InFlight, values: list | None = None) -> Completion:
         t0 = time.perf_counter()
         get_before = self.stats.get_s
         try:
-            return self._completion(f)
+            return self._completion(f, values)
         finally:
             self.stats.completions += 1
             self.stats.complete_s += time.perf_counter() - t0 - (self.stats.get_s - get_before)
@@ -200,11 +227,13 @@ class RayExecutor:
         finally:
             self.stats.get_s += time.perf_counter() - t0
 
-    def _completion(self, f: _InFlight) -> Completion:
+    def _completion(self, f: _InFlight, values: list | None = None) -> Completion:
+        """`values`: the results, already fetched (`_complete_all`), else fetched here."""
         del self._inflight[f.task.task_id]
         end = self.now()
         try:
-            values = self._get(f.result_refs)
+            if values is None:
+                values = self._get(f.result_refs)
         except Exception as e:
             # ray.get raises the first error in list order, which may hide a dead actor behind another
             # worker's error: probe every call
@@ -273,8 +302,7 @@ class RayExecutor:
             if not samples:
                 continue
             shard = batch.select_idxs(np.asarray(samples, dtype=np.int64))
-            traj_ref, img_ref, facts_ref = self.workers[worker].generate.options(num_returns=3).remote(
-                shard, list(samples), task.version)
+            traj_ref, img_ref, facts_ref = self._generate_method(worker).remote(shard, list(samples), task.version)
             for s in samples:
                 self._trajectories[(task.step, s)] = traj_ref
                 self._images[(task.step, s)] = img_ref
@@ -282,6 +310,15 @@ class RayExecutor:
             # facts, so neither trajectories nor decoded samples ever travel to this process
             f.add(facts_ref, worker)
         return f
+
+    def _generate_method(self, worker: str) -> Any:
+        """`generate` of `worker` with its three returns, built once per actor (not per call; a replaced actor, see
+        `trainer.elastic`, gets its own)."""
+        actor = self.workers[worker]
+        cached = self._generate_methods.get(worker)
+        if cached is None or cached[0] is not actor:
+            cached = self._generate_methods[worker] = (actor, actor.generate.options(num_returns=3))
+        return cached[1]
 
     def _refs_for(self, store: dict, step: int, samples) -> list:
         missing = [s for s in samples if (step, s) not in store]

@@ -14,6 +14,9 @@ from digenrl_verl.bench.noop_workers import NoopWorker, StepBatch
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig, TagConfig
 from digenrl_verl.schedule.driver import Driver
+from digenrl_verl.schedule.types import Task, TaskKind
+from digenrl_verl.trainer import ray_executor
+from digenrl_verl.trainer.ray_executor import RayExecutor, _InFlight
 from digenrl_verl.workers.roles import GeneratorWorker, TrainerWorker
 
 # the methods RayExecutor calls on each role's actors (trainer: TAG generates, scores when no generator is left)
@@ -50,12 +53,12 @@ def test_driver_bench_is_registered_and_sizes_its_pools():
 @pytest.mark.slow  # starts no-op actors on the session's Ray instance
 def test_driver_bench_json_shape_and_time_accounting(ray_session, capsys):
     assert bench_driver.main(["--actors", "2,4", "--steps", "2", "--n", "2", "--ceiling-s", "0.2", "--cgraph",
-                              "--json"]) == 0
+                              "--repeat", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["bench"] == "driver" and [r["actors"] for r in out["rows"]] == [2, 4]
     assert len(out["load_avg"]) == 3 and out["headline"]["actors"] == 4
-    for key in bench_driver.CEILING_KEYS:
-        assert out["headline"][key] == out["rows"][-1][key]
+    for key in (*bench_driver.CEILING_KEYS, *bench_driver.RATIOS):
+        assert out["headline"][key] == out["rows"][-1]["medians"][key]
     assert out["headline"]["target_tasks_per_s"] == 500.0 and isinstance(out["headline"]["meets_target"], bool)
     for r in out["rows"]:
         assert r["generators"] + r["trainers"] == r["actors"] and r["steps_measured"] == 1
@@ -66,6 +69,13 @@ def test_driver_bench_json_shape_and_time_accounting(ray_session, capsys):
         assert r["calls_per_task"] == pytest.approx(r["actor_calls"] / r["tasks"])
         # the ceilings were measured on the same actors: bare round trips, lanes of calls, compiled graphs
         assert min(r[k] for k in bench_driver.CEILING_KEYS) > 0
+        # each ratio is taken within one run; the row is the run of median rate, `medians` over both runs
+        assert len(r["runs"]) == 2 and r["repeat"] == 2
+        for run in r["runs"]:
+            for key, ceiling in bench_driver.RATIOS.items():
+                assert run[key] == pytest.approx(run["tasks_per_s"] / run[ceiling])
+        assert r["medians"]["tasks_per_s"] == pytest.approx(sum(x["tasks_per_s"] for x in r["runs"]) / 2)
+        assert r["tasks_per_s"] == min(x["tasks_per_s"] for x in r["runs"])  # the lower middle of two
         # the time accounting covers the wall time: its parts are non-negative and add up to it
         parts = [r[k] for k in bench_driver.TIME_KEYS]
         assert min(parts) >= 0 and sum(parts) == pytest.approx(r["wall_s"], rel=1e-6)
@@ -107,3 +117,58 @@ def test_the_executor_fetches_no_trajectory_or_decoded_sample(ray_session):
     assert not kept & set(fetched), "trajectories or decoded samples were fetched into the driver"
     gen_facts = [v for v in ray.get(fetched) if isinstance(v, dict) and set(v) == {"samples", "version"}]
     assert sum(v["samples"] for v in gen_facts) == config.prompts_per_step * 2
+
+
+class _Ref(str):
+    """A stand-in object ref (hashable, printable)."""
+
+
+def _executor_with(tasks: dict[int, list[str]]) -> RayExecutor:
+    """A `RayExecutor` (no actors) with OPT_STEP tasks in flight, task id -> the refs it waits on."""
+    ex = RayExecutor({}, lambda step: None, AdvantageConfig(global_std=False), loss_rows_per_sample=1)
+    for tid, refs in tasks.items():
+        f = _InFlight(Task(tid, TaskKind.OPT_STEP, 0, None, (f"trn:{tid}",), 1, flags=frozenset({"minibatch"})),
+                      0.0, [], [])
+        for r in refs:
+            f.add(_Ref(r), f"trn:{tid}")
+        ex._inflight[tid] = f
+        ex._pending_refs.update({ref: tid for ref in f.waiting})
+    return ex
+
+
+def test_a_wait_asks_for_the_refs_the_closest_task_lacks(monkeypatch):
+    """No task ends before every ref it waits on is ready, so the blocking `ray.wait` asks for as many refs as the
+    task closest to its end lacks (one wake-up per task, not one per rank), then collects every other ready ref."""
+    ex = _executor_with({1: ["a1", "a2", "a3"], 2: ["b1", "b2", "b3", "b4", "b5"]})
+    calls = []
+
+    def fake_wait(refs, num_returns, timeout, fetch_local):
+        calls.append((num_returns, timeout))
+        return [r for r in refs if r in ("a1", "a2", "a3", "b1")][:num_returns if timeout else None], []
+
+    monkeypatch.setattr(ray_executor.ray, "wait", fake_wait)
+    monkeypatch.setattr(ray_executor.ray, "get", lambda refs: [{"ok": r} for r in refs])
+    done = ex.wait_any(timeout=1.0)
+    assert calls[0][0] == 3 and calls[0][1] > 0 and calls[1] == (8, 0)
+    assert [c.task.task_id for c in done] == [1] and done[0].ok
+    assert ex._inflight[2].waiting == {"b2", "b3", "b4", "b5"} and ex.stats.waits == 1
+
+
+def test_completions_of_one_turn_share_one_get_and_a_failure_stays_with_its_task(monkeypatch):
+    ex = _executor_with({1: ["a1"], 2: ["b1"], 3: ["c1"]})
+    gets = []
+
+    def fake_get(refs):
+        gets.append(list(refs))
+        if "b1" in refs:
+            raise RuntimeError("rank b failed")
+        return [{"ok": r} for r in refs]
+
+    monkeypatch.setattr(ray_executor.ray, "wait", lambda refs, num_returns, timeout, fetch_local: (list(refs), []))
+    monkeypatch.setattr(ray_executor.ray, "get", fake_get)
+    done = {c.task.task_id: c for c in ex.wait_any(timeout=1.0)}
+    assert gets[0] == ["a1", "b1", "c1"]  # one get for the turn; it raised, so each task fetched its own
+    assert done[1].ok and done[3].ok and not done[2].ok and "rank b failed" in done[2].info["reason"]
+    ex2 = _executor_with({1: ["a1"], 3: ["c1"]})
+    gets.clear()
+    assert all(c.ok for c in ex2.wait_any(timeout=1.0)) and gets == [["a1", "c1"]]

@@ -45,7 +45,7 @@ from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.lora import AdapterLoraConfig, read_lora_adapter
 from digenrl_verl.models.registry import get_adapter_class, read_model_index
 from digenrl_verl.schedule.config import verl_cut_keeps_groups
-from digenrl_verl.trainer.data import prompt_reader_decision
+from digenrl_verl.config.prompt_files import prompt_reader_decision
 from digenrl_verl.workers.sharding import STRATEGIES, STRATEGY_KEY, ShardingSpec
 from digenrl_verl.workers.specs import OptimSpec, PolicySpec, RolloutEngineSpec, TrainSpec
 

@@ -17,7 +17,7 @@ from digenrl_verl.rewards.base import KEY_REWARD_FUNCTIONS, get_reward, reward_n
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.rewards.data_source import default_reward
 from digenrl_verl.rewards.ocr import INSTALL_HINT as OCR_INSTALL_HINT
-from digenrl_verl.trainer.data import data_sources
+from digenrl_verl.config.prompt_files import data_sources
 from digenrl_verl.rewards.vlm_judge import (
     JUDGE_BACKENDS, JUDGE_FUNCTION, JUDGE_REWARD, KEY_BACKEND, KEY_ENABLE, KEY_MODEL_PATH, KEY_POOL, KEY_TP,
     VLLM_INSTALL_HINT, JudgeConfig, JudgePoolSpec, is_judge_function, judge_backend_unavailable, judge_family,

@@ -345,10 +345,18 @@ def register() -> type:
     require_verl_omni()
     from verl_omni.trainer.diffusion.v1 import trainer_base
 
-    from digenrl_verl.integrations.verl_plugin import register_in
-
     register_in(trainer_base)
     return DigenRLDiffusionTrainer
+
+
+def register_in(trainer_base) -> None:
+    """Register DigenRL's trainer in `trainer_base`'s registry (the module object, complete or just executed);
+    idempotent. Another class under the name: ValueError naming it. The one v1 registration: `register` calls it,
+    and so does the `verl.plugins` hook (`verl_plugin`) when a process imports verl-omni's trainer registry."""
+    current = trainer_base.DIFFUSION_TRAINER_REGISTRY.get(TRAINER_MODE)
+    if current is not None and current is not DigenRLDiffusionTrainer:
+        raise ValueError(f"verl-omni trainer mode {TRAINER_MODE!r} is already registered by {current!r}")
+    trainer_base.register_diffusion_trainer(TRAINER_MODE)(DigenRLDiffusionTrainer)
 
 
 class RunFailed(RuntimeError):

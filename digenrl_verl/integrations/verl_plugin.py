@@ -28,15 +28,12 @@ TRAINER_BASE = "verl_omni.trainer.diffusion.v1.trainer_base"
 ENGINES = "verl_omni.workers.engine"
 
 
-def register_in(trainer_base) -> None:
-    """Register DigenRL's trainer in `trainer_base`'s registry (the module object, complete or just executed);
-    idempotent. Another class under the name: ValueError naming it."""
-    from digenrl_verl.integrations.verl_omni import TRAINER_MODE, DigenRLDiffusionTrainer
+def register_trainer_mode(trainer_base) -> None:
+    """`integrations.verl_omni.register_in` on verl-omni's trainer registry (the registration lives there, with the
+    trainer it registers; this hook only calls it, so the bridge never imports the hook back)."""
+    from digenrl_verl.integrations.verl_omni import register_in
 
-    current = trainer_base.DIFFUSION_TRAINER_REGISTRY.get(TRAINER_MODE)
-    if current is not None and current is not DigenRLDiffusionTrainer:
-        raise ValueError(f"verl-omni trainer mode {TRAINER_MODE!r} is already registered by {current!r}")
-    trainer_base.register_diffusion_trainer(TRAINER_MODE)(DigenRLDiffusionTrainer)
+    register_in(trainer_base)
 
 
 def register_tsp_engine(_engine_module) -> None:
@@ -44,7 +41,7 @@ def register_tsp_engine(_engine_module) -> None:
 
 
 #: module → what runs on it right after its code (or at once, when it is already imported)
-AFTER_IMPORT = {TRAINER_BASE: register_in, ENGINES: register_tsp_engine}
+AFTER_IMPORT = {TRAINER_BASE: register_trainer_mode, ENGINES: register_tsp_engine}
 
 
 class _RunAfterExec(importlib.abc.Loader):

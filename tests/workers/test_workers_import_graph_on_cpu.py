@@ -120,3 +120,53 @@ def test_config_imports_no_engine_backend():
     assert CONFIG_MODULE in GRAPH
     bad = [v for importer in (CONFIG_MODULE, "digenrl_verl.config") for v in violations(GRAPH, importer, backend)]
     assert bad == []
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The project's import cycles (strongly connected groups of more than one module), each sorted. A module's import
+    of its own package (``from digenrl_verl.models import X`` in `models.flux`: the package's facade, which imports
+    its modules back) is left out: the package and its modules are one unit."""
+    edges = {m: {i for i in imports if i in graph and i != m and not within(m, i)} for m, imports in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components (the graph is ~100 modules deep at most)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_the_cycle_finder_finds_a_cycle_and_ignores_a_package_facade():
+    graph = {"digenrl_verl.a": {"digenrl_verl.b"}, "digenrl_verl.b": {"digenrl_verl.a"},
+             "digenrl_verl.p": {"digenrl_verl.p.m"}, "digenrl_verl.p.m": {"digenrl_verl.p"}}
+    assert import_cycles(graph) == [["digenrl_verl.a", "digenrl_verl.b"]]
+
+
+def test_no_import_cycle():
+    """Every import counts, function-local ones too (a lazy import still ties the two modules together)."""
+    assert import_cycles(GRAPH) == []
+
+
+def test_config_sits_below_the_trainer():
+    """The `config` package turns verl-omni's keys into specs: it may import the layers below it (diffusion, models,
+    engines' front, workers' specs, schedule), never the trainer or what sits on top of it."""
+    above = ("digenrl_verl.trainer", "digenrl_verl.sim", *ENTRY_POINTS)
+    assert violations(GRAPH, "digenrl_verl.config", lambda i: any(within(i, a) for a in above)) == []

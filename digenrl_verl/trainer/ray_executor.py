@@ -435,10 +435,9 @@ class RayExecutor:
                 *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
 
     def _opt_step(self, task: Task) -> _InFlight:
-        """OPT_STEP. Deferred global std: first the UPDATEs that held samples the clamp might touch run again, on the
-        same ranks with the same rows, those samples with their final values and every other row with 0 (no
-        gradient; lock-step ranks keep their passes), then every rank's optimizer step scales the accumulated
-        gradient by 1/(σ + ε) (calls on one actor run in order). The optimizer steps' results come first."""
+        """OPT_STEP. Deferred global std: first the step's samples the clamp might have touched are trained with their
+        final values (`_late_updates`), then every rank's optimizer step scales the accumulated gradient by
+        1/(σ + ε) (calls on one actor run in order). The optimizer steps' results come first."""
         f = _InFlight(task, self.now(), [], [])
         if not self.advantage_cfg.deferred_std:
             for worker in task.workers:
@@ -450,20 +449,37 @@ class RayExecutor:
         scale = self._grad_scale.setdefault(task.step, gradient_scale(step_scale(
             list(self._scores[task.step].values()), self.advantage_cfg)))
         late = _InFlight(task, self.now(), [], [])
-        for update, samples in self._late.pop(task.step, []):
-            final, _ = self._deferred_map(task.step, samples)
-            self._submit_update(update, {s: final[s] for s in samples}, late)
-            self.late_samples += len(samples)
+        self._late_updates(task, late)
         for worker in task.workers:
             f.add(self.workers[worker].opt_step.remote(task.version, scale), worker)
         for ref in late.result_refs:
             f.add(ref, late.workers_of_ref[ref])
         return f
 
+    def _late_updates(self, opt: Task, f: _InFlight) -> None:
+        """One UPDATE call per trainer rank of `opt` over all of the step's late samples together (their first
+        UPDATEs gave them 0), spread evenly, each with its final value; a rank left without one trains a late sample
+        with advantage 0 (no gradient; every rank runs a pass, as lock-step ranks must)."""
+        recorded = self._late.pop(opt.step, [])
+        late = sorted({s for _, samples in recorded for s in samples})
+        if not late:
+            return
+        final, _ = self._deferred_map(opt.step, late)
+        trainers = list(opt.workers)
+        shares = [late[i::len(trainers)] for i in range(len(trainers))]
+        update = recorded[0][0]  # the step's UPDATE arguments: its flags and version
+        denominator, max_share = self.loss_denominator(update), max(len(x) for x in shares)
+        for worker, share in zip(trainers, shares):
+            samples, values = (share, [final[s] for s in share]) if share else ([late[0]], [0.0])
+            f.add(self.workers[worker].update.remote(
+                samples, torch.tensor(values, dtype=torch.float32), denominator, "tsp" in update.flags,
+                update.version, max_share, *self._refs_for(self._trajectories, opt.step, samples)), worker)
+        self.late_samples += len(late)
+
     def _report(self, task: Task, values: list) -> None:
         """`on_result`, with the deferred global std's UPDATE results held until the step's 1/(σ + ε) is known (at
-        its OPT_STEP) and their loss sums scaled by it: the logged losses are the barrier's. A late re-run adds only
-        its deferred rows' loss sums (its other rows are 0 and were counted by their first UPDATE)."""
+        its OPT_STEP) and their loss sums scaled by it: the logged losses are the barrier's. The late UPDATEs add only
+        their loss sums (their rows were counted by their first UPDATE; a padding row adds 0)."""
         if not self.advantage_cfg.deferred_std or task.kind not in (TaskKind.UPDATE, TaskKind.OPT_STEP):
             self.on_result(task, values)
             return

@@ -113,23 +113,33 @@ def _setup(make_tiny_adapter, name):
     return adapter, cond, traj
 
 
-def _run_step(adapter, cond, traj, cfg: AdvantageConfig, order, *, scale_twice=False):
+def _run_step(adapter, cond, traj, cfg: AdvantageConfig, order, *, scale_twice=False, ranks=1):
     """One global step through the executor: groups scored in `order`, each UPDATEd as soon as the executor allows
-    (the barrier: after the last score), then OPT_STEP. Returns (rank, executor)."""
+    (the barrier: after the last score), then OPT_STEP. `ranks` trainer ranks share the model (their gradients add
+    up, as the all-reduce sums them); rank 0 steps. Returns (rank 0, executor)."""
+    trainers = tuple(f"trn:{r}" for r in range(ranks))
     rank = _Rank(adapter, cond, traj, LossConfig(clip_ratio=1e-3), scale_twice)
+    actors = {w: _Actor(rank) for w in trainers}
+    for w in trainers[1:]:
+        actors[w].opt_step = _Call(lambda version, grad_scale=1.0: None)
     uids = [f"u{i // GROUP}" for i in range(len(REWARDS))]
-    ex = RayExecutor({"trn:0": _Actor(rank)}, lambda step: _Batch(uids), cfg, traj.num_steps)
+    ex = RayExecutor(actors, lambda step: _Batch(uids), cfg, traj.num_steps)
     ex._trajectories.update({(0, s): "traj" for s in range(len(REWARDS))})
     ids = itertools.count()
     group = [tuple(range(g * GROUP, (g + 1) * GROUP)) for g in order]
+
+    def update(g, samples):
+        split = tuple((w, samples[i::ranks]) for i, w in enumerate(trainers))
+        ex.submit(Task(next(ids), TaskKind.UPDATE, 0, g, trainers, 0, split))
+
     for g, samples in zip(order, group):
         ex._scores[0].update({s: REWARDS[s] for s in samples})
         if cfg.deferred_std:
-            ex.submit(Task(next(ids), TaskKind.UPDATE, 0, g, ("trn:0",), 0, (("trn:0", samples),)))
+            update(g, samples)
     if not cfg.deferred_std:
         for g, samples in zip(order, group):
-            ex.submit(Task(next(ids), TaskKind.UPDATE, 0, g, ("trn:0",), 0, (("trn:0", samples),)))
-    ex.submit(Task(next(ids), TaskKind.OPT_STEP, 0, None, ("trn:0",), 1, (("trn:0", ()),)))
+            update(g, samples)
+    ex.submit(Task(next(ids), TaskKind.OPT_STEP, 0, None, trainers, 1, tuple((w, ()) for w in trainers)))
     return rank, ex
 
 
@@ -142,16 +152,16 @@ def _weights(adapter) -> dict[str, torch.Tensor]:
     return {str(i): p.detach().clone() for i, p in enumerate(adapter.trainable_parameters())}
 
 
-def _compare(make_tiny_adapter, name, order, **mutation):
+def _compare(make_tiny_adapter, name, order, ranks=1, **mutation):
     adapter, cond, traj = _setup(make_tiny_adapter, name)
     cfg = AdvantageConfig(adv_clip_max=CLIP, timesteps_per_sample=traj.num_steps)
     start = {k: v.clone() for k, v in _weights(adapter).items()}
-    barrier, _ = _run_step(adapter, cond, traj, cfg, order)
+    barrier, _ = _run_step(adapter, cond, traj, cfg, order, ranks=ranks)
     after_barrier = _weights(adapter)
     with torch.no_grad():
         for p, v in zip(adapter.trainable_parameters(), start.values()):
             p.copy_(v)
-    deferred, ex = _run_step(adapter, cond, traj, replace(cfg, deferred_std=True), order, **mutation)
+    deferred, ex = _run_step(adapter, cond, traj, replace(cfg, deferred_std=True), order, ranks=ranks, **mutation)
     return barrier, deferred, ex, after_barrier, _weights(adapter), start
 
 
@@ -177,6 +187,13 @@ def test_every_scoring_order_gives_the_barriers_gradient(make_tiny_adapter):
     for order in [(3, 2, 1, 0), (1, 0, 3, 2)]:
         barrier, deferred, ex, *_ = _compare(make_tiny_adapter, "flow_grpo", order)
         assert _rel(deferred.stepped_grads, barrier.stepped_grads) <= TOL, order
+
+
+def test_the_late_samples_spread_over_more_ranks_than_there_are_of_them(make_tiny_adapter):
+    """4 trainer ranks, 3 late samples: one rank pads its pass with a late sample at advantage 0."""
+    barrier, deferred, ex, *_ = _compare(make_tiny_adapter, "flow_grpo", (0, 1, 2, 3), ranks=4)
+    assert ex.late_samples == 3
+    assert _rel(deferred.stepped_grads, barrier.stepped_grads) <= TOL
 
 
 def test_a_clamped_sample_trained_early_breaks_the_equality(make_tiny_adapter, monkeypatch):

@@ -32,13 +32,12 @@ import torch
 from digenrl_verl.diffusion.noise import SampleKey, sample_seed
 from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
 from digenrl_verl.engines.spec import VERL_OMNI_ARCHITECTURES, VERL_OMNI_SDE_KINDS, PolicySpec
+from digenrl_verl.integrations.verl_omni_names import pipeline_name
 from digenrl_verl.models.registry import read_model_index
 from digenrl_verl.models.pipeline_adapter import to_uint8
 
 ENGINE_NAME = "verl_omni"
 SIGMA_TOLERANCE = 1e-5
-#: the transformer's place in the pipeline's weight names (`load_weights` maps pipeline-level names)
-PIPELINE_PREFIX = "transformer."
 
 
 def pipeline_class(architecture: str, algorithm: str) -> str:
@@ -196,17 +195,16 @@ def pipeline_weights(shadow: torch.nn.Module, lora: bool) -> Iterator[tuple[str,
     if not lora:
         for name, p in shadow.named_parameters():
             if p.requires_grad:
-                yield f"{PIPELINE_PREFIX}{name}", p.detach()
+                yield pipeline_name(name), p.detach()
         return
     from peft.tuners.lora import LoraLayer
 
-    prefix = "base_model.model."
     for name, module in shadow.named_modules():
         if isinstance(module, LoraLayer) and module.active_adapters:
             weight = module.base_layer.weight.detach()
             for adapter in module.active_adapters:
                 weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
-            yield f"{PIPELINE_PREFIX}{name.removeprefix(prefix)}.weight", weight
+            yield pipeline_name(f"{name}.weight"), weight
 
 
 @ENGINES.register(ENGINE_NAME)

@@ -60,6 +60,7 @@ from verl_omni.workers.engine_workers import ActorRolloutRefWorker
 
 from digenrl_verl.diffusion.loss import loss_stats as shared_loss_stats
 from digenrl_verl.integrations.verl_omni_batch import to_verl_omni_batch, with_engine_meta
+from digenrl_verl.integrations.verl_omni_names import canonical_name
 from digenrl_verl.integrations.verl_omni_tsp import TSP_VENDOR
 from digenrl_verl.integrations.verl_omni_worker import TSPActorWorker
 from digenrl_verl.trainer.checkpoint import HOST_ACTOR_DIR
@@ -68,14 +69,6 @@ from digenrl_verl.weights.sync import CollectiveSpec, Collectives
 from digenrl_verl.workers.batch import concat_rows
 from digenrl_verl.workers.roles import ColocatedWorker, TrainerWorker
 from digenrl_verl.workers.specs import PolicySpec, TrainSpec
-
-
-def canonical_name(name: str) -> str:
-    """A trainable parameter's name as both sides can match it: without FSDP / peft / pipeline prefixes and the
-    adapter name (``<module>.lora_A.weight`` or ``<module>.weight``)."""
-    for prefix in ("_fsdp_wrapped_module.", "base_model.model.", "transformer."):
-        name = name.replace(prefix, "")
-    return name.replace(".default.", ".")
 
 
 def host_actor_config(host_config: Any):

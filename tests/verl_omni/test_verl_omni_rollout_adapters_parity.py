@@ -37,6 +37,7 @@ import torch  # noqa: E402
 from digenrl_verl.diffusion.noise import SampleKey, make_sample_generators  # noqa: E402
 from digenrl_verl.diffusion.rollout import RolloutConfig, RolloutDraws, rollout, rollout_draws  # noqa: E402
 from digenrl_verl.integrations import vllm_omni_cpu as oc  # noqa: E402
+from digenrl_verl.integrations.verl_omni_names import pipeline_name  # noqa: E402
 from digenrl_verl.models import build_tiny_model_dir, load_adapter  # noqa: E402
 from digenrl_verl.models.config import PipelineConfig  # noqa: E402
 
@@ -353,11 +354,11 @@ def test_full_weight_update_through_load_weights(models, arch):
     vLLM-Omni transformer: its rollout moves and matches the package's with the same weights."""
     model = models(arch)
     adapter = _fresh_adapter(model)
-    original = [(f"transformer.{n}", t.clone()) for n, t in adapter.denoiser.state_dict().items()]
+    original = [(pipeline_name(n), t.clone()) for n, t in adapter.denoiser.state_dict().items()]
     _, before = _parity(model, adapter)
     _perturb(adapter.denoiser.named_parameters(), 0.05)
     try:
-        loaded = model.handle.load_weights([(f"transformer.{n}", t) for n, t in adapter.denoiser.state_dict().items()])
+        loaded = model.handle.load_weights([(pipeline_name(n), t) for n, t in adapter.denoiser.state_dict().items()])
         assert {n for n, _ in model.handle.pipe.transformer.named_parameters(prefix="transformer")} <= loaded
         err, after = _parity(model, adapter)
         ERRORS[f"{arch} full-weight update"] = {"max": err, "moved": rel(after, before)}
@@ -385,7 +386,7 @@ def _lora_case(model: Model, targets):
     VLLMOmniHijack.hijack()  # as vLLMOmniColocateWorkerExtension.__new__: LoRA from in-memory tensors
     adapter = _fresh_adapter(model, lora=LoraConfig(rank=4, alpha=8.0, target_modules=targets))
     _perturb([(n, p) for n, p in adapter.transformer.named_parameters() if "lora_" in n], 0.3)
-    tensors = {f"transformer.{k.removeprefix('base_model.model.')}": v.detach().clone()
+    tensors = {pipeline_name(k): v.detach().clone()
                for k, v in get_peft_model_state_dict(adapter.transformer).items()}
     sync = OmniTensorLoRARequest(lora_name=VLLM_LORA_NAME, lora_int_id=VLLM_LORA_INT_ID, lora_path=VLLM_LORA_PATH,
                                  peft_config=adapter.transformer.peft_config["default"].to_dict(), lora_tensors=tensors)

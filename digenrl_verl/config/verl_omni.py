@@ -596,7 +596,10 @@ def _unresolved(cfg: DictConfig, key: str) -> Any:
 
 def warn_no_effect(keys: RecipeKeys, trainer_engine: str = "digenrl") -> list[str]:
     """A UserWarning for each NO_EFFECT key set to something other than the shipped default; returns the keys. With
-    `trainer_engine` ``verl_omni`` the keys verl-omni's actor worker reads (HOST_TRAINER_KEYS) are not warned."""
+    `trainer_engine` ``verl_omni`` the keys verl-omni's actor worker reads (HOST_TRAINER_KEYS) are not warned: they
+    take effect there, so they are recorded as read (`record_host_keys`: the plan shows them)."""
+    if trainer_engine == "verl_omni":
+        record_host_keys(keys)
     warned = []
     for key, why in NO_EFFECT.items():
         if trainer_engine == "verl_omni" and host_reads(key):
@@ -607,6 +610,16 @@ def warn_no_effect(keys: RecipeKeys, trainer_engine: str = "digenrl") -> list[st
             warnings.warn(f"{key}={value!r} has no effect in digenrl_verl: {why}", UserWarning, stacklevel=3)
             warned.append(key)
     return warned
+
+
+def record_host_keys(keys: RecipeKeys) -> list[str]:
+    """Record as read every key of the config that verl-omni's actor worker reads when it trains (HOST_TRAINER_KEYS:
+    `actor.fsdp_config.param_offload`, `optimizer_offload`, its optimizer, checkpoint and loss keys, ...), so that
+    `resolved` and plan.json show each key that takes effect, whoever reads it. Returns the keys."""
+    found = [key for key in leaf_keys(keys.cfg) if host_reads(key)]
+    for key in found:
+        keys(key)
+    return found
 
 
 def unknown_keys(keys: RecipeKeys) -> list[str]:

@@ -402,16 +402,17 @@ def run_v1(config: DictConfig) -> int:
     auto_set_device(config)
     OmegaConf.resolve(config)
     trainer = DigenRLDiffusionTrainer(config=config)
+    host = host_config(config)  # as the task runner's fit() passes it: one script, one answer on either entry point
     try:
         trainer.init()
-        dry_run = build_run(trainer.run_config).digenrl.dry_run
+        dry_run = build_run(trainer.run_config, host=host).digenrl.dry_run
     except SystemExit as e:
         return int(e.code or 0)
     except ValueError as e:
         print(f"digenrl: invalid config: {e}", file=sys.stderr)
         return entry.EXIT_BAD_CONFIG
     if dry_run:
-        return entry.run(trainer.run_config)
+        return entry.run(trainer.run_config, host=host)
     register()  # the mode's name in this process too, for anything that looks it up
     try:
         run_diffusion_v1(config, task_runner_class=make_task_runner())

@@ -269,7 +269,7 @@ class GlooCheckpointEngine(CheckpointEngine):
         if header["bucket_size"] != self.bucket_size:
             raise ValueError(f"gloo checkpoint engine: the trainer's buckets are {header['bucket_size']} bytes, this "
                              f"replica's {self.bucket_size}; set {BUCKET_KEY} to one value for both")
-        if global_steps is not None and header["global_steps"] != global_steps:
+        if None not in (global_steps, header["global_steps"]) and header["global_steps"] != global_steps:
             raise ValueError(f"gloo checkpoint engine: asked for the weights of global_steps={global_steps}, the "
                              f"trainer sent global_steps={header['global_steps']}")
 

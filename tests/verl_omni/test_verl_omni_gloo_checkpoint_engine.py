@@ -29,14 +29,13 @@ except ImportError as e:
 
 import ray  # noqa: E402
 import torch  # noqa: E402
-from verl.checkpoint_engine.base import CheckpointEngineWorker  # noqa: E402
-from verl.single_controller.base import Worker  # noqa: E402
-from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
-from verl_omni.workers.engine_workers import ActorRolloutRefWorker  # noqa: E402
 
 from digenrl_verl.platform import process_env  # noqa: E402
 from digenrl_verl.weights import gloo_checkpoint_engine as gce  # noqa: E402
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # pytest's importlib mode leaves this folder out
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from _gloo_ce_workers import WORKER_DIR, Recorder, RolloutWorker, Trainer, trainer_weights  # noqa: E402
 
 CE = "actor_rollout_ref.rollout.checkpoint_engine"
 #: what a user's command line adds to select the backend (rollout.name=vllm_omni: what every verl-omni script sets)
@@ -75,23 +74,6 @@ def sd3_weights_file(tmp_path_factory) -> str:
 
     path = build_tiny_model_dir("StableDiffusion3Pipeline", tmp_path_factory.mktemp("gloo_ce") / "sd3", seed=0)
     return str(path / "transformer" / "diffusion_pytorch_model.safetensors")
-
-
-def trainer_weights(weights_file: str, step: int = 0) -> dict[str, torch.Tensor]:
-    """The tiny SD3 transformer's weights, plus a bf16 tensor larger than a 1 MiB bucket (split across buckets) and an
-    int64 one; `step` > 0: every float weight moved by a step-dependent amount (what an optimizer step does)."""
-    from safetensors.torch import load_file
-
-    weights = load_file(weights_file)
-    gen = torch.Generator().manual_seed(1234)
-    weights["extra.big_bf16"] = torch.randn(700_000, generator=gen).to(torch.bfloat16)
-    weights["extra.counts_i64"] = torch.arange(7, dtype=torch.int64)
-    if step:
-        gen = torch.Generator().manual_seed(step)
-        for name, w in weights.items():
-            if w.is_floating_point():
-                weights[name] = w + (1e-3 * torch.randn(w.shape, generator=gen)).to(w.dtype)
-    return weights
 
 
 def assert_bit_equal(received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> None:
@@ -135,6 +117,7 @@ def test_refusals_name_the_key():
     header = {"index": 0, "bucket_size": 4096, "global_steps": 3}
     engine._check_header(header, 0, 3)
     engine._check_header(header, 0, None)
+    engine._check_header(dict(header, global_steps=None), 0, 5)  # an untagged update takes the manager's version
     with pytest.raises(ValueError, match="global_steps=4, the trainer sent global_steps=3"):
         engine._check_header(header, 0, 4)
     with pytest.raises(ValueError, match="update_weights_bucket_megabytes"):
@@ -147,18 +130,21 @@ def test_refusals_name_the_key():
 
 # ---- (a, b) three processes through the engine's API, in verl's manager's order -------------------------------------
 
-class DropsSecondBucket(gce.GlooCheckpointEngine):
-    """Mutation: the sender leaves bucket 1's entries out of its header (the bytes still go)."""
-
-    async def _send_bucket(self, index, metas, nbytes, global_steps, last):
-        await super()._send_bucket(index, [] if index == 1 else metas, nbytes, global_steps, last)
-
-
 @ray.remote(num_cpus=0)
 class EngineHost:
-    def __init__(self, engine_cls, bucket_size: int, is_master: bool):
+    """One engine in its own process; `drop_bucket`: the mutation, the sender leaves bucket 1's entries out of its
+    header (its bytes still go)."""
+
+    def __init__(self, bucket_size: int, is_master: bool, drop_bucket: bool = False):
         torch.set_num_threads(1)
-        self.engine = engine_cls(bucket_size=bucket_size, is_master=is_master, timeout_s=120)
+        self.engine = gce.GlooCheckpointEngine(bucket_size=bucket_size, is_master=is_master, timeout_s=120)
+        if drop_bucket:
+            send = self.engine._send_bucket
+
+            async def dropping(index, metas, nbytes, global_steps, last):
+                await send(index, [] if index == 1 else metas, nbytes, global_steps, last)
+
+            self.engine._send_bucket = dropping
 
     def call(self, method, *args, **kwargs):
         return getattr(self.engine, method)(*args, **kwargs)
@@ -188,8 +174,8 @@ def _one_update(sender, receivers, weights, global_steps, receive_steps=None):
 @pytest.mark.slow  # Ray actors
 def test_three_processes_bit_exact_and_versioned(ray_session, sd3_weights_file):
     bucket = 64 << 10  # 64 KiB: the bf16 tensor (1.4 MB) spans ~22 buckets
-    sender = EngineHost.remote(gce.GlooCheckpointEngine, bucket, True)
-    receivers = [EngineHost.remote(gce.GlooCheckpointEngine, bucket, False) for _ in range(2)]
+    sender = EngineHost.remote(bucket, True)
+    receivers = [EngineHost.remote(bucket, False) for _ in range(2)]
     try:
         for step in (1, 2):
             weights = trainer_weights(sd3_weights_file, step=step - 1)
@@ -213,8 +199,8 @@ def test_a_dropped_bucket_fails(ray_session, sd3_weights_file):
     """Mutation (b): the sender drops bucket 1's entries; the receivers refuse the update (chunk count) and keep the
     old version, and the bit-for-bit comparison would have failed too."""
     bucket = 64 << 10
-    sender = EngineHost.remote(DropsSecondBucket, bucket, True)
-    receivers = [EngineHost.remote(gce.GlooCheckpointEngine, bucket, False) for _ in range(2)]
+    sender = EngineHost.remote(bucket, True, drop_bucket=True)
+    receivers = [EngineHost.remote(bucket, False) for _ in range(2)]
     try:
         weights = trainer_weights(sd3_weights_file)
         with pytest.raises(ray.exceptions.RayTaskError, match="received .* chunks .* the trainer sent"):
@@ -229,64 +215,6 @@ def test_a_dropped_bucket_fails(ray_session, sd3_weights_file):
 
 
 # ---- the real path: verl-omni's manager, verl-omni's trainer-worker methods, verl's CheckpointEngineWorker ----------
-
-class _Engine:
-    """Stands in for the trainer's model engine: `get_per_tensor_param` (what verl-omni's update_weights reads)."""
-
-    def __init__(self, weights):
-        self.weights, self.module = weights, torch.nn.Module()
-
-    def get_per_tensor_param(self, **kwargs):
-        return iter(self.weights.items()), None
-
-
-class _Trainer(ActorRolloutRefWorker):
-    """verl-omni's trainer worker with its update_weights / execute_checkpoint_engine / get_lora_peft_config as they
-    are; only init_model's model is replaced (the checkpoint engine is built as its step 4 builds it)."""
-
-    def __init__(self, rollout_config, weights_file: str):
-        from omegaconf import OmegaConf
-        from verl.checkpoint_engine import CheckpointEngineRegistry
-        from verl.utils.distributed import initialize_global_process_group_ray
-        from verl.utils.import_utils import import_external_libs
-
-        Worker.__init__(self)
-        initialize_global_process_group_ray(timeout_second=None, backend="cpu:gloo")
-        self.config = OmegaConf.create({"rollout": {"checkpoint_engine": {"backend": rollout_config.checkpoint_engine
-                                                                          .backend},
-                                                    "rollout_adapter": None}})
-        self.role, self.peft_merge, self.weights_file = "actor", False, weights_file
-        self.actor = type("Actor", (), {})()
-        self.actor.engine = _Engine(trainer_weights(weights_file))
-        ce = rollout_config.checkpoint_engine
-        import_external_libs(ce.custom_backend_module or None)
-        self.checkpoint_engine = CheckpointEngineRegistry.new(
-            ce.backend, is_master=(torch.distributed.get_rank() == 0),
-            bucket_size=ce.update_weights_bucket_megabytes << 20, **ce.engine_kwargs.get(ce.backend, {}))
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def step(self, step: int):
-        self.actor.engine.weights = trainer_weights(self.weights_file, step=step)
-
-
-class _Recorder:
-    """The rollout server adapter's part of the receive side: what verl's CheckpointEngineWorker hands it."""
-
-    replica_rank, is_leader_rank = 0, True
-
-    def __init__(self):
-        self.weights, self.global_steps, self.updates = {}, None, 0
-
-    async def update_weights(self, weights, global_steps=None, **kwargs):
-        self.weights = {name: w.clone() async for name, w in weights}
-        self.global_steps, self.updates = global_steps, self.updates + 1
-
-
-class _RolloutWorker(CheckpointEngineWorker):
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def recorded(self):
-        return self.server_adapter.global_steps, self.server_adapter.updates, self.server_adapter.weights
-
 
 class _Replica:
     """A standalone replica as verl's manager uses it: its CheckpointEngineWorker handles and the calls around a
@@ -310,10 +238,16 @@ class _Replica:
         self.calls.append("resume")
 
 
+def _worker_env() -> dict[str, str]:
+    """verl's CPU platform (`process_env`) and the helper module's folder on the workers' PYTHONPATH."""
+    path = os.pathsep.join(p for p in (WORKER_DIR, os.environ.get("PYTHONPATH", "")) if p)
+    return dict(process_env(cpu=True), PYTHONPATH=path)
+
+
 def _group(n, cls, name, **init):
     pool = RayResourcePool([n], use_gpu=False, max_colocate_count=1, name_prefix=f"{name}_pool")
     wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(cls), **init),
-                        name_prefix=name, device_name="cpu", worker_env=process_env(cpu=True))
+                        name_prefix=name, device_name="cpu", worker_env=_worker_env())
     return pool, wg
 
 
@@ -325,10 +259,10 @@ def test_verl_omni_manager_updates_standalone_workers(ray_session, rollout_confi
     class Manager(gce.VersionedUpdates, OmniCheckpointEngineManager):
         pass
 
-    groups = [_group(2, _Trainer, "gce_trainer", rollout_config=rollout_config, weights_file=sd3_weights_file)]
+    groups = [_group(2, Trainer, "gce_trainer", rollout_config=rollout_config, weights_file=sd3_weights_file)]
     for i, n in enumerate((2, 1)):
-        groups.append(_group(n, _RolloutWorker, f"gce_replica{i}", rollout_config=rollout_config, model_config=None,
-                             server_adapter=_Recorder()))
+        groups.append(_group(n, RolloutWorker, f"gce_replica{i}", rollout_config=rollout_config, model_config=None,
+                             server_adapter=Recorder()))
     trainer_wg, replicas = groups[0][1], [_Replica(wg) for _, wg in groups[1:]]
     try:
         manager = Manager(rollout_config.checkpoint_engine, trainer_wg, replicas)

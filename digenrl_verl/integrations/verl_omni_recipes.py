@@ -39,7 +39,8 @@ class VerlOmniRecipe:
         overrides: the script's override list (keys in full, `{model}` / `{reward_dir}` placeholders).
         reward_files: custom reward files the list names: file name → function name.
         blockers: key → value that switches it off (see the module docstring).
-        tiny: overrides that shrink the run to one CPU step on a tiny model.
+        tiny: overrides that shrink the run to one CPU step on a tiny model, and its validation to 2 prompts
+            at the tiny rollout's steps.
     """
 
     name: str
@@ -87,7 +88,10 @@ _TINY = ("data.train_batch_size=2", f"{A}.actor.ppo_mini_batch_size=2", f"{A}.ac
          f"{A}.rollout.pipeline.width=32", f"{A}.rollout.pipeline.max_sequence_length=16",
          "trainer.total_training_steps=1", "trainer.logger=[console]",
          "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",  # pools derived: 1 + 1 CPU workers
-         f"{A}.rollout.nnodes=0")
+         f"{A}.rollout.nnodes=0",
+         # tiny validation too: every recipe validates at its last step (test_freq > 0), with val_kwargs' 28-50 steps
+         # over data.val_files (all of it, or 32 prompts): 2 prompts at the training's 6 steps
+         "data.val_max_samples=2", f"{A}.rollout.val_kwargs.pipeline.num_inference_steps=6")
 _USER_TEMPLATE = ("\"{% for message in messages %}{% if message['role'] == 'user' %}{{ message['content'] }}"
                   "{% endif %}{% endfor %}\"")
 

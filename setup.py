@@ -54,5 +54,10 @@ setup(
         "verl_omni.trainers": ["digenrl = digenrl_verl.integrations.verl_omni:DigenRLDiffusionTrainer"],
         # loaded by `import verl`: registers verl-omni's v1 trainer mode `digenrl` (no verl-omni file patched)
         "verl.plugins": ["digenrl = digenrl_verl.integrations.verl_plugin"],
+        # the host CPU as vLLM's and vLLM-Omni's platform, resolved in every process (spawned diffusion workers too);
+        # active only where no accelerator is visible, DIGENRL_CPU_PLATFORM=0 turns them off (platform/vllm_plugins.py)
+        "vllm.platform_plugins": ["digenrl_cpu = digenrl_verl.platform.vllm_plugins:vllm_platform_plugin"],
+        "vllm_omni.platform_plugins": ["digenrl_cpu = digenrl_verl.platform.vllm_plugins:omni_platform_plugin"],
+        "vllm_omni.general_plugins": ["digenrl_cpu = digenrl_verl.platform.vllm_plugins:cpu_worker_plugin"],
     },
 )

@@ -25,5 +25,8 @@ elif [[ ! -f "$STAMP.metadata" || "$(cat "$STAMP.metadata")" != "$meta_want" ]];
   "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
   echo "$meta_want" > "$STAMP.metadata"
 fi
+# the build leaves an egg-info in the work tree; on sys.path from the repo root it would shadow the installed
+# metadata (entry points) with a stale copy
+rm -rf "$ROOT/digenrl_verl.egg-info"
 VENV_PY="$VENV/bin/python"
 export VENV_PY

@@ -5,13 +5,13 @@ vLLM-Omni builds a diffusion pipeline inside a worker process (`DiffusionWorker.
 `pipeline.forward(DiffusionRequestBatch(...))` (`DiffusionModelRunner._execute_request_list`). Everything in that
 chain is plain torch except three device assumptions, which this module replaces for a CPU process:
 
-1. **The platform** (`install_cpu_platform`). Without a GPU, vLLM-Omni resolves `current_omni_platform` to
-   `UnspecifiedOmniPlatform`: 0 devices (`init_distributed_environment` computes `rank % device_count`) and no
-   diffusion attention backend. `CpuOmniPlatform` (a subclass) has 1 device, the SDPA backend, gloo, and no-op
-   `set_device` / `synchronize` / `empty_cache`.
-2. **The SDPA dispatch**: `AttentionImpl.forward` picks `forward_cuda` / `_hip` / `_npu` / `_xpu` / `_musa` and
-   raises on any other platform. On CPU, `SDPAImpl.forward` is routed to the body `forward_cuda` runs
-   (`_forward_impl(..., mask_mode="broadcast_k")`), which is plain `scaled_dot_product_attention`.
+1. **The platform** (`install_cpu_platform`): the package's CPU platforms for vLLM and vLLM-Omni, which both resolve
+   from the package's entry points (`digenrl_verl.platform.vllm_plugins`) in every process without an accelerator,
+   the spawned diffusion workers of a real `AsyncOmni` included; this harness only checks that vLLM-Omni's platform in
+   this process is that one (`CpuOmniPlatform`) and applies the float32 attention patch a worker's plugin applies
+   there (`omni_cpu_attention.patch_sdpa_forward`). It no longer brings a platform of its own.
+2. (Retired: the SDPA dispatch, now the platform's attention backend plus that patch; pinned LoRA memory, now off
+   through the vLLM platform's `is_pin_memory_available`.)
 3. **The world** (`cpu_omni_world`): a single-rank gloo process group plus vLLM-Omni's model-parallel groups, set up
    as `init_device` does; once per process.
 
@@ -19,8 +19,7 @@ chain is plain torch except three device assumptions, which this module replaces
 own loader (`load_format="custom_pipeline"`, the call `re_init_pipeline` makes), and `OmniPipelineHandle.forward`
 runs a request batch the way the model runner does (`torch.inference_mode()`, the forward context, CPU generators
 from request seeds). New weights go in as verl-omni's rollout worker extension puts them: `load_weights` (full
-weights) and `add_lora` (vLLM-Omni's `DiffusionLoRAManager`; on CPU vLLM must not pin the LoRA tensors, which this
-module switches off).
+weights) and `add_lora` (vLLM-Omni's `DiffusionLoRAManager`).
 
 Usage (fp32; the loader's default dtype is bf16)::
 
@@ -31,9 +30,10 @@ Usage (fp32; the loader's default dtype is bf16)::
     outputs = handle.forward([OmniDiffusionRequest(...), ...])   # one DiffusionOutput per request
     handle.load_weights([("transformer." + name, tensor) for name, tensor in diffusers_transformer_state.items()])
 
-Every vllm / vllm_omni import is inside a function: this module imports where vLLM-Omni is not installed. Run with
-``VLLM_TARGET_DEVICE=cpu``. What cannot run on CPU: AsyncOmni and the stage processes, non-SDPA attention backends,
-world sizes > 1 (sequence / CFG / tensor parallelism), the runner's CUDA generators, CUDA-IPC / NCCL weight sync.
+Every vllm / vllm_omni import is inside a function: this module imports where vLLM-Omni is not installed. A real
+`AsyncOmni` with its spawned diffusion workers runs on CPU too, on the same platforms (the replica path); what this
+harness adds is the pipeline in the calling process. What cannot run on CPU: non-SDPA attention backends, the
+runner's CUDA generators, CUDA-IPC / NCCL weight sync.
 """
 
 from __future__ import annotations
@@ -50,109 +50,35 @@ from typing import Any, Iterable, Iterator, Sequence
 
 logger = logging.getLogger(__name__)
 
-SDPA_BACKEND = "vllm_omni.diffusion.attention.backends.sdpa.SDPABackend"
-_SDPA_NAMES = (None, "TORCH_SDPA", "SDPA")
 _TORCHVISION_STUBS = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional")
 
-_state: dict[str, Any] = {"platform_cls": None, "world": None}
-
-
-def _cpu_platform_cls() -> type:
-    """The `CpuOmniPlatform` class (built once: `isinstance` checks need one class object)."""
-    if _state["platform_cls"] is not None:
-        return _state["platform_cls"]
-    import torch
-    from vllm_omni.platforms.interface import UnspecifiedOmniPlatform
-
-    class CpuOmniPlatform(UnspecifiedOmniPlatform):
-        """`UnspecifiedOmniPlatform` with one CPU device, SDPA attention and gloo (digenrl_verl.vllm_omni_cpu)."""
-
-        device_name = "cpu"
-        device_type = "cpu"
-        dist_backend = "gloo"
-
-        @classmethod
-        def is_available(cls) -> bool:  # no accelerator: callers skip their empty_cache / stream calls
-            return False
-
-        @classmethod
-        def get_device_count(cls) -> int:
-            return 1
-
-        @classmethod
-        def get_torch_device(cls, local_rank: int | None = None) -> torch.device:
-            return torch.device("cpu")
-
-        @classmethod
-        def get_diffusion_attn_backend_cls(cls, selected_backend: str | None, head_size: int,
-                                           allow_trtllm_default: bool = False) -> str:
-            name = selected_backend.upper() if isinstance(selected_backend, str) else selected_backend
-            if name not in _SDPA_NAMES:
-                raise ValueError(f"diffusion attention backend {selected_backend!r} needs an accelerator; on CPU "
-                                 "only TORCH_SDPA runs")
-            return SDPA_BACKEND
-
-        @classmethod
-        def set_device(cls, device: torch.device) -> None:
-            pass
-
-        @classmethod
-        def synchronize(cls) -> None:
-            pass
-
-        @classmethod
-        def empty_cache(cls) -> None:
-            pass
-
-        @classmethod
-        def supports_torch_inductor(cls) -> bool:
-            return False
-
-    _state["platform_cls"] = CpuOmniPlatform
-    return CpuOmniPlatform
-
-
-def _sdpa_forward_cpu(self, query, key, value, attn_metadata=None):
-    """`SDPAImpl.forward` on CPU: the body of `forward_cuda` (plain torch SDPA, mask broadcast over keys)."""
-    return self._forward_impl(query, key, value, attn_metadata, mask_mode="broadcast_k")
+_state: dict[str, Any] = {"world": None}
 
 
 def install_cpu_platform() -> None:
-    """Make vLLM-Omni's `current_omni_platform` a `CpuOmniPlatform` and route `SDPAImpl.forward` to SDPA (idempotent).
-
-    Importing vllm_omni binds `current_omni_platform` to `UnspecifiedOmniPlatform` (the no-accelerator fallback,
-    which cannot run a diffusion pipeline). That instance is replaced, and every already-imported vllm_omni /
-    verl_omni module holding it as `current_omni_platform` is rebound, so all of them see one platform.
+    """Check that vLLM-Omni's `current_omni_platform` here is the package's `CpuOmniPlatform` (resolved from its entry
+    point) and apply the float32 SDPA patch its diffusion workers apply (idempotent).
 
     Raises:
-        RuntimeError: CUDA is available (this is a CPU-only harness; it never patches a GPU process), or the
-            platform is already bound to something other than `UnspecifiedOmniPlatform` / `CpuOmniPlatform`.
+        RuntimeError: CUDA is available (a CPU-only harness), or the platform is another one: the package's
+            ``vllm_omni.platform_plugins`` entry point is not installed here, or ``DIGENRL_CPU_PLATFORM=0``.
     """
     import torch
 
     if torch.cuda.is_available():
         raise RuntimeError("vllm_omni_cpu.install_cpu_platform: CUDA is available; this harness is for CPU-only "
-                           "processes and does not replace a GPU platform (use vLLM-Omni's own worker there)")
+                           "processes (vLLM-Omni's own platform and workers run there)")
     import vllm_omni.platforms as platforms
-    from vllm_omni.platforms.interface import UnspecifiedOmniPlatform
 
-    cls = _cpu_platform_cls()
-    old = platforms._current_omni_platform
-    if not isinstance(old, cls):
-        if old is not None and type(old) is not UnspecifiedOmniPlatform:
-            raise RuntimeError(f"vllm_omni_cpu.install_cpu_platform: current_omni_platform is already "
-                               f"{type(old).__name__}, not the no-device fallback; refusing to replace it")
-        new = cls()
-        platforms._current_omni_platform = new
-        rebound = [name for name, mod in list(sys.modules.items())
-                   if name.startswith(("vllm_omni.", "verl_omni.")) and name != "vllm_omni.platforms"
-                   and getattr(mod, "current_omni_platform", None) is old and old is not None]
-        for name in rebound:
-            sys.modules[name].current_omni_platform = new
-        logger.debug("CpuOmniPlatform installed (rebound in %d modules)", len(rebound))
-    from vllm_omni.diffusion.attention.backends.sdpa import SDPAImpl
+    from digenrl_verl.platform.omni_cpu import CpuOmniPlatform
+    from digenrl_verl.platform.omni_cpu_attention import patch_sdpa_forward
 
-    SDPAImpl.forward = _sdpa_forward_cpu
+    current = platforms.current_omni_platform
+    if not isinstance(current, CpuOmniPlatform):
+        raise RuntimeError(f"vllm_omni_cpu.install_cpu_platform: vLLM-Omni's platform here is "
+                           f"{type(current).__name__}, not digenrl_verl's CpuOmniPlatform: install the package (its "
+                           "vllm_omni.platform_plugins entry point) and leave DIGENRL_CPU_PLATFORM unset")
+    patch_sdpa_forward()
 
 
 def stub_torchvision() -> tuple[str, ...]:
@@ -372,25 +298,12 @@ class OmniPipelineHandle:
         import torch
         from vllm_omni.diffusion.lora.manager import DiffusionLoRAManager
 
-        _no_pinned_lora_memory()
         lora_path = self.od_config.lora_path
         if isinstance(lora_path, list) and len(lora_path) == 1:
             lora_path = lora_path[0]
         return DiffusionLoRAManager(pipeline=self.pipe, device=torch.device("cpu"), dtype=self.od_config.dtype,
                                     max_cached_adapters=self.od_config.max_cpu_loras, lora_path=lora_path,
                                     lora_scale=self.od_config.lora_scale)
-
-
-def _no_pinned_lora_memory() -> None:
-    """vLLM pins LoRA tensors on CPU when its platform says pinning works (`PIN_MEMORY`, bound at import in each
-    module); with a CPU-only torch, `pin_memory()` raises "Cannot access accelerator device". Off on CPU."""
-    import importlib
-
-    for name in ("vllm.utils.torch_utils", "vllm.lora.lora_model", "vllm.lora.lora_weights",
-                 "vllm.lora.model_manager"):
-        module = importlib.import_module(name)
-        if getattr(module, "PIN_MEMORY", False):
-            module.PIN_MEMORY = False
 
 
 def load_omni_pipeline(model_dir: str, pipeline_class: str, *, dtype: str = "float32",

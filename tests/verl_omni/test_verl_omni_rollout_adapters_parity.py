@@ -297,17 +297,21 @@ def test_harness_is_idempotent_and_refuses_gpu_or_foreign_platforms(models, monk
     from vllm_omni.model_executor.layers.rotary_embedding import mrope
     from vllm_omni.platforms.interface import UnspecifiedOmniPlatform
 
+    from digenrl_verl.platform.omni_cpu import CPU_SDPA_BACKEND, CpuOmniPlatform
+    from digenrl_verl.platform.omni_cpu_attention import _forward_on_cpu
+
     handle = models("WanPipeline").handle
     platform = platforms.current_omni_platform
     oc.install_cpu_platform()
     oc.cpu_omni_world()
-    assert platforms.current_omni_platform is platform and type(platform).__name__ == "CpuOmniPlatform"
-    assert mrope.current_omni_platform is platform  # bound at vllm_omni import, rebound by the install
-    assert platform.get_device_count() == 1 and platform.dist_backend == "gloo"
-    assert platform.get_diffusion_attn_backend_cls(None, 64) == oc.SDPA_BACKEND
+    # the package's platform, resolved from its entry point when vllm_omni was imported (no rebinding by the harness)
+    assert platforms.current_omni_platform is platform and isinstance(platform, CpuOmniPlatform)
+    assert mrope.current_omni_platform is platform
+    assert platform.dist_backend == "gloo"
+    assert platform.get_diffusion_attn_backend_cls(None, 64) == CPU_SDPA_BACKEND
     with pytest.raises(ValueError, match="FLASH_ATTN"):
         platform.get_diffusion_attn_backend_cls("FLASH_ATTN", 64)
-    assert SDPAImpl.forward is oc._sdpa_forward_cpu
+    assert SDPAImpl.forward is _forward_on_cpu
     with pytest.raises(ValueError, match="supports_request_batch"):  # Wan: one request per forward
         handle.forward([request(models("WanPipeline"), r, rollout_config("WanPipeline", "full"), False, seed=r)
                         for r in range(2)])
@@ -320,7 +324,7 @@ def test_harness_is_idempotent_and_refuses_gpu_or_foreign_platforms(models, monk
         pass
 
     monkeypatch.setattr(platforms, "_current_omni_platform", OtherPlatform())
-    with pytest.raises(RuntimeError, match="already OtherPlatform"):
+    with pytest.raises(RuntimeError, match="OtherPlatform, not digenrl_verl's CpuOmniPlatform"):
         oc.install_cpu_platform()
 
 

@@ -1326,20 +1326,25 @@ def honour_global_std(keys: RecipeKeys, digenrl: DigenRLConfig,
     once the step's last group is scored. A disaggregated, pipelined run keeps it exactly in one of two ways, said in
     the plan: **deferred** (returns True): groups train as soon as they are scored, with their group-centred rewards,
     and the step's gradient is scaled by 1/(std + epsilon) at its optimizer step, which waits for the last reward
-    (`diffusion.advantages`; samples the clamp may touch train then); **barrier** (`pipeline=False`): the step's
-    updates wait for its last reward, where the deferred scaling does not apply (the KL term, verl-omni's actor
-    worker). Colocated steps, and runs without pipelining, score everything before updating anyway (False)."""
+    (`diffusion.advantages`; samples the clamp may touch train then), on the package's trainer and on verl-omni's
+    actor worker (`engine`: its losses flow_grpo / dance_grpo / grpo_guard / flow_dppo are positively homogeneous in
+    the advantage; its clamp sees the values divided by a power of two and the 1/(std + epsilon) goes before its
+    clip, `integrations.verl_omni_worker`); **barrier** (`pipeline=False`): the step's updates wait for its last
+    reward, where the deferred scaling does not apply (the KL term). Colocated steps, and runs without pipelining,
+    score everything before updating anyway (False)."""
     global_std, norm = advantage_std(keys)
     if not (global_std and norm) or digenrl.mode != "disaggregated" or not digenrl.pipeline:
         return digenrl, False
     head = "algorithm.global_std=True (verl-omni's default): advantages use the std of the whole step's rewards"
     blocked = (f"{A}.actor.use_kl_loss=true (the KL term does not scale with the std)" if keys(f"{A}.actor.use_kl_loss")
-               else "trainer.digenrl.trainer_engine=verl_omni (verl-omni's actor worker clamps the advantages it is "
-               "given and takes no gradient scale)" if engine == "verl_omni" else None)
+               else None)
     if blocked is None:
-        keys.decide(f"{head}, applied by deferred scaling (exact): a prompt group trains as soon as it is scored, with "
-                    "its group-centred rewards, and the step's gradient is scaled by 1/(std + epsilon) at its "
-                    "optimizer step, which waits for the step's last reward; samples that "
+        where = (" on verl-omni's actor worker (trainer.digenrl.trainer_engine=verl_omni: its loss gets the values "
+                 "divided by a power of two with the loss scaled back, so its clamp does not touch them, and the "
+                 "scale goes before its grad clip)" if engine == "verl_omni" else "")
+        keys.decide(f"{head}, applied by deferred scaling (exact){where}: a prompt group trains as soon as it is "
+                    "scored, with its group-centred rewards, and the step's gradient is scaled by 1/(std + epsilon) "
+                    "at its optimizer step, which waits for the step's last reward; samples that "
                     f"{A}.actor.diffusion_loss.adv_clip_max may clamp train then. With several optimizer steps per "
                     "global step only the first one's updates overlap generation")
         return digenrl, True

@@ -219,6 +219,23 @@ def late_advantage(a: float, scale: float, cfg: AdvantageConfig) -> float:
     return math.copysign(c, a) * scale
 
 
+def unclamped_divisor(values: torch.Tensor, clip: float | None) -> float:
+    """For a loss that clamps the advantages it is given at ±`clip` (verl-omni's, `adv_clip_max`) trained with
+    values already clamped in another unit (the deferred std's a_i, or clamp(a_i/s)·s: up to c·s): the smallest
+    power of two κ >= 1 with every |v|/κ <= c in the values' own dtype. Train with v/κ and the loss times κ: the
+    clamp leaves v/κ alone and, κ being a power of two, v/κ·κ is v bit for bit (binary floating point), so the
+    gradient is the one of v. κ = 1 (nothing changes) for values within ±c (the barrier's A_i) or no clamp."""
+    if clip is None or values.numel() == 0:
+        return 1.0
+    top, bound = values.detach().abs().max(), torch.tensor(clip, dtype=values.dtype)
+    if not bool(torch.isfinite(top)):
+        raise ValueError(f"advantages must be finite, got max |v| = {float(top)}")
+    kappa = 1.0
+    while bool(top / kappa > bound):
+        kappa *= 2.0
+    return kappa
+
+
 def deferred_supported(cfg: AdvantageConfig) -> bool:
     """The deferred scaling applies to the global std with the division (the Flow-GRPO / DanceGRPO default)."""
     return cfg.global_std and cfg.norm_adv_by_std

@@ -20,9 +20,11 @@ and the runner cannot tell the two apart:
   sampling copy's initial trainable weights (both sides start equal, as the generators do) |
 | `update(...)` | the UPDATE data in verl-omni's batch layout (`verl_omni_batch`), old log-probs recomputed by
   verl-omni's `infer_batch` where the config says so, then `TSPActorWorker.accumulate`, the loss scaled to the
-  mini-batch |
-| `opt_step(version)` | `TSPActorWorker.optimizer_step` (verl-omni's clip, non-finite skip, LR scheduler once per
-  global step), then the engine's export (`get_per_tensor_param`) into the sampling copy |
+  mini-batch; advantages beyond ``adv_clip_max`` (the deferred global std's, already clamped in its units) go in
+  divided by a power of two κ with the loss times κ, so verl-omni's clamp leaves them alone |
+| `opt_step(version, grad_scale)` | `TSPActorWorker.optimizer_step` (the gradients times `grad_scale`, the deferred
+  global std's 1/(σ + ε); then verl-omni's clip, non-finite skip, LR scheduler once per global step), then the
+  engine's export (`get_per_tensor_param`) into the sampling copy |
 | `send_weights`, `generate` (TAG), `checksum` | the sampling copy (`SamplingMixin`), equal to the engine's weights
   after every step |
 | `save_checkpoint(path)` | verl-omni's layout: ``path/actor/`` by the engine's own ``save_checkpoint``, plus the
@@ -62,7 +64,7 @@ from digenrl_verl.diffusion.loss import loss_stats as shared_loss_stats
 from digenrl_verl.integrations.verl_omni_batch import to_verl_omni_batch, with_engine_meta
 from digenrl_verl.integrations.verl_omni_names import canonical_name
 from digenrl_verl.integrations.verl_omni_tsp import TSP_VENDOR
-from digenrl_verl.integrations.verl_omni_worker import TSPActorWorker
+from digenrl_verl.integrations.verl_omni_worker import TSPActorWorker, mark_advantage_divisor
 from digenrl_verl.trainer.checkpoint import HOST_ACTOR_DIR
 from digenrl_verl.weights.state import WEIGHTS_FILE, swapped_in
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives
@@ -184,14 +186,16 @@ class VerlOmniTrainerWorker(TrainerWorker):
                     height=int(pipeline["height"]), width=int(pipeline["width"]))
         with_engine_meta(batch, **meta)
         self._old_log_probs(batch, data.batch["policy_version"] == self.version, meta)
+        loss = self.train_spec.host_config["actor"].get("diffusion_loss", {})
+        divisor = mark_advantage_divisor(batch, loss.get("adv_clip_max"))  # verl-omni's clamp leaves them alone
         tu.assign_non_tensor(batch, loss_denominator=float(loss_denominator))
         engine.tsp_chunk_rows = (self.train_spec.tsp_chunk_size or 0) if tsp else 1  # 1 row: one timestep a forward
         output = self.actor.accumulate(batch)
         self.busy_s += time.perf_counter() - t0
         if output is None:  # not the source rank of its sequence-parallel group: that rank reports the rows
             return {"rows": 0.0}
-        loss = self.train_spec.host_config["actor"].get("diffusion_loss", {})
-        return loss_stats(output, batch, data.batch["policy_version"] < self.version, float(loss.get("clip_ratio")))
+        stats = loss_stats(output, batch, data.batch["policy_version"] < self.version, float(loss.get("clip_ratio")))
+        return {**stats, "pg_sum": stats["pg_sum"] * divisor}  # verl-omni's per-row pg loss saw advantages / κ
 
     def _old_log_probs(self, batch, fresh: torch.Tensor, meta: dict) -> None:
         """verl-omni's recompute (`infer_batch`) when asked, or when the loss needs the old SDE means: fresh rows
@@ -221,9 +225,10 @@ class VerlOmniTrainerWorker(TrainerWorker):
     def _loss_mode(self) -> str:
         return str(self.train_spec.host_config["actor"].get("diffusion_loss", {}).get("loss_mode", "flow_grpo"))
 
-    def opt_step(self, version: int) -> dict[str, float]:
-        """One optimizer step over what `update` accumulated (verl-omni's clip and non-finite skip; its LR scheduler
-        once per global step, at the step's last mini-batch), then the sampling copy from the engine."""
+    def opt_step(self, version: int, grad_scale: float = 1.0) -> dict[str, float]:
+        """One optimizer step over what `update` accumulated, times `grad_scale` first (the deferred global std's
+        1/(σ + ε), before verl-omni's clip and non-finite skip; its LR scheduler once per global step, at the step's
+        last mini-batch), then the sampling copy from the engine."""
         if version not in (self.version, self.version + 1):
             raise RuntimeError(f"trainer rank {self.rank} at version {self.version} asked to produce version {version} "
                                f"(want {self.version + 1}, or {self.version} for a mini-batch's optimizer step)")
@@ -233,7 +238,7 @@ class VerlOmniTrainerWorker(TrainerWorker):
                 self._step_start = {k: p.detach().clone() for k, p in self._engine_params().items()}
         elif version == self.version + 1:
             self._step_start = {}
-        out = self.actor.optimizer_step(update_lr_scheduler=version == self.version + 1)
+        out = self.actor.optimizer_step(update_lr_scheduler=version == self.version + 1, grad_scale=grad_scale)
         norm = float(out["grad_norm"]) if out["grad_norm"] is not None else 0.0
         skipped = not math.isfinite(norm)
         if skipped:

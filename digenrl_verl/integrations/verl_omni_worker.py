@@ -17,8 +17,12 @@ micro-batch x timestep loss divided by ``gradient_accumulation_steps`` = micro-b
   ``num_micro_batches x T`` where ``num_micro_batches`` is how many micro-batches (per data-parallel rank) the next
   `optimizer_step` covers (the non-tensor key ``grad_accum_micro_batches`` of the batch, else `set_accumulation`'s
   value): the scaling verl-omni's `train_mini_batch` applies to a mini-batch of that many micro-batches, so A then B
-  then one step equals one mini-batch A+B. Returns verl-omni's per-micro-batch metrics (its `_postprocess_output`).
-- `optimizer_step(update_lr_scheduler=True)`: the engine's own ``optimizer_step`` (verl-omni's clip) and
+  then one step equals one mini-batch A+B. The non-tensor key ``advantage_divisor`` (κ, DIVISOR_KEY) trains
+  advantages / κ with the loss times κ: the gradient of the advantages given, verl-omni's clamp (``adv_clip_max``)
+  seeing them / κ (the deferred global std's values, up to c·s: `diffusion.advantages.unclamped_divisor`).
+  Returns verl-omni's per-micro-batch metrics (its `_postprocess_output`).
+- `optimizer_step(update_lr_scheduler=True, grad_scale=1.0)`: the accumulated gradients times `grad_scale` (the
+  deferred global std's 1/(σ + ε)), then the engine's own ``optimizer_step`` (verl-omni's clip, non-finite skip) and
   ``lr_scheduler_step``, then the gradients are zeroed; returns ``{"grad_norm", "lr", "micro_batches"}``. As in
   `train_mini_batch` the scheduler steps once per PPO update: pass False for all but the update's last step.
 - `export_weights()`: the engine's ``get_per_tensor_param(base_sync_done=True)`` (the LoRA tensors when LoRA, as
@@ -53,30 +57,43 @@ from verl_omni.utils.mfu import collect_diffusion_flops_meta
 from verl_omni.workers.engine_workers import TrainingWorker
 
 import digenrl_verl.integrations.verl_omni_tsp  # noqa: F401  (registers the TSP engine under vendor digenrl_tsp)
+from digenrl_verl.diffusion.advantages import unclamped_divisor
 
 ACCUM_KEY = "grad_accum_micro_batches"
 DENOMINATOR_KEY = "loss_denominator"
+DIVISOR_KEY = "advantage_divisor"
 
 
-def scaled_loss(loss_function: Callable, gradient_accumulation_steps: int) -> Callable:
+def mark_advantage_divisor(data: TensorDict, clip: Optional[float]) -> float:
+    """For advantages already clamped in their own unit (the executor's: the barrier's A_i within ±`clip`, or the
+    deferred global std's values up to c·s), the divisor κ (`diffusion.advantages.unclamped_divisor`) `accumulate`
+    applies, set as the batch's DIVISOR_KEY; returns κ (1: verl-omni's loss sees the advantages as they are)."""
+    divisor = unclamped_divisor(data["advantages"], clip)
+    tu.assign_non_tensor(data, **{DIVISOR_KEY: divisor})
+    return divisor
+
+
+def scaled_loss(loss_function: Callable, gradient_accumulation_steps: int, divisor: float = 1.0) -> Callable:
     """`loss_function` seeing ``gradient_accumulation_steps`` (micro-batches of the step x timesteps) in place of
-    the count of the call's own micro-batches that verl-omni's `_run_forward_backward_batch` writes."""
+    the count of the call's own micro-batches that verl-omni's `_run_forward_backward_batch` writes; the loss times
+    `divisor` (the advantages' κ, `accumulate`)."""
 
     def loss(model_output, data: TensorDict, dp_group=None):
-        tu.assign_non_tensor(data, gradient_accumulation_steps=gradient_accumulation_steps)
+        tu.assign_non_tensor(data, gradient_accumulation_steps=gradient_accumulation_steps / divisor)
         return loss_function(model_output=model_output, data=data, dp_group=dp_group)
 
     return loss
 
 
-def row_scaled_loss(loss_function: Callable, denominator: float, dp_size: int) -> Callable:
+def row_scaled_loss(loss_function: Callable, denominator: float, dp_size: int, divisor: float = 1.0) -> Callable:
     """`loss_function` scaled so that the gradient is (sum over rows and timesteps of the loss) / `denominator`
     whatever the cut into calls and micro-batches: a call's mean over its `rows` is divided by
-    ``denominator / (rows x dp_size)`` (FSDP then averages over the `dp_size` data-parallel ranks)."""
+    ``denominator / (rows x dp_size)`` (FSDP then averages over the `dp_size` data-parallel ranks); times
+    `divisor` (the advantages' κ, `accumulate`)."""
 
     def loss(model_output, data: TensorDict, dp_group=None):
         rows = int(data["advantages"].shape[0])
-        tu.assign_non_tensor(data, gradient_accumulation_steps=denominator / (rows * dp_size))
+        tu.assign_non_tensor(data, gradient_accumulation_steps=denominator / (rows * dp_size) / divisor)
         return loss_function(model_output=model_output, data=data, dp_group=dp_group)
 
     return loss
@@ -196,10 +213,15 @@ class TSPActorWorker(TrainingWorker):
         denominator = tu.pop(data, key=DENOMINATOR_KEY, default=None)
         num_micro_batches = self._micro_batches_per_step(data) if denominator is None else None
         num_timesteps = int(data["all_timesteps"].shape[1])
+        divisor = float(tu.pop(data, key=DIVISOR_KEY, default=None) or 1.0)
+        if divisor != 1.0:  # verl-omni's loss clamps advantages / κ; its loss times κ gives the advantages' gradient
+            data = data.clone(recurse=False)  # the caller's batch keeps its advantages
+            data["advantages"] = data["advantages"] / divisor
         flops_meta = self._prepare(data, infer=False)
         self._enter_train_mode()
-        loss_function = (scaled_loss(self.loss_fn, num_micro_batches * num_timesteps) if denominator is None
-                         else row_scaled_loss(self.loss_fn, float(denominator), self.engine.get_data_parallel_size()))
+        loss_function = (scaled_loss(self.loss_fn, num_micro_batches * num_timesteps, divisor) if denominator is None
+                         else row_scaled_loss(self.loss_fn, float(denominator), self.engine.get_data_parallel_size(),
+                                              divisor))
         with Timer(name="accumulate", logger=None) as timer:
             output = self.engine.forward_backward_batch(data, loss_function, forward_only=False)
         self._accumulated_rows += data.batch_size[0]
@@ -210,13 +232,17 @@ class TSPActorWorker(TrainingWorker):
                                         images_seqlens=None, diffusion_flops_meta=flops_meta).cpu()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def optimizer_step(self, update_lr_scheduler: bool = True) -> dict:
-        """One optimizer step over what `accumulate` added up (verl-omni's clip and LR scheduler); grads zeroed."""
+    def optimizer_step(self, update_lr_scheduler: bool = True, grad_scale: float = 1.0) -> dict:
+        """One optimizer step over what `accumulate` added up (verl-omni's clip and LR scheduler); grads zeroed.
+        `grad_scale` multiplies the accumulated gradients first (the deferred global std's 1/(σ + ε),
+        `diffusion.advantages`), so verl-omni's clip and non-finite skip see the barrier's gradient."""
         if self._train_ctx is None:
             raise RuntimeError("optimizer_step: nothing accumulated since the last step")
         micro = self.engine_config.micro_batch_size_per_gpu
         micro_batches = -(-self._accumulated_rows // micro) if micro else None
         try:
+            if grad_scale != 1.0:
+                self._scale_gradients(grad_scale)
             grad_norm = self.engine.optimizer_step()
             if update_lr_scheduler:
                 lr = self.engine.lr_scheduler_step()
@@ -225,6 +251,13 @@ class TSPActorWorker(TrainingWorker):
         finally:
             self._leave_train_mode()
         return {"grad_norm": grad_norm, "lr": lr, "micro_batches": micro_batches}
+
+    def _scale_gradients(self, scale: float) -> None:
+        """Every accumulated gradient (this rank's shard of it: FSDP reduced them at the backward) times `scale`."""
+        with torch.no_grad():
+            for param in self.engine.module.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(scale)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_weights(self, base_sync_done: bool = True, layered_summon: bool = False,

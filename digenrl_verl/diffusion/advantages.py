@@ -166,7 +166,9 @@ def combine_rewards(rewards: Mapping[str, torch.Tensor], weights: Mapping[str, f
 # Which samples are safe early: the step's sum of squares about its mean is at least that of the rewards seen so far
 # about their own mean (SS_seen), and N (the step's sample count) is known, so σ >= sqrt(T·SS_seen / (N·T − δ))
 # (δ = 1 with Bessel's correction; `std_lower_bound`), and |a_i| <= c·(bound + ε) means "certainly not clamped".
-# The KL term does not scale with 1/s: the deferred path needs kl_coef = 0 (the config layer decides).
+# The KL term does not scale with 1/s: the deferred path needs kl_coef = 0 (the config layer decides). A loss that
+# clamps the advantages it is given (verl-omni's, at c) would cut these values (up to c·s): they go in divided by a
+# power of two κ with the loss times κ (`unclamped_divisor`; verl-omni's actor worker, `integrations.verl_omni_worker`).
 
 
 def centred_rewards(rewards: Mapping[int, float], uids: Sequence[Hashable]) -> dict[int, float]:

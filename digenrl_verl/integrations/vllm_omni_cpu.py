@@ -39,18 +39,14 @@ runner's CUDA generators, CUDA-IPC / NCCL weight sync.
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
-import importlib.util
 import logging
 import socket
-import sys
-import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
-logger = logging.getLogger(__name__)
+from digenrl_verl.platform.torchvision_stub import stub_torchvision  # noqa: F401  (re-exported: the tests' entry)
 
-_TORCHVISION_STUBS = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional")
+logger = logging.getLogger(__name__)
 
 _state: dict[str, Any] = {"world": None}
 
@@ -79,37 +75,6 @@ def install_cpu_platform() -> None:
                            f"{type(current).__name__}, not digenrl_verl's CpuOmniPlatform: install the package (its "
                            "vllm_omni.platform_plugins entry point) and leave DIGENRL_CPU_PLATFORM unset")
     patch_sdpa_forward()
-
-
-def stub_torchvision() -> tuple[str, ...]:
-    """Empty `torchvision`, `torchvision.transforms` and `.functional` modules, if torchvision is not installed.
-
-    Why: `vllm_omni.diffusion.models.wan2_2/__init__` imports its I2V and S2V pipelines, which import torchvision,
-    and the verl-omni venv has none (its PyPI wheels are CUDA builds). Wan text-to-video never calls into it.
-    The stubs go in only after diffusers and transformers are imported (this function imports them first): both
-    probe `importlib.util.find_spec("torchvision")` at import and would take a stub for the real package. Each
-    stub has a ModuleSpec, because `find_spec` raises on a module without one. Any use of a stubbed attribute
-    raises AttributeError. Idempotent.
-
-    Returns:
-        the names this call put into `sys.modules` (a test may pop them again at teardown); () when torchvision
-        is installed or the stubs are already there.
-    """
-    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is not None:
-        return ()  # the real package
-    import diffusers  # noqa: F401  (their torchvision probes run before the stub exists)
-    import transformers  # noqa: F401
-
-    added = tuple(name for name in _TORCHVISION_STUBS if name not in sys.modules)
-    for name in added:
-        mod = types.ModuleType(name)
-        mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)
-        mod.__path__ = []
-        sys.modules[name] = mod
-    if added:
-        sys.modules["torchvision"].transforms = sys.modules["torchvision.transforms"]
-        sys.modules["torchvision.transforms"].functional = sys.modules["torchvision.transforms.functional"]
-    return added
 
 
 def _free_port() -> int:

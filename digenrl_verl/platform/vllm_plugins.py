@@ -18,7 +18,8 @@ it builds its `WorkerProc`) applies, on CPU and in a diffusion worker process on
   every request waits forever; and a stream handed to `pack_diffusion_output_shm` means a pinned, stream-ordered
   copy. That thread is answered the CPU device, and a CPU stream is not handed on (the plain copy path);
 - float32 attention always goes through vLLM-Omni's stock `SDPAImpl`, whose `forward` refuses an out-of-tree
-  platform (`digenrl_verl.platform.omni_cpu_attention.patch_sdpa_forward`).
+  platform (`digenrl_verl.platform.omni_cpu_attention.patch_sdpa_forward`);
+and, where torchvision is not installed, empty torchvision modules (`digenrl_verl.platform.torchvision_stub`).
 patches/vllm-omni-0.27.0rc1/README.md writes both up as the upstream fixes.
 
 This module imports neither vLLM nor torch at import time: the resolvers import it in every process.
@@ -113,5 +114,7 @@ def cpu_worker_plugin() -> None:
     if not getattr(worker.pack_diffusion_output_shm, "digenrl_cpu_output_thread", False):
         worker.pack_diffusion_output_shm = _no_cpu_stream(worker.pack_diffusion_output_shm)
     from digenrl_verl.platform.omni_cpu_attention import patch_sdpa_forward
+    from digenrl_verl.platform.torchvision_stub import stub_torchvision
 
     patch_sdpa_forward()
+    stub_torchvision()  # where torchvision is not installed (Wan's package imports it)

@@ -194,7 +194,9 @@ class VerlOmniTrainerWorker(TrainerWorker):
         self.busy_s += time.perf_counter() - t0
         if output is None:  # not the source rank of its sequence-parallel group: that rank reports the rows
             return {"rows": 0.0}
-        stats = loss_stats(output, batch, data.batch["policy_version"] < self.version, float(loss.get("clip_ratio")))
+        policy = policy_loss_sum(self.actor, output, batch)
+        stats = loss_stats(output, batch, data.batch["policy_version"] < self.version, float(loss.get("clip_ratio")),
+                           policy_sum=policy)
         return {**stats, "pg_sum": stats["pg_sum"] * divisor}  # verl-omni's per-row pg loss saw advantages / κ
 
     def _old_log_probs(self, batch, fresh: torch.Tensor, meta: dict) -> None:
@@ -288,11 +290,30 @@ def micro_batch_size(rows: int, configured: int) -> int:
     return max(d for d in range(1, min(rows, max(configured, 1)) + 1) if rows % d == 0)
 
 
-def loss_stats(output: Any, batch: Any, stale: torch.Tensor, clip_ratio: float) -> dict[str, float]:
+def policy_loss_sum(actor: Any, output: Any, batch: Any) -> Optional[float]:
+    """verl-omni's policy term over the rows and steps of one UPDATE, as a sum: the loss class its actor worker's
+    `diffusion_loss` uses (the config that loss is bound with), called as `diffusion_loss` calls it, on the log-probs
+    the engine returned (no gradient). Its
+    diffusion losses log no policy-loss metric of their own (`DiffusionLossResult.add_loss_metric` is False), so
+    this is where the policy loss the run reports comes from. None when the loss needs a model output the engine did
+    not return."""
+    actor_config = actor.loss_fn.keywords["config"]  # functools.partial(diffusion_loss, config=...)
+    loss_fn = get_diffusion_loss_fn(actor_config.diffusion_loss.get("loss_mode", "flow_grpo"))
+    if any(key not in output.keys() for key in loss_fn.required_model_output_keys):
+        return None
+    model_output = {key: tu.get(output, key).detach() for key in loss_fn.required_model_output_keys}
+    with torch.no_grad():
+        result = loss_fn(config=actor_config, model_output=model_output, data=batch)
+    return float(result.loss) * tu.get(output, "log_probs").numel()
+
+
+def loss_stats(output: Any, batch: Any, stale: torch.Tensor, clip_ratio: float,
+               policy_sum: Optional[float] = None) -> dict[str, float]:
     """The UPDATE's result as `diffusion.loss.LossStats` sums (what the runner merges), by the package's own
     `diffusion.loss.loss_stats` on the log-probs verl-omni's engine returned for the batch's rows and steps (with
-    verl-omni's clip ratio; stale rows apart, their importance weights π_θ/π_b included), the policy loss and the
-    loss from verl-omni's own metrics (means over its micro-batches). KL stays 0 (no reference on this path)."""
+    verl-omni's clip ratio; stale rows apart, their importance weights π_θ/π_b included), the policy loss
+    (`policy_sum`, else a policy-loss metric verl-omni logged: ``actor/pg_loss``) and the loss from verl-omni's own
+    metrics (means over its micro-batches). KL stays 0 (no reference on this path)."""
     metrics = tu.get(output, "metrics")
     log_ratio = tu.get(output, "log_probs").float() - batch["old_log_probs"].float()
 
@@ -300,8 +321,9 @@ def loss_stats(output: Any, batch: Any, stale: torch.Tensor, clip_ratio: float) 
         values = _floats(metrics.get(name, 0.0))
         return float(sum(values) / max(len(values), 1))
 
+    pg_sum = policy_sum if policy_sum is not None else mean("actor/pg_loss") * log_ratio.numel()
     stats = shared_loss_stats(clip_ratio, log_ratio, batch["advantages"].float(), stale=stale.reshape(-1, 1),
-                              pg_sum=mean("actor/pg_loss") * log_ratio.numel(), loss_sum=mean("loss"))
+                              pg_sum=pg_sum, loss_sum=mean("loss"))
     return dict(vars(stats))
 
 

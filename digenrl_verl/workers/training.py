@@ -44,7 +44,7 @@ class TrainerRole(Protocol):
 
     def opt_step(self, version: int, grad_scale: float = 1.0) -> dict[str, float]:
         """One optimizer step over what was accumulated, scaled by `grad_scale` first (the deferred global std's
-        1/(σ + ε); only the package's trainer is sent one); the weights become `version`. ``grad_norm``,
+        1/(σ + ε), on both trainer engines); the weights become `version`. ``grad_norm``,
         ``skipped``, ``version``, ``lr``."""
 
     def send_weights(self, version: int, generators: list[int]) -> int:

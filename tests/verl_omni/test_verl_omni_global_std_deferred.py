@@ -131,9 +131,25 @@ def _barrier(worker, td) -> dict:
     adv, _ = compute_flow_grpo_outcome_advantage(scores, np.array(UIDS), epsilon=1e-4, global_std=True)
     batch = td.clone()
     batch["advantages"] = adv
-    worker.accumulate(with_meta(batch, micro=MICRO, height=HEIGHT, grad_accum_micro_batches=len(REWARDS) // MICRO))
+    output = worker.accumulate(with_meta(batch, micro=MICRO, height=HEIGHT,
+                                         grad_accum_micro_batches=len(REWARDS) // MICRO))
     return {**worker.optimizer_step(), "clamped": int((adv[:, 0].abs() > CLIP).sum()),
-            "max_abs": float(adv.abs().max())}
+            "max_abs": float(adv.abs().max()), "stats": _stats(worker, output, batch)}
+
+
+def _stats(worker, output, batch) -> dict:
+    """The UPDATE's policy loss the trainer worker reports (`policy_loss_sum` into `loss_stats`) over verl-omni's
+    real engine output, beside verl-omni's own ``loss`` (one mini-batch of equal micro-batches, no KL: the policy
+    term's mean)."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    from digenrl_verl.integrations.verl_omni_trainer import loss_stats, policy_loss_sum
+
+    policy = policy_loss_sum(worker, output, batch)
+    stats = loss_stats(output, batch, torch.zeros(len(REWARDS), dtype=torch.bool), 0.2, policy_sum=policy)
+    loss = tu.get(output, "metrics")["loss"]
+    return {"pg_sum": stats["pg_sum"], "rows": stats["rows"], "verl_omni_loss": float(loss)}
 
 
 def _deferred(worker, td, mutation: str) -> dict:
@@ -225,6 +241,9 @@ def _check_deferred(report: dict) -> None:
     assert report["engine"] == "TSPDiffusersFSDPEngine", report
     barrier, run = report["barrier"], report["deferred"]
     assert barrier["clamped"] == 2 and barrier["max_abs"] > CLIP, barrier  # verl-omni's clamp cuts two advantages
+    stats = barrier["stats"]  # the policy loss reported is verl-omni's loss (no KL), not 0
+    assert stats["verl_omni_loss"] != 0, stats
+    assert stats["pg_sum"] == pytest.approx(stats["verl_omni_loss"] * stats["rows"], rel=1e-5), stats
     assert run["late"] == 4, run  # groups 0 and 2 waited for the std
     early = [c for c in run["calls"][:4] if c["max_abs"] > CLIP]
     assert early and all(c["divisor"] > 1 for c in early), run["calls"]  # trained at once beyond the clamp, unclamped

@@ -243,11 +243,10 @@ class VerlOmniRolloutEngine(InPlaceWeights):
         return cls(handle, spec, shadow_transformer(spec), spec.start_version)
 
     # -- sampling -------------------------------------------------------------------------------------------------
-    def requests(self, rows: RolloutRows) -> list[Any]:
-        """One verl-omni request per row (prompt fields, the server's sampling split, the row's seed)."""
-        from vllm_omni.diffusion.request import OmniDiffusionRequest
-        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
-
+    def server_requests(self, rows: RolloutRows) -> list[dict[str, Any]]:
+        """One request per row as verl-omni's rollout server takes it (`vLLMOmniHttpServer.generate`'s keyword
+        arguments: ``request_id``, the prompt fields, ``sampling_params``: verl-omni's sampling dict with the row's
+        seed); what `requests` builds in-process and what a replica is sent."""
         pipe, cfg = self.handle.pipe, self.spec
         guided = any((self.sampling.get(k) or 0) > 1 for k in _GUIDED)
         negative = cfg.pipeline.negative_prompt if guided else None
@@ -255,12 +254,21 @@ class VerlOmniRolloutEngine(InPlaceWeights):
         for prompt, uid, idx in zip(rows.prompts, rows.uids, rows.sample_indices):
             key = SampleKey(rows.step, str(uid), int(idx))
             fields = PROMPT_FIELDS[self.architecture](pipe, str(prompt), negative, cfg.pipeline.max_sequence_length)
-            params = split_sampling({**self.sampling, "seed": sample_seed(cfg.rollout.seed, key, "sde"),
-                                     "global_steps": rows.step, "num_outputs_per_prompt": 1},
-                                    OmniDiffusionSamplingParams)
-            out.append(OmniDiffusionRequest(prompt=fields, sampling_params=OmniDiffusionSamplingParams(**params),
-                                            request_id=f"{key.step}-{key.uid}-{key.index}"))
+            sampling = {**self.sampling, "seed": sample_seed(cfg.rollout.seed, key, "sde"), "global_steps": rows.step,
+                        "num_outputs_per_prompt": 1}
+            out.append({"request_id": f"{key.step}-{key.uid}-{key.index}", "prompt": fields,
+                        "sampling_params": sampling})
         return out
+
+    def requests(self, rows: RolloutRows) -> list[Any]:
+        """One verl-omni request per row (prompt fields, the server's sampling split, the row's seed)."""
+        from vllm_omni.diffusion.request import OmniDiffusionRequest
+        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+        return [OmniDiffusionRequest(prompt=r["prompt"], request_id=r["request_id"], sampling_params=
+                                     OmniDiffusionSamplingParams(**split_sampling(r["sampling_params"],
+                                                                                  OmniDiffusionSamplingParams)))
+                for r in self.server_requests(rows)]
 
     def _forward(self, requests: list[Any]) -> list[Any]:
         if getattr(type(self.handle.pipe), "supports_request_batch", False):

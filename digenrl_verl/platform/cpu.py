@@ -10,6 +10,8 @@ before anything resolves the platform (`digenrl_verl.platform.process_env` build
 
 from __future__ import annotations
 
+import os
+
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, Optional
@@ -21,6 +23,16 @@ from digenrl_verl.platform import cpu_device
 from digenrl_verl.platform.filters import drop_message
 
 PLATFORM_NAME = "cpu"
+#: set to 1 where verl's replicas run on this CPU: Ray's logical GPUs (``ray.init(num_gpus=N)``) are the devices
+LOGICAL_GPUS_VAR = "DIGENRL_CPU_RAY_GPUS"
+
+
+def logical_gpus() -> bool:
+    """Whether this process's devices are Ray's logical GPUs (``DIGENRL_CPU_RAY_GPUS=1``): verl's rollout replicas
+    ask for ``GPU`` in four places (`ResourcePoolManager`'s check, `RayResourcePool`'s bundles, the worker group's
+    ``use_gpu``, `launch_servers`' accelerator ids) and count the slots a replica holds by them; a Ray cluster started
+    with ``num_gpus`` gives CPU processes those slots, and torch still sees no accelerator in them."""
+    return os.environ.get(LOGICAL_GPUS_VAR, "0") == "1"
 
 # verl logs the platform a process takes from VERL_PLATFORM, at INFO (its platform manager's level is INFO, the rest
 # of verl's WARN), in every worker process; here that is our own choice, which the run's plan already states
@@ -95,12 +107,22 @@ class PlatformCPU(PlatformBase):
         return None
 
     def ray_resource_name(self) -> str:
-        return "CPU"
+        return "GPU" if logical_gpus() else "CPU"
+
+    def get_device_uuid(self, device_id: Any = 0) -> str:
+        """The process's one device (verl's `get_device_id()` is torch's ``cpu`` device here, not an index): the
+        Ray slot it holds (``CUDA_VISIBLE_DEVICES``, set by Ray for a logical GPU) or 0. verl's rollout server adapter
+        and verl-omni's worker extension name their weight-transfer socket by it."""
+        visible = [d for d in os.environ.get(self.visible_devices_envvar(), "").split(",") if d.strip()]
+        index = device_id if isinstance(device_id, int) else 0
+        return f"{self.ray_resource_name()}-{visible[index] if index < len(visible) else index}"
 
     def ray_noset_envvars(self) -> list[str]:
         return []
 
     def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        if logical_gpus():
+            return {"num_gpus": num_gpus}  # one of Ray's logical GPUs: the replica's device slot
         return {}  # a CPU worker asks for no accelerator; its CPU comes from its placement-group bundle
 
     def is_ipc_supported(self) -> bool:

@@ -69,8 +69,14 @@ def vllm_platform_plugin() -> str | None:
 
 
 def omni_platform_plugin() -> str | None:
-    """Entry point of ``vllm_omni.platform_plugins``: `CpuOmniPlatform`, on a host without an accelerator."""
-    return OMNI_PLATFORM if cpu_platform_active() else None
+    """Entry point of ``vllm_omni.platform_plugins``: `CpuOmniPlatform`, on a host without an accelerator (the
+    torchvision stand-ins go in first where torchvision is not installed)."""
+    if not cpu_platform_active():
+        return None
+    from digenrl_verl.platform.torchvision_stub import stub_torchvision
+
+    stub_torchvision()  # before verl-omni's server module imports torchvision (`import verl_omni` resolves us first)
+    return OMNI_PLATFORM
 
 
 def _cpu_for_output_thread(original: Any) -> Any:

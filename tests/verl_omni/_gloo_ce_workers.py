@@ -88,3 +88,14 @@ class RolloutWorker(CheckpointEngineWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def recorded(self):
         return self.server_adapter.global_steps, self.server_adapter.updates, self.server_adapter.weights
+
+
+class PipelineTrainer(Trainer):
+    """`Trainer` holding exactly the weights of `weights_file` (names as the rollout pipeline loads them), for the
+    update of a real replica (tests/verl_omni/_replica_child.py)."""
+
+    def __init__(self, rollout_config, weights_file: str):
+        from safetensors.torch import load_file
+
+        super().__init__(rollout_config, weights_file)
+        self.actor.engine = Engine(load_file(weights_file))

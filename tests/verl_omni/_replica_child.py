@@ -11,8 +11,10 @@ The CPU comes from the package's platforms (verl's ``cpu`` with Ray's logical GP
 job.pkl: {"model": dir, "algorithm": verl-omni's algorithm name, "height", "steps",
           "requests": [server request dicts: request_id, prompt (prompt_token_ids, negative_prompt_ids),
                        sampling_params]}
+          "update": optional {"weights_file": safetensors of pipeline weights, "requests": [...]}: sent through the
+          checkpoint engine after the first round, then the second round}
 out.pt: {"start_s", "generate_s", "server": {"platform", "harness_imported", "workers"}, "outputs": [{"latents",
-         "log_probs", "timesteps"} per request]}
+         "log_probs", "timesteps"} per request], "updated": the same for the second round}
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ def _configs(job: dict):
     with initialize_config_dir(config_dir=str(root / "rollout"), version_base=None):
         rollout = compose(config_name="diffusion_rollout", overrides=[
             "name=vllm_omni", "tensor_model_parallel_size=1", "dtype=float32", "load_format=auto", "nnodes=1",
-            "n_gpus_per_node=1", "rollout_attn_backend=null", "enforce_eager=true", *size])
+            "n_gpus_per_node=1", "rollout_attn_backend=null", "enforce_eager=true", *size,
+            # the package's gloo checkpoint engine, registered as a user's config registers it
+            "checkpoint_engine.backend=gloo",
+            "checkpoint_engine.custom_backend_module=digenrl_verl.weights.gloo_checkpoint_engine"])
     return rollout, model
 
 
@@ -65,14 +70,45 @@ async def _run(job: dict) -> dict:
     server = replica.server_handle
     result["server"] = await server.__ray_call__.remote(lambda self: _server_facts())
     t1 = time.perf_counter()
-    outputs = await asyncio.gather(*[server.generate.remote(
-        request_id=r["request_id"], prompt_ids=r["prompt"]["prompt_token_ids"], sampling_params=r["sampling_params"],
-        negative_prompt_ids=r["prompt"].get("negative_prompt_ids")) for r in job["requests"]])
+    result["outputs"] = await _generate(server, job["requests"])
     result["generate_s"] = time.perf_counter() - t1
-    result["outputs"] = [{"latents": o.extra_fields["all_latents"], "log_probs": o.log_probs,
-                          "timesteps": o.extra_fields["all_timesteps"]} for o in outputs]
+    if job.get("update"):
+        await _update_through_the_checkpoint_engine(rollout, replica, job["update"]["weights_file"])
+        result["updated"] = await _generate(server, job["update"]["requests"])
     ray.shutdown()
     return result
+
+
+async def _generate(server, requests) -> list[dict]:
+    outputs = await asyncio.gather(*[server.generate.remote(
+        request_id=r["request_id"], prompt_ids=r["prompt"]["prompt_token_ids"], sampling_params=r["sampling_params"],
+        negative_prompt_ids=r["prompt"].get("negative_prompt_ids")) for r in requests])
+    return [{"latents": o.extra_fields["all_latents"], "log_probs": o.log_probs,
+             "timesteps": o.extra_fields["all_timesteps"]} for o in outputs]
+
+
+async def _update_through_the_checkpoint_engine(rollout, replica, weights_file: str) -> None:
+    """verl-omni's `OmniCheckpointEngineManager.update_weights` (with the package's version mixin) from one trainer
+    rank on verl-omni's trainer-worker methods (`_gloo_ce_workers.PipelineTrainer`: its model engine replaced by the
+    weights of `weights_file`) to the replica's own `CheckpointEngineWorker`, over the gloo checkpoint engine; the
+    worker's server adapter hands them to vLLM-Omni's worker as verl does."""
+    import ray
+    from _gloo_ce_workers import PipelineTrainer
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl_omni.workers.checkpoint_engine import OmniCheckpointEngineManager
+
+    from digenrl_verl.weights.gloo_checkpoint_engine import VersionedUpdates
+
+    class Manager(VersionedUpdates, OmniCheckpointEngineManager):
+        pass
+
+    config = omega_conf_to_dataclass(rollout)
+    pool = RayResourcePool([1], use_gpu=False, max_colocate_count=1, name_prefix="trainer_pool")
+    trainers = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(
+        cls=ray.remote(PipelineTrainer), rollout_config=config, weights_file=weights_file), name_prefix="trainer",
+        device_name="cpu")
+    await Manager(config.checkpoint_engine, trainers, [replica]).update_weights(global_steps=1)
 
 
 def main(job_path: str, out_path: str) -> None:
@@ -82,11 +118,14 @@ def main(job_path: str, out_path: str) -> None:
     from digenrl_verl.platform import process_env
     from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR
 
-    env = {**process_env(cpu=True), LOGICAL_GPUS_VAR: "1"}
+    here = str(Path(__file__).resolve().parent)  # the trainer worker's class (`_gloo_ce_workers`), by name
+    sys.path.append(here)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**process_env(cpu=True), LOGICAL_GPUS_VAR: "1", "PYTHONPATH": path}
     os.environ.update(env)  # this process (verl resolves its platform at import) and, through Ray, every actor
     with open(job_path, "rb") as f:
         job = pickle.load(f)
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": env})
+    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": env})
     torch.save(asyncio.run(_run(job)), out_path)
 
 

@@ -3,7 +3,9 @@ separate mode starts its generators, in a fresh interpreter with Ray's logical G
 (`_replica_child.py`). It starts verl's worker group and verl-omni's `vLLMOmniHttpServer`, whose `AsyncOmni` spawns
 vLLM-Omni's diffusion worker; requests go through the server's `generate` (verl-omni's agent-loop API) with
 verl-omni's sampling dict and the per-sample seeds, built by the `verl_omni` rollout engine's `server_requests`.
-Its samples equal the in-process pipeline's for the same requests: trajectory latents, log-probs and timesteps.
+Its samples equal the in-process pipeline's for the same requests (trajectory latents, log-probs), and after new
+weights go through verl-omni's checkpoint-engine manager over the package's gloo backend into the replica's own
+`CheckpointEngineWorker`, its next samples are the in-process pipeline's with those weights, not the old ones'.
 
 Qwen-Image and Wan2.2 (their requests are token ids, as the server takes them). SD3.5 is not here: verl-omni's
 agent loop sends it per-encoder ids (`extra_prompt_ids`), which the rollout engine does not build yet (it sends SD3
@@ -15,6 +17,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ except ImportError as e:
     pytest.skip(f"verl_omni is not importable here ({e}); run bash scripts/test_verl_omni.sh", allow_module_level=True)
 
 import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
@@ -32,6 +36,7 @@ from test_verl_omni_cpu_platform import ROWS, TOL, _in_process, _rel, _spec  # n
 
 from digenrl_verl.engines.base import ENGINES  # noqa: E402
 from digenrl_verl.engines.spec import VERL_OMNI_SDE_KINDS  # noqa: E402
+from digenrl_verl.integrations.verl_omni_rollout import pipeline_weights  # noqa: E402
 from digenrl_verl.models import build_tiny_model_dir  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -43,6 +48,11 @@ def _unbatched(value) -> torch.Tensor:
     return value[0] if value.dim() > 0 and value.shape[0] == 1 else value  # the server's `_maybe_unbatch`
 
 
+def _errors(got: list[dict], want: list[dict]) -> dict[str, float]:
+    assert len(got) == len(want)
+    return {k: max(_rel(g[k], _unbatched(w[k])) for g, w in zip(got, want)) for k in ("latents", "log_probs")}
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def replica_run(request, tmp_path_factory):
     arch, work = request.param, tmp_path_factory.mktemp(request.param)
@@ -52,21 +62,42 @@ def replica_run(request, tmp_path_factory):
            "height": spec.pipeline.height, "steps": spec.rollout.num_inference_steps,
            "requests": engine.server_requests(ROWS)}
     want = _in_process(engine, engine.requests(ROWS))
+    second = replace(ROWS, step=2)
+    job["update"] = {"weights_file": str(work / "new.safetensors"), "requests": engine.server_requests(second)}
+    old = _in_process(engine, engine.requests(second))
+    gen = torch.Generator().manual_seed(1)
+    engine.hand_over({n: p.detach() + 0.05 * torch.randn(p.shape, generator=gen) for n, p in engine.state.items()}, 1)
+    save_file({n: t.clone().contiguous() for n, t in pipeline_weights(engine.shadow, lora=False)},
+              job["update"]["weights_file"])
+    refs = {"before": want, "after": _in_process(engine, engine.requests(second)), "after_old": old}
     (work / "job.pkl").write_bytes(pickle.dumps(job))
     proc = subprocess.run([sys.executable, str(HERE / "_replica_child.py"), str(work / "job.pkl"),
                            str(work / "out.pt")], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return arch, torch.load(work / "out.pt", weights_only=False), want
+    return arch, torch.load(work / "out.pt", weights_only=False), refs
 
 
 @pytest.mark.slow  # Ray, verl-omni's server actor, AsyncOmni and its worker process
 def test_verl_omnis_replica_starts_on_cpu_and_samples_what_the_in_process_pipeline_samples(replica_run):
-    arch, got, want = replica_run
+    arch, got, refs = replica_run
+    want = refs["before"]
     server = got["server"]
     assert server["platform"] == "CpuOmniPlatform" and not server["harness_imported"], server
     assert any(name.startswith("vLLM-Omni::DiffusionWorker") for name in server["workers"]), server["workers"]
-    errors = {k: max(_rel(g[k], _unbatched(w[k])) for g, w in zip(got["outputs"], want))
-              for k in ("latents", "log_probs", "timesteps")}
+    errors = _errors(got["outputs"], want)
     print(f"{arch}: replica vs in-process {errors}; replica start {got['start_s']:.1f} s, "
           f"{len(want)} samples in {got['generate_s']:.1f} s")
     assert max(errors.values()) <= TOL, errors
+
+
+@pytest.mark.slow
+def test_weights_through_the_gloo_checkpoint_engine_change_the_replicas_next_samples(replica_run):
+    """verl-omni's checkpoint-engine manager, a trainer rank on verl-omni's worker methods, the replica's own
+    `CheckpointEngineWorker` and server adapter, the package's gloo backend: the next samples are the in-process
+    pipeline's with the new weights, not the old ones'."""
+    arch, got, refs = replica_run
+    err, stale = _errors(got["updated"], refs["after"]), _errors(got["updated"], refs["after_old"])
+    moved = _errors(refs["after"], refs["after_old"])
+    print(f"{arch}: after the update {err} (the new weights move the samples by {moved})")
+    assert max(err.values()) <= TOL, err
+    assert max(stale.values()) > 1e3 * TOL, stale  # the old weights' samples are not what came back

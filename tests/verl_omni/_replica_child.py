@@ -8,7 +8,8 @@ The CPU comes from the package's platforms (verl's ``cpu`` with Ray's logical GP
 
     python _replica_child.py <job.pkl> <out.pt>
 
-job.pkl: {"model": dir, "algorithm": verl-omni's algorithm name, "height", "steps",
+job.pkl: {"model": dir, "algorithm": verl-omni's algorithm name, "height", "steps", "tp": the replica's
+          tensor_model_parallel_size (its logical GPUs; vLLM-Omni's workers over gloo),
           "requests": [server request dicts: request_id, prompt (prompt_token_ids, negative_prompt_ids),
                        sampling_params]}
           "update": optional {"weights_file": safetensors of pipeline weights, "requests": [...]}: sent through the
@@ -28,7 +29,7 @@ from pathlib import Path
 
 
 def _configs(job: dict):
-    """verl-omni's rollout and model configs (its Hydra files) for the tiny model, float32 on one logical GPU."""
+    """verl-omni's rollout and model configs (its Hydra files) for the tiny model, float32, ``tp`` logical GPUs."""
     import verl_omni
     from hydra import compose, initialize_config_dir
 
@@ -41,8 +42,8 @@ def _configs(job: dict):
             "attn_backend=native", *size])
     with initialize_config_dir(config_dir=str(root / "rollout"), version_base=None):
         rollout = compose(config_name="diffusion_rollout", overrides=[
-            "name=vllm_omni", "tensor_model_parallel_size=1", "dtype=float32", "load_format=auto", "nnodes=1",
-            "n_gpus_per_node=1", "rollout_attn_backend=null", "enforce_eager=true", *size,
+            "name=vllm_omni", f"tensor_model_parallel_size={job['tp']}", "dtype=float32", "load_format=auto",
+            "nnodes=1", f"n_gpus_per_node={job['tp']}", "rollout_attn_backend=null", "enforce_eager=true", *size,
             # the package's gloo checkpoint engine, registered as a user's config registers it
             "checkpoint_engine.backend=gloo",
             "checkpoint_engine.custom_backend_module=digenrl_verl.weights.gloo_checkpoint_engine"])
@@ -64,7 +65,7 @@ async def _run(job: dict) -> dict:
 
     rollout, model = _configs(job)
     t0 = time.perf_counter()
-    replica = vLLMOmniReplica(0, rollout, model, gpus_per_node=1)
+    replica = vLLMOmniReplica(0, rollout, model, gpus_per_node=job["tp"])
     await replica.init_standalone()
     result = {"start_s": time.perf_counter() - t0}
     server = replica.server_handle
@@ -125,7 +126,7 @@ def main(job_path: str, out_path: str) -> None:
     os.environ.update(env)  # this process (verl resolves its platform at import) and, through Ray, every actor
     with open(job_path, "rb") as f:
         job = pickle.load(f)
-    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": env})
+    ray.init(address="local", num_cpus=8, num_gpus=job["tp"], include_dashboard=False, runtime_env={"env_vars": env})
     torch.save(asyncio.run(_run(job)), out_path)
 
 

@@ -7,9 +7,10 @@ Its samples equal the in-process pipeline's for the same requests (trajectory la
 weights go through verl-omni's checkpoint-engine manager over the package's gloo backend into the replica's own
 `CheckpointEngineWorker`, its next samples are the in-process pipeline's with those weights, not the old ones'.
 
-Qwen-Image and Wan2.2 (their requests are token ids, as the server takes them). SD3.5 is not here: verl-omni's
-agent loop sends it per-encoder ids (`extra_prompt_ids`), which the rollout engine does not build yet (it sends SD3
-the prompt text, which only the in-process request carries).
+Qwen-Image and Wan2.2 (their requests are token ids, as the server takes them), and Qwen-Image with
+``rollout.tensor_model_parallel_size=2`` (two vLLM-Omni workers over gloo, on two of Ray's logical GPUs). SD3.5 is
+not here: verl-omni's agent loop sends it per-encoder ids (`extra_prompt_ids`), which the rollout engine does not
+build yet (it sends SD3 the prompt text, which only the in-process request carries).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from digenrl_verl.integrations.verl_omni_rollout import pipeline_weights  # noqa
 from digenrl_verl.models import build_tiny_model_dir  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-ARCHS = ("QwenImagePipeline", "WanPipeline")
+# (architecture, rollout.tensor_model_parallel_size): TP 2 is two vLLM-Omni workers over gloo on two logical GPUs
+CASES = (("QwenImagePipeline", 1), ("WanPipeline", 1), ("QwenImagePipeline", 2))
 
 
 def _unbatched(value) -> torch.Tensor:
@@ -53,13 +55,13 @@ def _errors(got: list[dict], want: list[dict]) -> dict[str, float]:
     return {k: max(_rel(g[k], _unbatched(w[k])) for g, w in zip(got, want)) for k in ("latents", "log_probs")}
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=CASES, ids=[f"{a}-tp{t}" for a, t in CASES])
 def replica_run(request, tmp_path_factory):
-    arch, work = request.param, tmp_path_factory.mktemp(request.param)
+    (arch, tp), work = request.param, tmp_path_factory.mktemp(request.param[0])
     spec = _spec(arch, str(build_tiny_model_dir(arch, work / "model")))
     engine = ENGINES.engine_class("verl_omni").from_policy(spec)
     job = {"model": spec.model_path, "algorithm": VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][0],
-           "height": spec.pipeline.height, "steps": spec.rollout.num_inference_steps,
+           "height": spec.pipeline.height, "steps": spec.rollout.num_inference_steps, "tp": tp,
            "requests": engine.server_requests(ROWS)}
     want = _in_process(engine, engine.requests(ROWS))
     second = replace(ROWS, step=2)
@@ -69,12 +71,12 @@ def replica_run(request, tmp_path_factory):
     engine.hand_over({n: p.detach() + 0.05 * torch.randn(p.shape, generator=gen) for n, p in engine.state.items()}, 1)
     save_file({n: t.clone().contiguous() for n, t in pipeline_weights(engine.shadow, lora=False)},
               job["update"]["weights_file"])
-    refs = {"before": want, "after": _in_process(engine, engine.requests(second)), "after_old": old}
+    refs = {"tp": tp, "before": want, "after": _in_process(engine, engine.requests(second)), "after_old": old}
     (work / "job.pkl").write_bytes(pickle.dumps(job))
     proc = subprocess.run([sys.executable, str(HERE / "_replica_child.py"), str(work / "job.pkl"),
                            str(work / "out.pt")], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return arch, torch.load(work / "out.pt", weights_only=False), refs
+    return f"{arch} tp{tp}", torch.load(work / "out.pt", weights_only=False), refs
 
 
 @pytest.mark.slow  # Ray, verl-omni's server actor, AsyncOmni and its worker process
@@ -83,7 +85,8 @@ def test_verl_omnis_replica_starts_on_cpu_and_samples_what_the_in_process_pipeli
     want = refs["before"]
     server = got["server"]
     assert server["platform"] == "CpuOmniPlatform" and not server["harness_imported"], server
-    assert any(name.startswith("vLLM-Omni::DiffusionWorker") for name in server["workers"]), server["workers"]
+    workers = [name for name in server["workers"] if name.startswith("vLLM-Omni::DiffusionWorker")]
+    assert len(workers) == refs["tp"], server["workers"]  # one diffusion worker process per tensor-parallel rank
     errors = _errors(got["outputs"], want)
     print(f"{arch}: replica vs in-process {errors}; replica start {got['start_s']:.1f} s, "
           f"{len(want)} samples in {got['generate_s']:.1f} s")

@@ -3,8 +3,10 @@
 verl-omni's `vLLMOmniHttpServer` actor running vLLM-Omni's `AsyncOmni`), and sends it requests through the server
 API verl-omni's agent loop uses (`generate`), for tests/verl_omni/test_verl_omni_replica_on_cpu.py.
 
-The CPU comes from the package's platforms (verl's ``cpu`` with Ray's logical GPUs as the device slots,
-``DIGENRL_CPU_RAY_GPUS=1``; vLLM's and vLLM-Omni's from their entry points); nothing else is patched here.
+On a CUDA host the same child runs on the GPUs (Ray's own, verl's and vLLM's platforms, verl-omni's `nccl` checkpoint
+engine): tests/gpu/run_replica_check.sh. On CPU the devices come from the package's platforms (verl's ``cpu`` with
+Ray's logical GPUs as the device slots, ``DIGENRL_CPU_RAY_GPUS=1``; vLLM's and vLLM-Omni's from their entry points);
+nothing else is patched here.
 
     python _replica_child.py <job.pkl> <out.pt>
 
@@ -44,10 +46,22 @@ def _configs(job: dict):
         rollout = compose(config_name="diffusion_rollout", overrides=[
             "name=vllm_omni", f"tensor_model_parallel_size={job['tp']}", "dtype=float32", "load_format=auto",
             "nnodes=1", f"n_gpus_per_node={job['tp']}", "rollout_attn_backend=null", "enforce_eager=true", *size,
-            # the package's gloo checkpoint engine, registered as a user's config registers it
-            "checkpoint_engine.backend=gloo",
-            "checkpoint_engine.custom_backend_module=digenrl_verl.weights.gloo_checkpoint_engine"])
+            *_checkpoint_engine()])
     return rollout, model
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _checkpoint_engine() -> list[str]:
+    """verl-omni's `nccl` on GPUs; on CPU the package's gloo backend, registered as a user's config registers it."""
+    if _cuda():
+        return ["checkpoint_engine.backend=nccl"]
+    return ["checkpoint_engine.backend=gloo",
+            "checkpoint_engine.custom_backend_module=digenrl_verl.weights.gloo_checkpoint_engine"]
 
 
 def _server_facts() -> dict:
@@ -122,11 +136,13 @@ def main(job_path: str, out_path: str) -> None:
     here = str(Path(__file__).resolve().parent)  # the trainer worker's class (`_gloo_ce_workers`), by name
     sys.path.append(here)
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**process_env(cpu=True), LOGICAL_GPUS_VAR: "1", "PYTHONPATH": path}
+    cuda = _cuda()  # on GPUs (tests/gpu: the same test, one prepared command) Ray's real GPUs and verl's platform
+    env = {**process_env(cpu=not cuda), **({} if cuda else {LOGICAL_GPUS_VAR: "1"}), "PYTHONPATH": path}
     os.environ.update(env)  # this process (verl resolves its platform at import) and, through Ray, every actor
     with open(job_path, "rb") as f:
         job = pickle.load(f)
-    ray.init(address="local", num_cpus=8, num_gpus=job["tp"], include_dashboard=False, runtime_env={"env_vars": env})
+    ray.init(address="local", num_cpus=8, num_gpus=None if cuda else job["tp"], include_dashboard=False,
+             runtime_env={"env_vars": env})
     torch.save(asyncio.run(_run(job)), out_path)
 
 

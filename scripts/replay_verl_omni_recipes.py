@@ -24,6 +24,12 @@ verl-omni's composed config key by key (the keys both have): `differs` lists eac
 but the stand-ins (model, judge, data files), seeds verl-omni leaves null (the plan draws one and prints it) and the
 keys of `config.verl_omni.SAME_MEANING` (the same meaning in another form).
 
+Each `python -m ...` of the replay (the dry run, the tiny stand-in builds) runs in a process forked from this one
+after it imported `digenrl_verl.main` once, as `python -m` would run it (the module as `__main__`, argv, the working
+directory first on sys.path, stdout and stderr apart): the 29 dry runs no longer pay the import of torch, Ray and
+verl 29 times. `--jobs N` runs N of them at once (default: 2, at most the CPU count); the rows keep the scripts'
+order.
+
 Result per script: `accepted` (the dry run validates), `rejected: <key>` (our message names the key or model),
 `hydra error` (composition failed) or `traceback` (anything else). Exit status 1 if any hydra error or traceback.
 
@@ -39,13 +45,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +75,8 @@ MODELS = (
     ("LTX-2", ("LTX2Pipeline", False)),
     ("BAGEL", (None, False)),
 )
+#: the environment every `python -m` of the replay runs under (set in this process before the import it forks from)
+ENV = {"HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 RECORD = 'import json, os, sys; open(os.environ["REPLAY_CAPTURE"], "a").write(json.dumps(sys.argv[1:]) + "\\n")'
 SHIM = """#!/bin/sh
 if [ "$1" = "-m" ] && case "$2" in verl_omni.trainer.main*) true;; *) false;; esac; then
@@ -91,6 +103,62 @@ def extract(archive: Path, into: Path) -> Path:
         tar.extractall(into, filter="data")
     (root,) = [p for p in into.iterdir() if p.is_dir()]
     return root
+
+
+def _module_child(module: str, argv: list[str], cwd: str, out: str, err: str) -> None:
+    """`python -m module argv` in `cwd`, in this forked process: stdout to `out`, stderr to `err`; exits with the
+    module's status."""
+    os.chdir(cwd)
+    sys.path[0] = cwd  # python -m puts the working directory first
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    try:
+        sys.argv = [module, *argv]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)  # what `python -m module` runs
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)  # what the interpreter prints for sys.exit("message")
+    except BaseException:  # noqa: BLE001 - reported as the interpreter would
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class Forked:
+    """A `python -m module argv` running in a forked child (see _module_child); `result()` waits for it."""
+
+    def __init__(self, module: str, argv: list[str], cwd: Path, logs: Path, timeout: float = 600) -> None:
+        self.args = [sys.executable, "-m", module, *argv]
+        self.out, self.err = logs.with_name(logs.name + ".out"), logs.with_name(logs.name + ".err")
+        self.deadline = time.monotonic() + timeout
+        self.proc = multiprocessing.get_context("fork").Process(
+            target=_module_child, args=(module, list(argv), str(cwd), str(self.out), str(self.err)))
+        self.proc.start()
+
+    def done(self) -> bool:
+        return not self.proc.is_alive()
+
+    def result(self) -> subprocess.CompletedProcess:
+        self.proc.join(max(0.0, self.deadline - time.monotonic()))
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        return subprocess.CompletedProcess(self.args, self.proc.exitcode, stdout=self.out.read_text(),
+                                           stderr=self.err.read_text())
+
+
+def run_module(module: str, argv: list[str], cwd: Path, logs: Path, timeout: float = 600) \
+        -> subprocess.CompletedProcess:
+    """`python -m module argv` in `cwd` (in a forked child): exit status, stdout, stderr."""
+    return Forked(module, argv, cwd, logs, timeout).result()
 
 
 def capture(script: Path, repo: Path, work: Path) -> list[list[str]]:
@@ -127,13 +195,17 @@ def model_of(overrides: list[str]) -> tuple[str | None, bool, str]:
     return None, False, path
 
 
+def _check(proc: subprocess.CompletedProcess) -> None:
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+
+
 def stand_in_model(arch: str | None, tiny: bool, models: Path) -> Path:
     d = models / (arch or "not_diffusers")
     if d.exists():
         return d
     if tiny:
-        subprocess.run([sys.executable, "-m", "digenrl_verl.models.tiny", arch, str(d)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _check(run_module("digenrl_verl.models.tiny", [arch, str(d)], Path.cwd(), models.parent / f"tiny-{arch}"))
     else:
         d.mkdir(parents=True)
         if arch:
@@ -154,8 +226,8 @@ def stand_in_judge(path: str, models: Path) -> Path | None:
         return None
     d = models / f"judge_{family}"
     if not d.exists():
-        subprocess.run([sys.executable, "-m", "digenrl_verl.rewards.tiny_judge", str(d), "--family", family],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _check(run_module("digenrl_verl.rewards.tiny_judge", [str(d), "--family", family], Path.cwd(),
+                          models.parent / f"judge-{family}"))
     return d
 
 
@@ -300,7 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop-unsupported", action="store_true",
                     help="drop the overrides of unsupported features (and take the recipes' GPU device) to show what "
                          "each script is then accepted or rejected for")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="dry runs at once (each in a process forked from this one)")
     args = ap.parse_args(argv)
+    os.environ.update(ENV)
+    import digenrl_verl.main  # noqa: F401 - imported once here; every dry run forks from this process
+
     work = Path(tempfile.mkdtemp(prefix="replay-verl-omni-"))
     try:
         repo = extract(args.archive, work / "src")
@@ -311,7 +388,17 @@ def main(argv: list[str] | None = None) -> int:
         scripts = sorted(p for t in TRAINERS for p in (repo / "examples" / t).rglob("*.sh"))
         if args.only:
             scripts = [s for s in scripts if args.only in str(s)]
-        rows = []
+        rows: list[Replay] = []
+        running: list[tuple[Replay, Forked, Path, object]] = []
+
+        def finish(row: Replay, run: Forked, out_dir: Path, theirs) -> None:
+            row.result, row.detail = classify(run.result())
+            row.detail = row.detail.replace(str(work), "<work>")  # the replay's temporary directory
+            if row.result == "accepted" and theirs is not None:
+                row.differs = "; ".join(compare(json.loads((out_dir / "plan.json").read_text()), theirs))
+            print(f"{row.result:12s} {row.script}: {row.detail.splitlines()[0][:120] if row.detail else ''}",
+                  file=sys.stderr, flush=True)
+
         for script in scripts:
             rel = str(script.relative_to(repo / "examples"))
             calls = capture(script, repo, work)
@@ -328,16 +415,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.drop_unsupported:
                 ours, notes = drop_unsupported(ours)
                 row.dropped = "; ".join(notes)
-            cmd = [sys.executable, "-m", "digenrl_verl.main", *ours]
-            env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-            proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600, check=False)
-            row.result, row.detail = classify(proc)
-            row.detail = row.detail.replace(str(work), "<work>")  # the replay's temporary directory
-            if row.result == "accepted" and theirs is not None:
-                row.differs = "; ".join(compare(json.loads((out_dir / "plan.json").read_text()), theirs))
+            while len(running) >= max(1, args.jobs):  # the oldest first: the rows keep the scripts' order
+                finish(*running.pop(0))
+            running.append((row, Forked("digenrl_verl.main", ours, repo, work / f"main-{len(rows)}"), out_dir,
+                            theirs))
             rows.append(row)
-            print(f"{row.result:12s} {rel}: {row.detail.splitlines()[0][:120] if row.detail else ''}", file=sys.stderr,
-                  flush=True)
+        while running:
+            finish(*running.pop(0))
         if args.json:
             args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
         print_table(rows, args.markdown, dropped=args.drop_unsupported)

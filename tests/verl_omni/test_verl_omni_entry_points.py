@@ -28,6 +28,7 @@ import re
 import runpy
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -146,17 +147,29 @@ def _child(entry: str, argv: list[str], log: str, cwd: str) -> None:
     os._exit(code)
 
 
-def run_entry_point(entry: str, argv: list[str], log: Path, cwd: Path, timeout: float = 900) \
-        -> subprocess.CompletedProcess:
+def start_entry_point(entry: str, argv: list[str], log: Path, cwd: Path, timeout: float = 900):
     """verl-omni's entry point `entry` with `argv`, as `python -m entry argv` runs it in `cwd` (its Hydra `main`),
-    in a process forked from this one (verl-omni imported once): exit status and output."""
+    started in a process forked from this one (verl-omni imported once); `finish_entry_point` waits for it."""
     proc = multiprocessing.get_context("fork").Process(target=_child, args=(entry, argv, str(log), str(cwd)))
     proc.start()
-    proc.join(timeout)
+    return proc, [entry, *argv], log, time.monotonic() + timeout
+
+
+def finish_entry_point(started) -> subprocess.CompletedProcess:
+    """The exit status and output of a `start_entry_point` run (killed at its timeout)."""
+    proc, args, log, deadline = started
+    proc.join(max(0.0, deadline - time.monotonic()))
     if proc.is_alive():
         proc.kill()
         proc.join()
-    return subprocess.CompletedProcess([entry, *argv], proc.exitcode, stdout=log.read_text(), stderr="")
+    return subprocess.CompletedProcess(args, proc.exitcode, stdout=log.read_text(), stderr="")
+
+
+def run_entry_point(entry: str, argv: list[str], log: Path, cwd: Path, timeout: float = 900) \
+        -> subprocess.CompletedProcess:
+    """verl-omni's entry point `entry` with `argv`, as `python -m entry argv` runs it in `cwd`, in a forked process:
+    exit status and output."""
+    return finish_entry_point(start_entry_point(entry, argv, log, cwd, timeout))
 
 
 #: v1 scripts run through our v1 main: verl-omni's composition and run_diffusion_v1, the config checked before Ray
@@ -169,6 +182,10 @@ def _flagged(entry: str, localised: list[str]) -> list[str]:
     if not entry.endswith("_v1"):
         return [*localised, SELECT]
     return [*(o for o in localised if not o.startswith("trainer.digenrl.mode=")), *SELECT_V1]
+
+
+#: entry-point runs at once in the replay fixture (each a forked dry run: 2 halve its time on a 2-core machine)
+ENTRY_POINT_JOBS = min(2, os.cpu_count() or 1)
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +201,13 @@ def replayed(tmp_path_factory):
     prompts.write_text("".join(f'a photo of the word "hello {i}"\n' for i in range(1024)))
     scripts = sorted(p for t in replay.TRAINERS for p in (repo / "examples" / t).rglob("*.sh"))
     rows = {"as shipped": [], "unsupported dropped": []}
+    running = []  # (row, started): ENTRY_POINT_JOBS at once, each a forked child (the rows keep the scripts' order)
+
+    def finish(row, started):
+        proc = finish_entry_point(started)
+        row["result"], row["detail"] = replay.classify(proc)
+        row["handed_over"] = HANDED in proc.stdout
+
     for i, script in enumerate(scripts):
         rel = str(script.relative_to(repo / "examples"))
         calls = replay.capture(script, repo, work)
@@ -204,10 +228,14 @@ def replayed(tmp_path_factory):
             argv = [*_flagged(entry, replay.localise(given, model_path, model_dir, prompts)),
                     f"hydra.run.dir={work / 'hydra' / f'{i}-{len(rows[variant])}'}", "hydra.output_subdir=null"]
             runs = V1_MAIN if entry.endswith("_v1") else entry
-            proc = run_entry_point(runs, argv, work / f"{script.stem}-{variant[:2]}.log", cwd=repo)  # as a user
-            result, detail = replay.classify(proc)
-            rows[variant].append({"script": rel, "entry": entry.rsplit(".", 1)[-1], "result": result,
-                                  "detail": detail, "handed_over": HANDED in proc.stdout})
+            while len(running) >= ENTRY_POINT_JOBS:
+                finish(*running.pop(0))
+            row = {"script": rel, "entry": entry.rsplit(".", 1)[-1]}
+            rows[variant].append(row)
+            running.append((row, start_entry_point(runs, argv, work / f"{script.stem}-{variant[:2]}.log",
+                                                   cwd=repo)))  # as a user
+    while running:
+        finish(*running.pop(0))
     return rows
 
 

@@ -51,3 +51,14 @@ def data_dir(tmp_path_factory):
     for name in ("train", "test"):
         pd.DataFrame(rows).to_parquet(d / f"{name}.parquet")
     return str(d)
+
+
+
+@pytest.fixture(scope="session")
+def recipe_dry_runs(request, tiny_dirs, tmp_path_factory):
+    """stem -> (CompletedProcess, model dir, prompt file) of every shell recipe's dry run that the selected tests read
+    (tests/_recipe_dry_runs.py), each run once per session: the golden-plan test and the recipes' dry-run test share
+    them."""
+    import _recipe_dry_runs
+
+    return _recipe_dry_runs.run(_recipe_dry_runs.wanted(request.session.items), tiny_dirs, tmp_path_factory.mktemp)

@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from _recipe_dry_runs import SHELL_RECIPES  # shell recipe -> the architecture of its tiny model
 
 from digenrl_verl.integrations.verl_omni_recipes import DIGENRL_FLAG, RECIPES
 from digenrl_verl.main import compose
@@ -27,23 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden_plans"
 UPDATE = os.environ.get("DIGENRL_UPDATE_GOLDEN") == "1"
 DRY_RUN_END = "dry run: config valid, no worker started"
-# shell recipe → the architecture of the tiny model directory it runs against
-SHELL_RECIPES = {
-    "run_tiny_cpu": "FluxPipeline",
-    "run_tiny_cpu_colocated": "FluxPipeline",
-    "run_flowgrpo_qwen_image_32gpu": "QwenImagePipeline",
-    "run_flowgrpo_qwen_image_32gpu_colocated": "QwenImagePipeline",
-    "run_flowgrpo_flux_32gpu": "FluxPipeline",
-    "run_flowgrpo_flux_32gpu_colocated": "FluxPipeline",
-    "run_flowgrpo_wan21_14b": "WanPipeline",
-    "run_flowgrpo_wan21_14b_colocated": "WanPipeline",
-    "run_dancegrpo_hunyuanvideo": "HunyuanVideoPipeline",
-    "run_dancegrpo_hunyuanvideo_colocated": "HunyuanVideoPipeline",
-    "run_dancegrpo_hunyuanvideo_hetero_16gpu": "HunyuanVideoPipeline",
-    "run_dancegrpo_hunyuanvideo_hetero_16gpu_colocated": "HunyuanVideoPipeline",
-    "run_flowgrpo_sd35_small": "StableDiffusion3Pipeline",
-    "run_flowgrpo_sd35_small_colocated": "StableDiffusion3Pipeline",
-}
 
 
 #: a seed drawn for a key left null (verl-omni's default): different in every run
@@ -83,20 +65,11 @@ def test_every_recipe_has_a_golden_plan():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stem", sorted(SHELL_RECIPES))
-def test_shell_recipe_plan_matches_golden(stem, tiny_dirs, tmp_path):
-    model = tiny_dirs[SHELL_RECIPES[stem]]
-    env = {k: v for k, v in os.environ.items() if k not in ("MODE", "NGPUS", "GEN_SHARE", "GEN_ACCEL", "TRN_ACCEL")}
-    prompts = tmp_path / "prompts.txt"  # verl-omni's epoch rule: a batch needs as many prompts (the GPU recipes' 32)
-    prompts.write_text("".join(f"a sign that reads {i}\n" for i in range(64)))
-    env.update(VENV_PY=sys.executable, MODEL_PATH=model, MODEL=model, DRY_RUN="1")
-    if not stem.startswith("run_tiny_cpu"):
-        env["TRAIN_FILES"] = str(prompts)
-    extra = ["trainer.digenrl.dry_run=true"] if stem.startswith("run_tiny_cpu") else []
-    p = subprocess.run(["bash", str(ROOT / "recipes" / f"{stem}.sh"), *extra], env=env, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=180)
+def test_shell_recipe_plan_matches_golden(stem, recipe_dry_runs):
+    p, model, prompts = recipe_dry_runs[stem]  # `bash recipes/<stem>.sh` with DRY_RUN=1, run once per session
     assert p.returncode == 0, p.stderr[-2000:]
     assert DRY_RUN_END in p.stdout
-    _check(stem, _normalise(p.stdout, model=model, train_files=str(prompts)))
+    _check(stem, _normalise(p.stdout, model=model, train_files=prompts))
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

@@ -15,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
+DRY_RUN_END = "dry run: config valid, no worker started"
 # recipe → (architecture of its model, expected pools line fragments for disaggregated / colocated)
 ARCH = {
     "run_flowgrpo_qwen_image_32gpu": ("QwenImagePipeline", "generator: 16 worker(s), trainer: 16 worker(s)",
@@ -56,22 +57,17 @@ def test_every_gpu_recipe_has_a_colocated_twin_and_is_covered():
 
 
 @pytest.mark.slow
-def test_all_recipes_dry_run_with_tiny_models(tiny_dirs, tmp_path):
-    jobs = []
-    for stem, (arch, disagg, coloc) in ARCH.items():
-        for script, expect in ((f"{stem}.sh", f"mode: disaggregated; pools: {disagg}"),
-                               (f"{stem}_colocated.sh", f"mode: colocated; pools: {coloc}")):
-            jobs.append((script, expect, _env(tiny_dirs[arch])))
-    # two at a time (the CI machine has 2 cores); each is one interpreter that composes and validates
+def test_all_recipes_dry_run_with_tiny_models(recipe_dry_runs):
     failures = []
-    for i in range(0, len(jobs), 2):
-        procs = [(s, e, subprocess.Popen(["bash", str(RECIPES / s)], env=env, cwd=tmp_path, text=True,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-                 for s, e, env in jobs[i:i + 2]]
-        for script, expect, p in procs:
-            out, err = p.communicate(timeout=120)
-            if p.returncode != 0 or expect not in out or "dry run: config valid, no worker started" not in out:
-                failures.append(f"{script}: rc={p.returncode}\n{out[-1500:]}\n{err[-1500:]}")
+    for stem, (arch, disagg, coloc) in ARCH.items():
+        for script, expect in ((stem, f"mode: disaggregated; pools: {disagg}"),
+                               (f"{stem}_colocated", f"mode: colocated; pools: {coloc}")):
+            # `bash recipes/<script>.sh` with DRY_RUN=1 on a tiny model of `arch` (one run per session, shared with
+            # the golden-plan test): each one interpreter that composes and validates
+            p, model, _ = recipe_dry_runs[script]
+            assert Path(model).name == arch, (script, model)
+            if p.returncode != 0 or expect not in p.stdout or DRY_RUN_END not in p.stdout:
+                failures.append(f"{script}.sh: rc={p.returncode}\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
     assert not failures, "\n\n".join(failures)
 
 

@@ -105,7 +105,10 @@ class RecipeKeys:
         `default`, by default the shipped files' value (None when they lack it too)."""
         value = OmegaConf.select(self.cfg, key, default=_ABSENT)
         if value is _ABSENT and default is SHIPPED:  # the shipped value, its `${...}` resolved in this config
-            value = OmegaConf.select(OmegaConf.merge(shipped_defaults(), self.cfg), key, default=None)
+            # (a key the shipped files lack too is None without the merge, which costs ~0.07 s a call)
+            shipped = OmegaConf.select(shipped_defaults(), key, default=_ABSENT, throw_on_resolution_failure=False)
+            value = None if shipped is _ABSENT else OmegaConf.select(OmegaConf.merge(shipped_defaults(), self.cfg),
+                                                                     key, default=None)
         elif value is _ABSENT:
             value = default
         if isinstance(value, (DictConfig, ListConfig)):

@@ -14,7 +14,8 @@ source scripts/contract_venv.sh
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
        MPLBACKEND=Agg DIGENRL_TIER=contract
 if [[ $# -eq 0 ]]; then set -- tests/contract; fi
-"$CONTRACT_PY" -c "import vllm, vllm_omni, diffusers; print(f'contract venv: vllm {vllm.__version__}, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}')"
-"$CONTRACT_PY" scripts/tier_preflight.py "$@"  # every module the tests import (a broken import fails, never skips)
+# every module the tests import (a broken import fails, never skips), after the versions it prints (one interpreter)
+"$CONTRACT_PY" scripts/tier_preflight.py \
+  "--banner=contract venv: vllm {vllm.__version__}, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}" "$@"
 # -rs: every skip with its reason; tests/conftest.py fails any skip whose reason DECLARED_SKIPS["contract"] lacks
 exec "$CONTRACT_PY" -m pytest -q -rs -p no:randomly --durations=10 "$@"

@@ -36,8 +36,9 @@ if [[ ! -f "$PATCH_STAMP" || "$(cat "$PATCH_STAMP")" != "$patch_want" ]]; then
   echo "verl-omni venv: verl-omni a1139baf + $(ls patches/verl-omni-a1139baf/*.patch | wc -l) patches installed" >&2
 fi
 if [[ $# -eq 0 ]]; then set -- tests/verl_omni; fi
-"$VERL_OMNI_PY" -c "import verl, verl_omni, vllm_omni, diffusers; print(f'verl-omni venv: verl {verl.__version__}, verl-omni a1139baf + patches/verl-omni-a1139baf, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}')"
-# pre-flight: every module the tier's tests import, imported here first (a broken import fails the tier, never skips it)
-"$VERL_OMNI_PY" scripts/tier_preflight.py "$@"
+# pre-flight: every module the tier's tests import, imported here first (a broken import fails the tier, never skips it),
+# after the stack whose versions it prints (one interpreter for both)
+"$VERL_OMNI_PY" scripts/tier_preflight.py "--banner=verl-omni venv: verl {verl.__version__}, verl-omni a1139baf + \
+patches/verl-omni-a1139baf, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}" "$@"
 # -rs: every skip with its reason; tests/conftest.py fails any skip whose reason DECLARED_SKIPS["verl_omni"] lacks
 exec "$VERL_OMNI_PY" -m pytest -q -rs -p no:randomly -s --durations=10 "$@"

@@ -4,12 +4,17 @@ this interpreter, before pytest starts; exit 1 naming each one that fails. Relat
 helper modules beside the tests (tests/_upstream.py, tests/verl_omni/_engine_harness.py) are left to pytest too.
 
     python scripts/tier_preflight.py tests/verl_omni [more folders or files]
+    python scripts/tier_preflight.py "--banner=venv: vllm {vllm.__version__}" tests/contract   # also prints the line
+
+`--banner=TEMPLATE`: the modules the template names (`{vllm.__version__}`) are imported first and the line is printed
+with them (the tier's versions, from this interpreter: one import of the stack instead of two).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import string
 import sys
 import traceback
 from pathlib import Path
@@ -47,7 +52,16 @@ def test_files(args: list[str]) -> list[Path]:
     return files
 
 
+def banner(template: str) -> str:
+    """`template` formatted with the modules its fields name (`{vllm.__version__}` imports vllm)."""
+    names = {f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(template) if f}
+    return template.format(**{n: importlib.import_module(n) for n in names})
+
+
 def main(argv: list[str]) -> int:
+    for arg in argv:
+        if arg.startswith("--banner="):
+            print(banner(arg.removeprefix("--banner=")), flush=True)
     files = test_files([a for a in argv if not a.startswith("-")])
     local = {f.stem for f in files}
     # the helper modules, importable as the tests import them: tests/<name>.py registered by tests/conftest.py, and the

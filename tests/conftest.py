@@ -30,7 +30,6 @@ def _register(name: str) -> None:
 
 
 _register("_upstream")
-_register("_recipe_dry_runs")
 
 TIER_ENV = "DIGENRL_TIER"
 _GPU_ONLY = (r"needs a CUDA GPU", r"NCCL weight sync needs two GPUs", r"FSDP2 over NCCL: 1 generator \+ 2 trainer GPUs")

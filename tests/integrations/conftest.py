@@ -3,7 +3,18 @@ reward files for the custom reward paths verl-omni's recipes name."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
+
+# tests/_recipe_dry_runs.py, importable as `_recipe_dry_runs` by this folder's modules (as tests/conftest.py registers
+# tests/_upstream.py; tests/ itself stays off sys.path)
+_spec = importlib.util.spec_from_file_location("_recipe_dry_runs",
+                                               Path(__file__).resolve().parents[1] / "_recipe_dry_runs.py")
+sys.modules["_recipe_dry_runs"] = _module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
 
 ARCHITECTURES = ("QwenImagePipeline", "StableDiffusion3Pipeline", "WanPipeline", "FluxPipeline",
                  "HunyuanVideoPipeline")

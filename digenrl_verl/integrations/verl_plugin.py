@@ -37,6 +37,10 @@ def register_trainer_mode(trainer_base) -> None:
 
 
 def register_tsp_engine(_engine_module) -> None:
+    """verl-omni's own engines for the CPU device too (`verl_omni_cpu_engines`), then our TSP subclasses."""
+    from digenrl_verl.integrations.verl_omni_cpu_engines import register_on_cpu
+
+    register_on_cpu()
     import digenrl_verl.integrations.verl_omni_tsp  # noqa: F401  (registers on import)
 
 

@@ -21,6 +21,7 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 from digenrl_verl.platform import cpu_device
 from digenrl_verl.platform.filters import drop_message
+from digenrl_verl.platform.verl_fixes import fix_cpu_process_group_backend
 
 PLATFORM_NAME = "cpu"
 #: set to 1 where verl's replicas run on this CPU: Ray's logical GPUs (``ray.init(num_gpus=N)``) are the devices
@@ -130,3 +131,7 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self) -> Any:
         return None
+
+
+# verl's stock TrainingWorker builds its process group with `cpu:gloo,<device>:<backend>`: `cpu:gloo,cpu:gloo` here
+fix_cpu_process_group_backend()

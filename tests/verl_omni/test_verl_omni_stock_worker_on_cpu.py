@@ -1,0 +1,61 @@
+"""verl-omni's STOCK trainer worker on the host CPU (issue 30 item 1, first part): the two places where its
+`TrainingWorker` stopped before building a model, each proven in a fresh interpreter on verl's CPU platform.
+
+* verl's `initialize_global_process_group_ray` built ``cpu:gloo,cpu:gloo`` (torch: "Duplicate device type cpu");
+  `digenrl_verl.platform.verl_fixes` gives it ``cpu:gloo`` where the device is the CPU, and the name verl-omni's
+  worker module imported is the fixed one;
+* verl-omni registers its FSDP diffusion engines for cuda/npu only ("No engine registered for device='cpu'");
+  `integrations.verl_omni_cpu_engines` registers the same classes for ``cpu`` from verl's own table.
+
+With both, `python -m verl_omni.trainer.main_diffusion` (v0, colocated, Qwen-Image LoRA) builds its actor worker and
+its hybrid vLLM-Omni replica on CPU and fails later, in verl-omni's LoRA collector (see docs/verl_omni.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import verl_omni  # noqa: F401  (imports vLLM-Omni eagerly)
+except ImportError as e:
+    pytest.skip(f"verl_omni is not importable here ({e}); run bash scripts/test_verl_omni.sh", allow_module_level=True)
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
+    sys.path.append(str(Path(__file__).resolve().parent))
+from _engine_harness import cpu_env, free_port  # noqa: E402
+
+from digenrl_verl.platform.verl_fixes import cpu_backend  # noqa: E402
+
+_PROBE = """
+import os
+import verl
+from verl_omni.workers import engine_workers
+import verl_omni.workers.engine.fsdp.diffusers_impl as impl
+from verl.workers.engine.base import EngineRegistry
+import torch.distributed as dist
+print("engine:", EngineRegistry.get_engine_cls("diffusion_model", "fsdp2").__qualname__)
+print("stock:", EngineRegistry.get_engine_cls("diffusion_model", "fsdp2") is impl.PPODiffusersFSDPEngine)
+engine_workers.initialize_global_process_group_ray(timeout_second=None)  # the name verl-omni's worker calls
+print("backend:", dist.get_backend())
+"""
+
+
+def test_cpu_backend_changes_only_the_cpu_default():
+    assert cpu_backend(None, "cpu") == "cpu:gloo"
+    assert cpu_backend(None, "cuda") is None  # verl builds cpu:gloo,cuda:nccl itself
+    assert cpu_backend("nccl", "cpu") == "nccl"  # a caller's choice stays
+
+
+@pytest.mark.slow
+def test_verl_omnis_stock_worker_gets_a_process_group_and_its_engine_on_cpu():
+    env = cpu_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                  HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-2000:] + proc.stderr[-4000:]
+    assert "engine: PPODiffusersFSDPEngine" in out and "stock: True" in out  # verl-omni's own class, not ours
+    assert "backend: cpu:gloo" in out  # verl's default would have been cpu:gloo,cpu:gloo (refused by torch)

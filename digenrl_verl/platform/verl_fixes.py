@@ -4,9 +4,10 @@
 ``f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"``: with verl's platform on the host CPU that is
 ``cpu:gloo,cpu:gloo``, which torch refuses (``Duplicate device type cpu``), so verl's and verl-omni's stock
 ``TrainingWorker`` cannot start on CPU (our own trainer ranks build their process group first and never reach it).
-The upstream fix (patches/README.md, "verl 8a69493"): one ``cpu:gloo`` when the device is the CPU. Until it lands, `fix_cpu_process_group_backend` wraps the function in `verl.utils.distributed`
-before any worker module imports it by name; the wrapper changes nothing unless the backend is left to verl and the
-device is the CPU (a CUDA host keeps ``cpu:gloo,cuda:nccl``)."""
+The upstream fix (patches/README.md, "verl 8a69493"): one ``cpu:gloo`` when the device is the CPU. Until it
+lands, `fix_cpu_process_group_backend` wraps the function in `verl.utils.distributed` before any worker module
+imports it by name; the wrapper changes nothing unless the backend is left to verl and the device is the CPU (a CUDA
+host keeps ``cpu:gloo,cuda:nccl``)."""
 
 from __future__ import annotations
 

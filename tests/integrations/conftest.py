@@ -64,7 +64,6 @@ def data_dir(tmp_path_factory):
     return str(d)
 
 
-
 @pytest.fixture(scope="session")
 def recipe_dry_runs(request, tiny_dirs, tmp_path_factory):
     """stem -> (CompletedProcess, model dir, prompt file) of every shell recipe's dry run that the selected tests read

@@ -3,8 +3,8 @@
 `python _load_host_checkpoint.py <json args>`: args ``actor_rollout_ref`` (verl-omni's composed section, resolved),
 ``checkpoint`` (a DigenRL run's ``global_step_<k>``), ``out`` (the JSON report). In a fresh interpreter on verl's
 CPU platform with a one-rank gloo group, verl-omni's stock `ActorRolloutRefWorker` (role ``actor``; its checkpoint
-engine the in-process ``naive`` one, as the run's; its stock `PPODiffusersFSDPEngine` registered for the cpu device
-first, since verl-omni registers it for cuda and npu only) builds its engine from the section and loads
+engine the in-process ``naive`` one, as the run's; its stock `PPODiffusersFSDPEngine`, which verl-omni registers for
+cuda and npu only, registered for the cpu device by the plugin's verl hook) builds its engine from the section and loads
 ``<checkpoint>/actor`` with its own ``load_checkpoint``. Its trainable weights are compared with the checkpoint's
 ``model.safetensors`` (the weights DigenRL's generators hold at that step): the report has the largest difference
 (after casting to the file's dtype), how many tensors matched, how far the file's weights are from the ones the
@@ -31,9 +31,9 @@ def _stock_actor(actor_rollout_ref: dict):
     from verl_omni.workers.engine.fsdp.diffusers_impl import PPODiffusersFSDPEngine
     from verl_omni.workers.engine_workers import ActorRolloutRefWorker
 
-    # verl-omni registers its stock engine for cuda and npu only: here it is the cpu one (the class unchanged)
-    EngineRegistry.register(model_type="diffusion_model", backend=["fsdp", "fsdp2"], device="cpu")(
-        PPODiffusersFSDPEngine)
+    # verl-omni registers its stock engine for cuda and npu only; the plugin registers it for cpu too, unchanged
+    # (integrations.verl_omni_cpu_engines, on verl's plugin hook)
+    assert EngineRegistry._engines["diffusion_model"]["fsdp2"]["cpu"] is PPODiffusersFSDPEngine
     config = OmegaConf.create(actor_rollout_ref)
     config.rollout.checkpoint_engine.backend = "naive"
     host = ActorRolloutRefWorker(config=config, role="actor")

@@ -17,9 +17,9 @@ alias). Where verl-omni is not installed this only registers the CPU platform.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
-import sys
+
+from digenrl_verl.platform.after_import import after_import
 
 TRAINER_BASE = "verl_omni.trainer.diffusion.v1.trainer_base"
 #: verl-omni's engine package (its FSDP and VeOmni diffusion engines): once it is imported, our TSP engine
@@ -48,54 +48,6 @@ def register_tsp_engine(_engine_module) -> None:
 AFTER_IMPORT = {TRAINER_BASE: register_trainer_mode, ENGINES: register_tsp_engine}
 
 
-class _RunAfterExec(importlib.abc.Loader):
-    """A watched module's real loader, then its AFTER_IMPORT callback on the module it filled."""
-
-    def __init__(self, loader: importlib.abc.Loader, after) -> None:
-        self.loader = loader
-        self.after = after
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self.loader.exec_module(module)
-        self.after(module)
-
-    def __getattr__(self, name: str):  # get_source, get_filename, ...: the real loader's
-        return getattr(self.loader, name)
-
-
-class _WatchFinder(importlib.abc.MetaPathFinder):
-    """Finds the watched modules with the other finders and wraps their loaders (each once; leaves sys.meta_path
-    when none is left to watch)."""
-
-    def __init__(self, watched: dict) -> None:
-        self.watched = dict(watched)
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.watched:
-            return None
-        after = self.watched.pop(fullname)
-        if not self.watched:
-            sys.meta_path.remove(self)
-        spec = _find_with_the_others(self, fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _RunAfterExec(spec.loader, after)
-        return spec
-
-
-def _find_with_the_others(finder: _WatchFinder, fullname: str):
-    present = finder in sys.meta_path
-    if present:
-        sys.meta_path.remove(finder)
-    try:
-        return importlib.util.find_spec(fullname)
-    finally:
-        if present:
-            sys.meta_path.insert(0, finder)
-
-
 def register_training_engine() -> None:
     """Name verl-omni's actor worker as the training engine ``verl_omni`` (`workers.training`); its module, which
     imports verl-omni, is imported only by runs that select it."""
@@ -108,20 +60,14 @@ def register_training_engine() -> None:
 
 def install() -> None:
     """Register the CPU platform and the ``verl_omni`` training engine; run each AFTER_IMPORT callback now if its
-    module is already imported, else when it is (idempotent)."""
+    module is already imported, else when it is (`platform.after_import`; idempotent)."""
     import digenrl_verl.platform.cpu  # noqa: F401  (registers "cpu" in verl's PlatformRegistry)
 
     register_training_engine()
-
-    pending = {}
+    if importlib.util.find_spec("verl_omni") is None:
+        return
     for name, after in AFTER_IMPORT.items():
-        if name in sys.modules:
-            after(sys.modules[name])
-        else:
-            pending[name] = after
-    if pending and not any(isinstance(f, _WatchFinder) for f in sys.meta_path) \
-            and importlib.util.find_spec("verl_omni") is not None:
-        sys.meta_path.insert(0, _WatchFinder(pending))
+        after_import(name, after)
 
 
 install()

@@ -1,4 +1,4 @@
-"""The one place verl 8a69493 takes no hook on a CPU host, patched where verl's CPU platform is loaded.
+"""The two places verl 8a69493 takes no hook on a CPU host, patched where verl's CPU platform is loaded.
 
 `verl.utils.distributed.initialize_global_process_group_ray` builds its default backend as
 ``f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"``: with verl's platform on the host CPU that is
@@ -7,13 +7,23 @@
 The upstream fix (patches/README.md, "verl 8a69493"): one ``cpu:gloo`` when the device is the CPU. Until it
 lands, `fix_cpu_process_group_backend` wraps the function in `verl.utils.distributed` before any worker module
 imports it by name; the wrapper changes nothing unless the backend is left to verl and the device is the CPU (a CUDA
-host keeps ``cpu:gloo,cuda:nccl``)."""
+host keeps ``cpu:gloo,cuda:nccl``).
+
+`verl.workers.rollout.vllm_rollout.bucketed_weight_transfer.BucketedWeightReceiver` hands each bucket's tensors to its
+callback as views of the transfer buffer, moved with ``tensor.to(device)`` when the buffer is shared memory (no CUDA
+IPC): a copy on an accelerator, the same view on the CPU. verl-omni's LoRA receive keeps every bucket's tensors until
+``add_lora``, so on the CPU they still point into the shared memory when the receiver closes it (``BufferError: cannot
+close exported pointers exist``) and the replica's first LoRA sync fails. `fix_cpu_shm_receive` hands the callback
+copies in that one case (CPU device, shared memory), as the accelerator's ``.to`` does; upstream fix in
+patches/README.md. It is applied when the module is first imported (`platform.after_import`), so processes that never
+receive weights never import verl's rollout package (and vLLM with it)."""
 
 from __future__ import annotations
 
 import functools
 
 PATCHED = "_digenrl_cpu_backend"
+RECEIVER_MODULE = "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer"
 
 
 def cpu_backend(backend: str | None, device_name: str) -> str | None:
@@ -36,3 +46,21 @@ def fix_cpu_process_group_backend() -> None:
 
     setattr(initialize_global_process_group_ray, PATCHED, True)
     distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+def fix_cpu_shm_receive(module) -> None:
+    """Wrap `BucketedWeightReceiver.receive_weights` in ``module`` (verl's, once per process): on the CPU with shared
+    memory, the callback gets each bucket's tensors as copies."""
+    receiver = module.BucketedWeightReceiver
+    original = receiver.receive_weights
+    if getattr(original, PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def receive_weights(self, on_bucket_received):
+        if not (self.use_shm and getattr(self.device, "type", str(self.device)) == "cpu"):
+            return original(self, on_bucket_received)
+        return original(self, lambda weights: on_bucket_received([(name, t.clone()) for name, t in weights]))
+
+    setattr(receive_weights, PATCHED, True)
+    receiver.receive_weights = receive_weights

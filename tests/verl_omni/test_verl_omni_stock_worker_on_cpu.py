@@ -59,3 +59,51 @@ def test_verl_omnis_stock_worker_gets_a_process_group_and_its_engine_on_cpu():
     assert proc.returncode == 0, out[-2000:] + proc.stderr[-4000:]
     assert "engine: PPODiffusersFSDPEngine" in out and "stock: True" in out  # verl-omni's own class, not ours
     assert "backend: cpu:gloo" in out  # verl's default would have been cpu:gloo,cpu:gloo (refused by torch)
+
+
+_RECEIVE = """
+import asyncio, os, threading, time
+import torch
+import verl
+from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as bwt
+
+SENT = {"lora_A": torch.arange(300_000, dtype=torch.float32), "lora_B": torch.full((300_000,), 3.0)}  # 1.2 MB each
+
+
+def receive(method):
+    # verl's sender and receiver over shared memory, a 2 MB bucket: two buckets, the one buffer reused
+    handle = f"ipc:///tmp/digenrl-receive-{os.getpid()}-{method.__name__}.sock"
+    sender = bwt.BucketedWeightSender(handle, bucket_size_mb=2, use_shm=True)
+    thread = threading.Thread(target=lambda: asyncio.run(sender.async_send_weights(iter(SENT.items()))))
+    thread.start()
+    time.sleep(0.2)
+    receiver = bwt.BucketedWeightReceiver(handle, torch.device("cpu"), use_shm=True)
+    kept = {}  # as verl-omni's LoRA receive keeps every bucket until add_lora
+    try:
+        method(receiver, lambda weights: kept.update(weights))
+        outcome = "equal" if all(torch.equal(kept[k], v) for k, v in SENT.items()) else "corrupted"
+    except BufferError as e:
+        outcome = f"BufferError ({e})"
+    thread.join(timeout=60)
+    return outcome
+
+
+fixed = bwt.BucketedWeightReceiver.receive_weights
+print("patched:", getattr(fixed, "_digenrl_cpu_backend", False))
+print("verl's own:", receive(fixed.__wrapped__))
+print("fixed:", receive(fixed))
+"""
+
+
+@pytest.mark.slow
+def test_verls_shared_memory_receive_hands_copies_on_cpu():
+    """verl's `BucketedWeightReceiver` over shared memory, a LoRA-like receive that keeps every bucket (verl-omni's
+    `update_weights_from_ipc`): verl's own method fails on the CPU (its views of the shared memory outlive the
+    buffer); the method as the CPU platform leaves it, once verl's module is imported, hands copies."""
+    proc = subprocess.run([sys.executable, "-c", _RECEIVE], env=cpu_env(), capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-2000:] + proc.stderr[-4000:]
+    print(out)
+    assert "patched: True" in out  # applied when the module loaded, not imported ahead of time
+    assert "verl's own: equal" not in out  # the failure the fix is for (BufferError, or a bucket overwritten)
+    assert "fixed: equal" in out

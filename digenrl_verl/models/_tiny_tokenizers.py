@@ -32,6 +32,16 @@ QWEN_IMAGE_TEMPLATE = (
 )
 QWEN_IMAGE_DROP = 34
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# The Qwen-VL turn layout (system / user / assistant turns; an image as vision_start image_pad vision_end): Qwen-Image's
+# tokenizer ships Qwen2.5-VL's chat template, which verl-omni's agent loop renders a recipe's chat with (its Qwen-Image
+# recipes set no custom_chat_template); for plain-text turns this one gives the same string
+QWEN_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 HUNYUAN_SPECIALS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 HUNYUAN_CROP = 95
 
@@ -105,7 +115,8 @@ def _fit_merges(
 
 
 def qwen2_tokenizer() -> Qwen2Tokenizer:
-    """Byte-level BPE (Qwen2 pre-tokenizer) whose Qwen-Image template prefix is exactly 34 tokens."""
+    """Byte-level BPE (Qwen2 pre-tokenizer) whose Qwen-Image template prefix is exactly 34 tokens, with the Qwen-VL
+    chat template (QWEN_CHAT_TEMPLATE), as Qwen-Image's tokenizer has."""
     from tokenizers import pre_tokenizers
     from transformers import Qwen2Tokenizer
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -127,7 +138,9 @@ def qwen2_tokenizer() -> Qwen2Tokenizer:
         tok.add_special_tokens({"additional_special_tokens": QWEN_SPECIALS[1:]})
         return tok
 
-    return _fit_merges(make, merges, prefix, QWEN_IMAGE_DROP)  # type: ignore[return-value]
+    tok = _fit_merges(make, merges, prefix, QWEN_IMAGE_DROP)
+    tok.chat_template = QWEN_CHAT_TEMPLATE
+    return tok  # type: ignore[return-value]
 
 
 def llama_tokenizer(template: str) -> LlamaTokenizer:

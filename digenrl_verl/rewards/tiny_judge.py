@@ -19,18 +19,14 @@ from typing import Any
 
 import torch
 
+from digenrl_verl.models._tiny_tokenizers import QWEN_CHAT_TEMPLATE
+
 TINY_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
             "<|video_pad|>"]
-# The Qwen-VL turn layout (system / user / assistant turns, an image as vision_start image_pad vision_end), written
-# for these tiny directories; real checkpoints ship their own template, which the judge uses instead.
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# The Qwen-VL turn layout, written for these tiny directories (the tiny Qwen-Image tokenizer's, as the real ones share
+# it); real checkpoints ship their own template, which the judge uses instead.
+CHAT_TEMPLATE = QWEN_CHAT_TEMPLATE
 
 
 def tiny_tokenizer() -> Any:

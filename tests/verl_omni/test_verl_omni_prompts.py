@@ -34,7 +34,6 @@ from digenrl_verl.models._tiny_tokenizers import (QWEN_IMAGE_TEMPLATE, clip_toke
                                                   qwen2_tokenizer, t5_tokenizer)
 from digenrl_verl.rewards import get_reward  # noqa: E402
 from digenrl_verl.rewards.data_source import default_reward  # noqa: E402
-from digenrl_verl.rewards.tiny_judge import CHAT_TEMPLATE as CHATML  # noqa: E402
 from digenrl_verl.trainer.data import PromptStream, load_prompts  # noqa: E402
 
 SYSTEM = ("Describe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of "
@@ -78,11 +77,10 @@ def _verl_omni_ids(agent, messages) -> list[int]:
 
 
 def test_qwen_image_the_text_encoder_gets_verl_omnis_ids(tmp_path):
-    """verl-omni's Qwen-Image OCR data: [system: Qwen-Image's describe prompt, user: text], rendered by the
-    tokenizer's chat template → the ids QwenImagePipeline builds around our prompt text with its own template."""
+    """verl-omni's Qwen-Image OCR data: [system: Qwen-Image's describe prompt, user: text], rendered by the tiny
+    tokenizer's own chat template → the ids QwenImagePipeline builds around our prompt text with its own template."""
     theirs, (ours, sources) = _rows(tmp_path, SYSTEM, "flow_grpo/ocr")
-    tok = qwen2_tokenizer()
-    tok.chat_template = CHATML
+    tok = qwen2_tokenizer()  # with its own chat template, as Qwen-Image's tokenizer (verl-omni's recipe sets none)
     agent = _agent_loop(tok)
     assert sources == [row["data_source"] for row in theirs] == ["flow_grpo/ocr"] * 2
     for row, text in zip(theirs, ours):

@@ -9,7 +9,8 @@ the measured steps went:
 
 - ``decision_s``: the driver's own time (`Driver.stats.wall_s`) less the executor's `submit`: planning,
   selection, queues, trace;
-- ``submit_s``: the executor building each call's arguments (shards, advantages) and `.remote`;
+- ``submit_s``: the executor building each call's arguments (shards, advantages, packed in one message each) and
+  `.remote`;
 - ``wait_s``: blocked in `ray.wait` for the next ready ref (the workers' and Ray's round trip);
 - ``probe_s``: collecting the other ready refs; ``get_s``: `ray.get` of the results (object transfer back);
 - ``complete_s``: absorbing results (scores); ``other_s``: the rest (the loop, timestamps).
@@ -21,8 +22,8 @@ The machine's limits, measured on the same actors right after the driver ran, wi
 - ``ray_lane_ceiling_tasks_per_s``: tasks of one call per rank over the run's groups (each GAP lane, the trainer
   ranks), one in flight per group, each call `ready()` (no argument, one small return): Ray's own lane ceiling;
 - ``ray_call_lane_ceiling_tasks_per_s``: the same lanes making the driver's calls with their content
-  (`DriverCalls`: GEN with a shard and three returns, SCORE and UPDATE with their arguments and refs): Ray's own rate
-  for these calls, no driver;
+  (`DriverCalls`: GEN with a shard and three returns, SCORE and UPDATE with their arguments and refs, each call's plain
+  arguments in one message as the executor sends them): Ray's own rate for these calls, no driver;
 - with ``--cgraph``, the static fan-out (`receive_weights(version)` on every rank of each group, as a SYNC) plain
   (``plain_fanout_tasks_per_s``) and as Ray Compiled Graphs (``cgraph_lane_executions_per_s``: shared-memory channels
   instead of a call per rank, one graph per group), and ``lane_ceiling_idle_cgraph_tasks_per_s``: the plain lane
@@ -39,8 +40,8 @@ completions per second of driver CPU, the rate a driver with a core of its own w
 keep up.
 
 Goal: >= 500 task completions/s at 64 actors, the driver's decisions a small share of the wall time.
-The bench hands the actors numpy advantages (computed as the executor does, `advantage_array` made numpy)
-and a numpy step batch, so the actor processes never import torch (see `bench.noop_workers`).
+The bench hands the actors a numpy step batch (the advantages travel as floats; the no-op `update_call` makes them
+numpy), so the actor processes never import torch (see `bench.noop_workers`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from digenrl_verl.schedule.plan import GapPlanner
 from digenrl_verl.schedule.types import worker_pool
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import init_local_ray
+from digenrl_verl.workers.calls import pack
 
 ACTORS = (8, 32, 64)
 TARGET_TASKS_PER_S = 500.0
@@ -79,14 +81,6 @@ RATIOS = {"vs_lane_ceiling": "ray_lane_ceiling_tasks_per_s",
           "vs_call_lane_ceiling": "ray_call_lane_ceiling_tasks_per_s"}
 """ratio -> the ceiling it divides the driver's task rate by (both from the same run)"""
 TIME_KEYS = ("decision_s", "submit_s", "wait_s", "probe_s", "get_s", "complete_s", "other_s")
-
-
-class NumpyAdvantagesExecutor(RayExecutor):
-    """The Ray executor unchanged, except that the advantages it computes travel as numpy (no torch in the
-    no-op actor processes)."""
-
-    def advantage_array(self, adv, samples) -> Any:
-        return np.array([adv[s] for s in samples], dtype=np.float32)
 
 
 def shape_of(actors: int, n: int) -> dict[str, int]:
@@ -146,12 +140,12 @@ def ray_lane_round_trips(groups: list[list], seconds: float,
 
 class DriverCalls:
     """`ray_lane_round_trips`' calls with the content of the driver's: each GAP lane alternates a GEN
-    (`generate(shard, sample_ids, version)`, three returns, the facts waited on) and a SCORE of its decoded samples
-    (`score(sample_ids, images_ref)`), one sample per rank (a group of n on a lane of n ranks, as the bench's
-    micro-batches); the trainer ranks (the last group) run UPDATEs (`update(sample_ids, advantages, denominator,
-    tsp, version, max_share, trajectory_ref)`) of lane 0's trajectories. The same argument and return types as the
-    executor's calls (a `StepBatch` shard, numpy advantages), no driver: Ray's own rate for the driver's calls.
-    SYNC and OPT_STEP (one int argument each; 2 of a step's tasks) are left out."""
+    (`generate_call(pack(shard, sample_ids, version))`, three returns, the facts waited on) and a SCORE of its decoded
+    samples (`score_call(pack(sample_ids), images_ref)`), one sample per rank (a group of n on a lane of n ranks, as
+    the bench's micro-batches); the trainer ranks (the last group) run UPDATEs (`update_call(pack(sample_ids,
+    advantages, denominator, tsp, version, max_share), trajectory_ref)`) of lane 0's trajectories. The same calls as
+    the executor's (`workers.calls` messages: a `StepBatch` shard, advantages as floats), no driver: Ray's own rate
+    for the driver's calls. SYNC and OPT_STEP (one int argument each; 2 of a step's tasks) are left out."""
 
     def __init__(self, lanes: int, batch: StepBatch) -> None:
         self.lanes, self.batch = lanes, batch
@@ -163,17 +157,17 @@ class DriverCalls:
     def __call__(self, g: int, ranks: list) -> list:
         if g >= self.lanes:  # the trainer ranks: UPDATE, trajectories by reference
             traj = [self.trajectories[r % len(self.trajectories)] for r in range(len(ranks))]
-            return [a.update.remote([r], np.zeros(1, dtype=np.float32), float(len(ranks)), False, 0, 1, t)
+            return [a.update_call.remote(pack([r], [0.0], float(len(ranks)), False, 0, 1), t)
                     for r, (a, t) in enumerate(zip(ranks, traj))]
         self.turns[g] += 1
         if self.turns[g] % 2 == 0:  # SCORE of the lane's last GEN
-            return [a.score.remote([r], self.images[(g, r)]) for r, a in enumerate(ranks)]
+            return [a.score_call.remote(pack([r]), self.images[(g, r)]) for r, a in enumerate(ranks)]
         refs = []
         for r, a in enumerate(ranks):
             method = self.generate.get(a)
             if method is None:
-                method = self.generate[a] = a.generate.options(num_returns=3)
-            traj, images, facts = method.remote(self.batch.select_idxs(np.asarray([r], dtype=np.int64)), [r], 0)
+                method = self.generate[a] = a.generate_call.options(num_returns=3)
+            traj, images, facts = method.remote(pack(self.batch.select_idxs(np.asarray([r], dtype=np.int64)), [r], 0))
             self.images[(g, r)] = images
             if g == 0:
                 self.trajectories[r] = traj
@@ -284,8 +278,7 @@ def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n
                             prompts_per_step=shape["prompts_per_step"],
                             pools={"gen": PoolSpec(shape["generators"]), "trn": PoolSpec(shape["trainers"])})
     batch = StepBatch.of(config.prompts_per_step, n)
-    executor = NumpyAdvantagesExecutor(workers, lambda step: batch, AdvantageConfig(global_std=False),
-                                       loss_rows_per_sample=1)
+    executor = RayExecutor(workers, lambda step: batch, AdvantageConfig(global_std=False), loss_rows_per_sample=1)
     driver = Driver(config, executor)
     driver.run_steps(1)  # warm-up: first calls on every actor, cost estimates
     before = _counters(driver, executor)

@@ -1,11 +1,13 @@
 """No-op stand-ins for the generator and trainer workers, for `bench driver`.
 
 They expose the methods the Ray executor calls on the real workers (`workers/roles.py`), with the same parameters
-(names and kinds; a test holds them to the real signatures),
+(names and kinds; a test holds them to the real signatures): the data calls' entry points (`generate_call`,
+`score_call`, `update_call`, one message each, `workers.calls`) unpack into the typed methods as the real ones do,
 and return minimal values of the right shape at once: `generate` three returns (trajectory, images, facts), `score` the
 sample ids and one reward each, `update` loss statistics, `opt_step` the optimizer facts, `send_weights` /
 `receive_weights` the version. This module imports numpy only: 64 actor processes that each imported torch and
-verl would need ~28 GB of memory on their own (the bench hands them numpy advantages and a numpy batch for that).
+verl would need ~28 GB of memory on their own (the bench hands them a numpy batch; `update_call` makes the
+advantages numpy where the real one makes a tensor).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+
+from digenrl_verl.workers.calls import unpack
 
 
 class StepBatch:
@@ -43,6 +47,16 @@ class NoopWorker:
 
     def ready(self) -> bool:
         return True
+
+    def generate_call(self, message: bytes) -> tuple[dict, np.ndarray, dict]:
+        return self.generate(*unpack(message))
+
+    def score_call(self, message: bytes, *image_parts: np.ndarray) -> dict[str, list]:
+        return self.score(*unpack(message), *image_parts)
+
+    def update_call(self, message: bytes, *traj_parts: dict) -> dict[str, float]:
+        sample_ids, advantages, *rest = unpack(message)
+        return self.update(sample_ids, np.asarray(advantages, dtype=np.float32), *rest, *traj_parts)
 
     def generate(self, shard: StepBatch, sample_ids: Sequence[int], version: int) -> tuple[dict, np.ndarray, dict]:
         ids = np.asarray(sample_ids, dtype=np.int64)

@@ -4,14 +4,19 @@ The driver (`schedule.driver`) decides; this class only interprets its tasks:
 
 | task      | calls (all `.remote`, never waited on here)                                      |
 |-----------|-----------------------------------------------------------------------------------|
-| GEN       | `generate(shard, version)` on each generator in the assignment (3 returns; only the  |
-|           | third, a few facts, is fetched)                                                   |
+| GEN       | `generate_call(pack(shard, sample_ids, version))` on each generator in the          |
+|           | assignment (3 returns; only the third, a few facts, is fetched)                   |
 | TAG_GEN   | the same method on trainer workers (their current, not yet stepped weights)       |
-| SCORE     | `score(sample_ids, *image_refs)` on the generator(s) named by the task            |
-| UPDATE    | `update(sample_ids, advantages, denominator, tsp, version, max_share, *traj_refs)`|
+| SCORE     | `score_call(pack(sample_ids), *image_refs)` on the generator(s) named by the task  |
+| UPDATE    | `update_call(pack(sample_ids, advantages, denominator, tsp, version, max_share),  |
+|           | *traj_refs)`: advantages as plain floats                                          |
 | OPT_STEP  | `opt_step(version)` on every trainer (gradients all-reduced inside)               |
 | SYNC      | `send_weights(version, gens)` on trainers + `receive_weights(version)` on gens    |
 | CHECKPOINT| the runner's `on_checkpoint(task)` callback (saves version `task.version`)        |
+
+A data call's plain arguments travel as one message (`workers.calls.pack`: Ray passes bytes as they are, where it
+serialises every other argument on its own); the worker's `*_call` entry point unpacks it into the typed method
+(`generate`, `score`, `update`).
 
 Data never passes through the driver process: the generators' outputs stay in Ray's object store, keyed
 here by (step, sample id), and later tasks receive the object refs. Only rewards (floats) come back, so
@@ -50,6 +55,7 @@ from digenrl_verl.diffusion.advantages import (AdvantageConfig, centred_rewards,
                                                late_advantage, needs_whole_step, normalize_rewards, std_lower_bound,
                                                step_scale)
 from digenrl_verl.schedule.types import Completion, Task, TaskKind, worker_pool, worker_rank
+from digenrl_verl.workers.calls import pack
 
 POLL_S = 0.5
 
@@ -126,7 +132,7 @@ class RayExecutor:
         self._images: dict[tuple[int, int], Any] = {}         # (step, sample) -> images ref
         self._scores: dict[int, dict[int, float]] = defaultdict(dict)
         self._pending_refs: dict[Any, int] = {}  # ref not seen ready yet -> its task id
-        self._generate_methods: dict[str, tuple] = {}  # worker -> (actor, its 3-return `generate`)
+        self._generate_methods: dict[str, tuple] = {}  # worker -> (actor, its 3-return `generate_call`)
         self.stats = ExecutorStats()
         # the deferred global std (`AdvantageConfig.deferred_std`): UPDATEs holding samples the clamp may touch (re-run
         # before the step's first OPT_STEP), the step's 1/(σ + ε), its UPDATE results held until it is known
@@ -302,7 +308,8 @@ class RayExecutor:
             if not samples:
                 continue
             shard = batch.select_idxs(np.asarray(samples, dtype=np.int64))
-            traj_ref, img_ref, facts_ref = self._generate_method(worker).remote(shard, list(samples), task.version)
+            traj_ref, img_ref, facts_ref = self._generate_method(worker).remote(pack(shard, list(samples),
+                                                                                     task.version))
             for s in samples:
                 self._trajectories[(task.step, s)] = traj_ref
                 self._images[(task.step, s)] = img_ref
@@ -312,12 +319,12 @@ class RayExecutor:
         return f
 
     def _generate_method(self, worker: str) -> Any:
-        """`generate` of `worker` with its three returns, built once per actor (not per call; a replaced actor, see
-        `trainer.elastic`, gets its own)."""
+        """`generate_call` of `worker` with its three returns, built once per actor (not per call; a replaced actor,
+        see `trainer.elastic`, gets its own)."""
         actor = self.workers[worker]
         cached = self._generate_methods.get(worker)
         if cached is None or cached[0] is not actor:
-            cached = self._generate_methods[worker] = (actor, actor.generate.options(num_returns=3))
+            cached = self._generate_methods[worker] = (actor, actor.generate_call.options(num_returns=3))
         return cached[1]
 
     def _refs_for(self, store: dict, step: int, samples) -> list:
@@ -337,8 +344,8 @@ class RayExecutor:
         for worker, samples in task.assignment:
             if not samples:
                 continue
-            f.add(self.workers[worker].score.remote(list(samples), *self._refs_for(self._images, task.step, samples)),
-                  worker)
+            f.add(self.workers[worker].score_call.remote(pack(list(samples)),
+                                                         *self._refs_for(self._images, task.step, samples)), worker)
         return f
 
     def advantages(self, step: int, samples) -> torch.Tensor:
@@ -350,7 +357,8 @@ class RayExecutor:
         return self.advantage_array(self._advantage_map(step, samples), samples)
 
     def advantage_array(self, adv: Mapping[int, float], samples) -> torch.Tensor:
-        """The advantages of `samples` as the UPDATE call's argument (fp32 [len(samples)])."""
+        """The advantages of `samples` as `update` takes them (fp32 [len(samples)]; the UPDATE call carries them as
+        floats, `update_call` makes this tensor)."""
         return torch.tensor([adv[s] for s in samples], dtype=torch.float32)
 
     def _pool(self, step: int, samples) -> list[int]:
@@ -429,10 +437,10 @@ class RayExecutor:
         denominator = self.loss_denominator(task)
         max_share = max(len(samples) for _, samples in task.assignment)
         for worker, samples in task.assignment:
-            f.add(self.workers[worker].update.remote(
-                list(samples), self.advantage_array({s: adv_of.get(s, 0.0) for s in samples}, samples), denominator,
-                "tsp" in task.flags, task.version, max_share,
-                *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
+            message = pack(list(samples), [float(adv_of.get(s, 0.0)) for s in samples], denominator,
+                           "tsp" in task.flags, task.version, max_share)
+            f.add(self.workers[worker].update_call.remote(
+                message, *(self._refs_for(self._trajectories, task.step, samples) if samples else [])), worker)
 
     def _opt_step(self, task: Task) -> _InFlight:
         """OPT_STEP. Deferred global std: first the step's samples the clamp might have touched are trained with their
@@ -470,10 +478,10 @@ class RayExecutor:
         update = recorded[0][0]  # the step's UPDATE arguments: its flags and version
         denominator, max_share = self.loss_denominator(update), max(len(x) for x in shares)
         for worker, share in zip(trainers, shares):
-            samples, values = (share, [final[s] for s in share]) if share else ([late[0]], [0.0])
-            f.add(self.workers[worker].update.remote(
-                samples, torch.tensor(values, dtype=torch.float32), denominator, "tsp" in update.flags,
-                update.version, max_share, *self._refs_for(self._trajectories, opt.step, samples)), worker)
+            samples, values = (share, [float(final[s]) for s in share]) if share else ([late[0]], [0.0])
+            message = pack(samples, values, denominator, "tsp" in update.flags, update.version, max_share)
+            f.add(self.workers[worker].update_call.remote(
+                message, *self._refs_for(self._trajectories, opt.step, samples)), worker)
         self.late_samples += len(late)
 
     def _report(self, task: Task, values: list) -> None:

@@ -62,6 +62,7 @@ from digenrl_verl.rewards.compose import RewardConfig, build_reward
 from digenrl_verl.weights.state import load_trainer_state, save_trainer_state, swapped_in
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
 from digenrl_verl.workers.batch import TRAJECTORY_KEYS, concat_rows, generation_batches, reward_extras
+from digenrl_verl.workers.calls import unpack
 from digenrl_verl.workers.dispatch import ROWS_KEY, assigned_dispatch_mode
 from digenrl_verl.workers.judge import RemoteJudge
 from digenrl_verl.workers.sharding import (FullyShardedDataParallel, GradientSync, ReplicatedDataParallel,
@@ -130,6 +131,11 @@ class GenerationMixin:
     def current_version(self) -> int:
         """The policy version held (never a collective, unlike `checksum`)."""
         return self.version
+
+    def generate_call(self, message: bytes) -> tuple[DataProto, DataProto, dict]:
+        """The executor's GEN / TAG_GEN call: `generate(shard, sample_ids, version)` packed in one message
+        (`workers.calls`)."""
+        return self.generate(*unpack(message))
 
     def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto, dict]:
         """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`.
@@ -289,6 +295,11 @@ class ScoringMixin:
         judge = RemoteJudge(self.judges, first=self.rank) if self.judges else None
         self.scorer = build_reward(spec, judge)
 
+    def score_call(self, message: bytes, *image_parts: DataProto) -> dict[str, Any]:
+        """The executor's SCORE call: `score(sample_ids, *image_parts)`, the sample ids packed in one message
+        (`workers.calls`), the decoded samples as object refs."""
+        return self.score(*unpack(message), *image_parts)
+
     def score(self, sample_ids: list[int], *image_parts: DataProto) -> dict[str, Any]:
         t0 = time.perf_counter()
         data = concat_rows(image_parts, sample_ids)
@@ -332,6 +343,13 @@ class TrainingMixin:
                                            weight_decay=o.weight_decay)
         self.lr_factor = lr_schedule(self.optimizer, o)
         self.optimizer.zero_grad(set_to_none=True)
+
+    def update_call(self, message: bytes, *traj_parts: DataProto) -> dict[str, float]:
+        """The executor's UPDATE call: `update(sample_ids, advantages, loss_denominator, tsp, version, max_share,
+        *traj_parts)`, the plain arguments packed in one message (`workers.calls`; the advantages as floats, made the
+        fp32 tensor here), the trajectories as object refs. Calls this class's `update` (verl-omni's: its own)."""
+        sample_ids, advantages, *rest = unpack(message)
+        return self.update(sample_ids, torch.tensor(advantages, dtype=torch.float32), *rest, *traj_parts)
 
     def update(self, sample_ids: list[int], advantages: torch.Tensor, loss_denominator: float, tsp: bool,
                version: int, max_share: int, *traj_parts: DataProto) -> dict[str, float]:

@@ -42,6 +42,9 @@ class TrainerRole(Protocol):
         The gradient is that of (sum over rows and trained steps of the loss) / `loss_denominator`. Returns
         `diffusion.loss.LossStats` sums."""
 
+    def update_call(self, message: bytes, *traj_parts: Any) -> dict[str, float]:
+        """The executor's UPDATE: `update`'s plain arguments in one message (`workers.calls`), then its `traj_parts`."""
+
     def opt_step(self, version: int, grad_scale: float = 1.0) -> dict[str, float]:
         """One optimizer step over what was accumulated, scaled by `grad_scale` first (the deferred global std's
         1/(σ + ε), on both trainer engines); the weights become `version`. ``grad_norm``,
@@ -74,8 +77,14 @@ class TrainerRole(Protocol):
     def generate(self, shard: Any, sample_ids: list[int], version: int) -> tuple[Any, Any, dict]:
         """TAG: sample `shard`'s rows with the current weights (`workers.roles.GenerationMixin.generate`)."""
 
+    def generate_call(self, message: bytes) -> tuple[Any, Any, dict]:
+        """The executor's TAG_GEN: `generate`'s arguments in one message (`workers.calls`)."""
+
     def score(self, sample_ids: list[int], *image_parts: Any) -> dict[str, Any]:
         """Score decoded samples (the fallback when no generator is left)."""
+
+    def score_call(self, message: bytes, *image_parts: Any) -> dict[str, Any]:
+        """The executor's SCORE: `score`'s sample ids in one message (`workers.calls`), then its `image_parts`."""
 
 
 @dataclass(frozen=True)

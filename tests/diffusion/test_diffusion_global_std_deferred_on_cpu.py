@@ -56,7 +56,7 @@ class _Call:
 
 class _Rank(TrainingMixin):
     """One trainer rank in this process: the package trainer's `opt_step`, an UPDATE that accumulates the real loss
-    over the rows it is named (the executor's arguments, unchanged)."""
+    over the rows it is named (the executor's arguments, unpacked by the package trainer's `update_call`)."""
 
     def __init__(self, adapter, cond, traj, loss_cfg: LossConfig, scale_twice: bool = False) -> None:
         self.adapter, self.cond, self.traj, self.loss_cfg = adapter, cond, traj, loss_cfg
@@ -70,13 +70,13 @@ class _Rank(TrainingMixin):
         self.optimizer = torch.optim.AdamW(list(self.trainable().values()), lr=1.0, eps=1.0)
         self.scale_twice = scale_twice
         self.stepped_grads: dict[str, torch.Tensor] = {}
-        self.update = _Call(self._update)
+        self.update_remote = _Call(self.update_call)
         self.opt_step_call = _Call(self._opt_step)
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return {str(i): p for i, p in enumerate(self.adapter.trainable_parameters())}
 
-    def _update(self, sample_ids, advantages, denominator, tsp, version, max_share, *parts) -> None:
+    def update(self, sample_ids, advantages, denominator, tsp, version, max_share, *parts) -> None:
         idx = torch.tensor(list(sample_ids))
         accumulate_gradients(self.adapter, self.cond.index_select(idx), self.traj.index_select(idx), advantages,
                              self.loss_cfg, TSPConfig("batched"), denominator)
@@ -89,7 +89,7 @@ class _Rank(TrainingMixin):
 
 class _Actor:
     def __init__(self, rank: _Rank) -> None:
-        self.update, self.opt_step = rank.update, rank.opt_step_call
+        self.update_call, self.opt_step = rank.update_remote, rank.opt_step_call
 
 
 class _Batch:

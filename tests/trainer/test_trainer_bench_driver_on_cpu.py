@@ -6,7 +6,9 @@ from __future__ import annotations
 import inspect
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from digenrl_verl.bench import BENCHMARKS
 from digenrl_verl.bench import driver as bench_driver
@@ -17,11 +19,14 @@ from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.types import Task, TaskKind
 from digenrl_verl.trainer import ray_executor
 from digenrl_verl.trainer.ray_executor import RayExecutor, _InFlight
+from digenrl_verl.workers.calls import pack, unpack
 from digenrl_verl.workers.roles import GeneratorWorker, TrainerWorker
 
-# the methods RayExecutor calls on each role's actors (trainer: TAG generates, scores when no generator is left)
-EXECUTOR_CALLS = {GeneratorWorker: ("generate", "score", "receive_weights"),
-                  TrainerWorker: ("generate", "score", "update", "opt_step", "send_weights")}
+# the methods RayExecutor calls on each role's actors (trainer: TAG generates, scores when no generator is left), and
+# the typed methods their message entry points (`workers.calls`) call
+EXECUTOR_CALLS = {GeneratorWorker: ("generate_call", "score_call", "receive_weights", "generate", "score"),
+                  TrainerWorker: ("generate_call", "score_call", "update_call", "opt_step", "send_weights", "generate",
+                                  "score", "update")}
 
 
 def _params(fn) -> list[tuple[str, object]]:
@@ -92,7 +97,7 @@ def test_the_executor_fetches_no_trajectory_or_decoded_sample(ray_session):
     fetched: list = []
     kept: set = set()
 
-    class Recording(bench_driver.NumpyAdvantagesExecutor):
+    class Recording(RayExecutor):
         def _get(self, refs: list) -> list:
             kept.update(self._trajectories.values())
             kept.update(self._images.values())
@@ -172,3 +177,84 @@ def test_completions_of_one_turn_share_one_get_and_a_failure_stays_with_its_task
     ex2 = _executor_with({1: ["a1"], 3: ["c1"]})
     gets.clear()
     assert all(c.ok for c in ex2.wait_any(timeout=1.0)) and gets == [["a1", "c1"]]
+
+
+class _Method:
+    """An actor method that records its `.remote` calls and returns fresh stand-in refs (`num_returns` of them)."""
+
+    def __init__(self, name: str, log: list, num_returns: int = 1) -> None:
+        self.name, self.log, self.num_returns = name, log, num_returns
+
+    def options(self, num_returns: int) -> "_Method":
+        return _Method(self.name, self.log, num_returns)
+
+    def remote(self, *args):
+        refs = [_Ref(f"{self.name}#{len(self.log)}.{i}") for i in range(self.num_returns)]
+        self.log.append((self.name, args))
+        return tuple(refs) if self.num_returns > 1 else refs[0]
+
+
+class _RecordingActor:
+    def __init__(self, log: list) -> None:
+        for name in ("generate_call", "score_call", "update_call", "opt_step", "send_weights", "receive_weights"):
+            setattr(self, name, _Method(name, log))
+
+
+def test_the_data_calls_carry_one_message_and_object_refs_and_the_workers_unpack_it():
+    """GEN, SCORE and UPDATE each pass one `bytes` message (Ray sends it as it is) and then only object refs; the
+    message holds the typed method's arguments (a shard of the step batch, sample ids, version; advantages as
+    floats), and the real workers' and the no-op workers' entry points call their typed method with them (the
+    advantages as fp32 tensor / numpy)."""
+    log: list = []
+    batch = StepBatch.of(2, 2)
+    workers = {"gen:0": _RecordingActor(log), "gen:1": _RecordingActor(log), "trn:0": _RecordingActor(log)}
+    ex = RayExecutor(workers, lambda step: batch, AdvantageConfig(global_std=False), loss_rows_per_sample=1)
+    gen = (("gen:0", (0, 1)), ("gen:1", (2, 3)))
+    ex.submit(Task(0, TaskKind.GEN, 0, 0, ("gen:0", "gen:1"), 0, gen))
+    ex.submit(Task(1, TaskKind.SCORE, 0, 0, ("gen:0", "gen:1"), 0, gen))
+    ex._scores[0].update({0: 1.0, 1: 0.0, 2: 0.5, 3: 0.25})
+    ex.submit(Task(2, TaskKind.UPDATE, 0, 0, ("trn:0",), 0, (("trn:0", (0, 1, 2, 3)),)))
+    kept = set(ex._trajectories.values()) | set(ex._images.values())
+    assert [name for name, _ in log] == ["generate_call"] * 2 + ["score_call"] * 2 + ["update_call"]
+    for name, (message, *refs) in log:
+        assert isinstance(message, bytes) and refs == [r for r in refs if r in kept], name
+    shard, ids, version = unpack(log[1][1][0])
+    assert list(shard.sample_ids) == [2, 3] and ids == [2, 3] and version == 0
+    assert unpack(log[3][1][0]) == ([2, 3],)
+    update = unpack(log[4][1][0])
+    assert update[0] == [0, 1, 2, 3] and all(type(a) is float for a in update[1]) and update[2:] == (4.0, False, 0, 4)
+    assert update[1] == pytest.approx(ex.advantages(0, [0, 1, 2, 3]).tolist())
+    # the entry points: the real trainer's (whose `update` verl-omni's worker overrides) and the no-op worker's
+    for cls, advantages_type in ((TrainerWorker, torch.Tensor), (NoopWorker, np.ndarray)):
+        typed = _TypedMethods()
+        for name, (message, *refs) in log:
+            getattr(cls, name)(typed, message, *refs)
+        g_shard, g_ids, g_version = typed.seen["generate"]
+        assert list(g_shard.sample_ids) == [2, 3] and (g_ids, g_version) == ([2, 3], 0)
+        assert typed.seen["score"] == ([2, 3], *log[3][1][1:])
+        sample_ids, adv, *rest = typed.seen["update"]
+        assert isinstance(adv, advantages_type) and str(adv.dtype).endswith("float32"), cls.__name__
+        assert sample_ids == update[0] and adv.tolist() == pytest.approx(update[1]) and tuple(rest[:4]) == update[2:]
+        assert list(rest[4:]) == list(log[4][1][1:])
+
+
+class _TypedMethods:
+    """Stands in for a worker's typed methods: records the last call of each."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple] = {}
+
+    def generate(self, *args):
+        self.seen["generate"] = args
+
+    def score(self, *args):
+        self.seen["score"] = args
+
+    def update(self, *args):
+        self.seen["update"] = args
+
+
+def test_a_message_is_bytes_and_round_trips():
+    assert unpack(pack([1, 2], [0.5], 3.0, True, 2, 1)) == ([1, 2], [0.5], 3.0, True, 2, 1)
+    with pytest.raises(TypeError, match="bytes"):
+        unpack(([1, 2],))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,6 +37,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib m
 from _engine_harness import (  # noqa: E402
     finish_rank, full_tensor, hydra_configs, init_gloo, near_policy, rel, rollout_batch, run_main, run_script,
     same_weights, tiny_qwen_dir, trainable_params, with_meta)
+
+from digenrl_verl.workers.roles import TrainingMixin  # noqa: E402
 
 NUM_STEPS, MICRO, HEIGHT, GROUP = 3, 2, 64, 2
 # 4 prompt groups of 2, scored in this order; the step's std is ~5.6 (> 1), adv_clip_max 0.8: groups 0 and 2 must wait
@@ -84,6 +87,9 @@ class _Rank:
     def __init__(self, worker, td, mutation: str) -> None:
         self.worker, self.td, self.mutation = worker, td, mutation
         self.update, self.opt_step = _Call(self._update), _Call(self._opt_step)
+        # the executor's UPDATE arrives as one message (`workers.calls`): unpacked as the real rank's mixin does
+        self.update_call = _Call(lambda message, *parts: TrainingMixin.update_call(
+            SimpleNamespace(update=self._update), message, *parts))
         self.calls: list[dict] = []
         self.result: dict = {}
 
@@ -226,8 +232,11 @@ def run_case(model_dir: str, out: Path, *, loss_mode: str, lora: bool, variants:
 
 
 def _equal(report: dict, name: str) -> bool:
+    """Gradients and weights within TOLERANCE; the weights' change within 100x: AdamW's first step divides each entry by
+    its own gradient's magnitude, so an entry whose gradient is near Adam's eps carries the gradient's float error
+    amplified (measured: 6.5e-5 flow_grpo, 1.9e-4 dance_grpo LoRA; every mutation >= 0.45)."""
     run, ref = report[name], report["barrier"]
-    return (run["grad_err"] <= TOLERANCE and run["weight_err"] <= TOLERANCE and run["change_err"] <= 10 * TOLERANCE
+    return (run["grad_err"] <= TOLERANCE and run["weight_err"] <= TOLERANCE and run["change_err"] <= 100 * TOLERANCE
             and abs(run["grad_norm"] - ref["grad_norm"]) <= TOLERANCE * ref["grad_norm"])
 
 

@@ -84,6 +84,9 @@ def _set(overrides: list[str], new: str) -> list[str]:
 
 
 _TINY = ("data.train_batch_size=2", f"{A}.actor.ppo_mini_batch_size=2", f"{A}.actor.ppo_micro_batch_size_per_gpu=2",
+         # verl-omni's log-prob passes cut a rank's samples into micro-batches of exactly this size (its recipes' 8-32
+         # divide their GPU batches, not the 4 samples here)
+         f"{A}.rollout.log_prob_micro_batch_size_per_gpu=2", f"{A}.ref.log_prob_micro_batch_size_per_gpu=2",
          f"{A}.rollout.n=2", f"{A}.rollout.pipeline.num_inference_steps=6", f"{A}.rollout.pipeline.height=32",
          f"{A}.rollout.pipeline.width=32", f"{A}.rollout.pipeline.max_sequence_length=16",
          "trainer.total_training_steps=1", "trainer.logger=[console]",

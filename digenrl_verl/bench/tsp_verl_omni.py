@@ -55,7 +55,10 @@ def _configs(model_dir: str, args: dict[str, Any]):
     lora = args["lora_rank"]
     model = [f"path={model_dir}", f"tokenizer_path={model_dir}/tokenizer", f"lora_rank={lora}",
              f"lora_alpha={2 * lora}", f"pipeline.height={args['height']}", f"pipeline.width={args['height']}",
-             f"pipeline.num_inference_steps={args['steps']}", "pipeline.true_cfg_scale=1.0",
+             # a schedule one step longer than the steps trained: never its last step (sigma -> 0), where the random
+             # latents' log-probs are far from 0 and float32 rounding moves a gradient by ~1e-4 (verl-omni's recipes
+             # train an SDE window inside [0, 5) of 10+ steps; tests/verl_omni/test_verl_omni_tsp_engine.py)
+             f"pipeline.num_inference_steps={args['steps'] + 1}", "pipeline.true_cfg_scale=1.0",
              "algo.noise_level=1.2", "algo.sde_type=sde", "attn_backend=native",
              "enable_gradient_checkpointing=False"]
     with initialize_config_dir(config_dir=str(root / "model"), version_base=None):

@@ -36,6 +36,12 @@ from _engine_harness import (  # noqa: E402
     run_script, same_weights, tiny_qwen_dir, video_rollout_batch, with_meta)
 
 NUM_STEPS, MICRO, CHUNK_ROWS, HEIGHT = 5, 2, 6, 64
+# The Qwen-Image cases train NUM_STEPS steps of a schedule one step longer, never its last step (sigma -> 0), as
+# verl-omni's recipes train an SDE window inside [0, 5) of 10+ steps: at the last step the SDE's std is so small that
+# the random test latents get log-probs far from 0, and float32 rounding of the two engines' kernels (batched rows
+# against one step at a time) moves a ratio by ~1e-6, the gradient by 1e-4 (measured: flow_grpo LoRA 1.15e-4 with the
+# last step trained, on the 2026-12-06 venv; both engines' arithmetic is the same, only its blocking differs).
+SCHEDULE_STEPS = NUM_STEPS + 1
 TOLERANCE = 1e-5
 # DanceGRPO as verl-omni's wan22_dance_grpo recipe runs it (examples/dancegrpo_trainer/wan22/
 # run_wan22_5b_t2v_hpsv3_auto.sh): loss_mode dance_grpo (verl-omni's Flow-GRPO clipped objective), sde_type
@@ -54,7 +60,7 @@ def _configs(args: dict, world: int):
                              height=HEIGHT, micro=MICRO, world=world, optim=optim, sde_type="dance_sde",
                              true_cfg_scale=DANCE_CFG, clip_ratio=None,
                              model_extra=("algorithm=dance_grpo", f"pipeline.num_frames={DANCE_FRAMES}"))
-    return hydra_configs(args["model_dir"], lora=args["lora"], loss_mode=args["loss"], num_steps=NUM_STEPS,
+    return hydra_configs(args["model_dir"], lora=args["lora"], loss_mode=args["loss"], num_steps=SCHEDULE_STEPS,
                          height=HEIGHT, micro=MICRO, world=world, optim=optim)
 
 

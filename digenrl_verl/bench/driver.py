@@ -140,7 +140,7 @@ def ray_lane_round_trips(groups: list[list], seconds: float,
 
 class DriverCalls:
     """`ray_lane_round_trips`' calls with the content of the driver's: each GAP lane alternates a GEN
-    (`generate_call(pack(shard, sample_ids, version))`, three returns, the facts waited on) and a SCORE of its decoded
+    (`generate_call(shard, pack(sample_ids, version))`, three returns, the facts waited on) and a SCORE of its decoded
     samples (`score_call(pack(sample_ids), images_ref)`), one sample per rank (a group of n on a lane of n ranks, as
     the bench's micro-batches); the trainer ranks (the last group) run UPDATEs (`update_call(pack(sample_ids,
     advantages, denominator, tsp, version, max_share), trajectory_ref)`) of lane 0's trajectories. The same calls as
@@ -167,7 +167,7 @@ class DriverCalls:
             method = self.generate.get(a)
             if method is None:
                 method = self.generate[a] = a.generate_call.options(num_returns=3)
-            traj, images, facts = method.remote(pack(self.batch.select_idxs(np.asarray([r], dtype=np.int64)), [r], 0))
+            traj, images, facts = method.remote(self.batch.select_idxs(np.asarray([r], dtype=np.int64)), pack([r], 0))
             self.images[(g, r)] = images
             if g == 0:
                 self.trajectories[r] = traj

@@ -48,8 +48,8 @@ class NoopWorker:
     def ready(self) -> bool:
         return True
 
-    def generate_call(self, message: bytes) -> tuple[dict, np.ndarray, dict]:
-        return self.generate(*unpack(message))
+    def generate_call(self, shard: StepBatch, message: bytes) -> tuple[dict, np.ndarray, dict]:
+        return self.generate(shard, *unpack(message))
 
     def score_call(self, message: bytes, *image_parts: np.ndarray) -> dict[str, list]:
         return self.score(*unpack(message), *image_parts)

@@ -4,7 +4,7 @@ The driver (`schedule.driver`) decides; this class only interprets its tasks:
 
 | task      | calls (all `.remote`, never waited on here)                                      |
 |-----------|-----------------------------------------------------------------------------------|
-| GEN       | `generate_call(pack(shard, sample_ids, version))` on each generator in the          |
+| GEN       | `generate_call(shard, pack(sample_ids, version))` on each generator in the          |
 |           | assignment (3 returns; only the third, a few facts, is fetched)                   |
 | TAG_GEN   | the same method on trainer workers (their current, not yet stepped weights)       |
 | SCORE     | `score_call(pack(sample_ids), *image_refs)` on the generator(s) named by the task  |
@@ -308,8 +308,8 @@ class RayExecutor:
             if not samples:
                 continue
             shard = batch.select_idxs(np.asarray(samples, dtype=np.int64))
-            traj_ref, img_ref, facts_ref = self._generate_method(worker).remote(pack(shard, list(samples),
-                                                                                     task.version))
+            traj_ref, img_ref, facts_ref = self._generate_method(worker).remote(shard, pack(list(samples),
+                                                                                            task.version))
             for s in samples:
                 self._trajectories[(task.step, s)] = traj_ref
                 self._images[(task.step, s)] = img_ref

@@ -1,11 +1,12 @@
 """The executor's data calls as one message each: the wire format of `generate_call`, `score_call`, `update_call`.
 
-`trainer.ray_executor.RayExecutor` makes every GEN / SCORE / UPDATE call with one argument that is not an object
-ref: its plain arguments pickled together (`pack`, the standard library's pickler, in C), followed by the object refs
-of the data the call reads (decoded samples, trajectories), which Ray resolves as before. The worker's entry point
-(`*_call`, next to the typed method in `workers.roles`, and in `bench.noop_workers`) unpacks the message and calls
-the typed method (`generate`, `score`, `update`) with the same arguments as before, so the training engines' methods
-(the package's and verl-omni's `update`) are unchanged.
+`trainer.ray_executor.RayExecutor` makes every GEN / SCORE / UPDATE call with one message holding its plain
+arguments (`pack`: ids, version, advantages, flags as JSON, never a pickle: a worker deserialises nothing that could
+run code), followed by the object refs of the data the call reads (decoded samples, trajectories), which Ray resolves
+as before; GEN's shard of the step batch (a `DataProto`) stays its own argument, ahead of the message. The worker's
+entry point (`*_call`, next to the typed method in `workers.roles`, and in `bench.noop_workers`) unpacks the message
+and calls the typed method (`generate`, `score`, `update`) with the same arguments as before, so the training
+engines' methods (the package's and verl-omni's `update`) are unchanged.
 
 Why: Ray serialises each argument that is not an object ref on its own (msgpack, and cloudpickle for whatever
 msgpack does not take: a DataProto shard, an advantage tensor) and deserialises each in the actor; a `bytes` argument
@@ -21,17 +22,24 @@ builds no tensor per call.
 
 from __future__ import annotations
 
-import pickle
+import json
 from typing import Any
 
 
+def _plain(value: Any) -> Any:
+    """A numpy / torch scalar as its Python number (sample ids come as numpy ints)."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"a call message holds plain values (numbers, bools, lists of them), got {type(value).__name__}")
+
+
 def pack(*args: Any) -> bytes:
-    """One call's plain arguments as one message (`unpack` gives them back as a tuple)."""
-    return pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+    """One call's plain arguments as one message (`unpack` gives them back as a tuple; floats round-trip exactly)."""
+    return json.dumps(args, separators=(",", ":"), default=_plain).encode()
 
 
 def unpack(message: bytes) -> tuple:
     """The arguments `pack` was given."""
     if not isinstance(message, bytes):
         raise TypeError(f"a call message is bytes (workers.calls.pack), got {type(message).__name__}")
-    return pickle.loads(message)
+    return tuple(json.loads(message))

@@ -132,10 +132,10 @@ class GenerationMixin:
         """The policy version held (never a collective, unlike `checksum`)."""
         return self.version
 
-    def generate_call(self, message: bytes) -> tuple[DataProto, DataProto, dict]:
-        """The executor's GEN / TAG_GEN call: `generate(shard, sample_ids, version)` packed in one message
-        (`workers.calls`)."""
-        return self.generate(*unpack(message))
+    def generate_call(self, shard: DataProto, message: bytes) -> tuple[DataProto, DataProto, dict]:
+        """The executor's GEN / TAG_GEN call: `generate(shard, sample_ids, version)`, the ids and version packed in
+        one message (`workers.calls`)."""
+        return self.generate(shard, *unpack(message))
 
     def generate(self, shard: DataProto, sample_ids: list[int], version: int) -> tuple[DataProto, DataProto, dict]:
         """Sample the trajectories of `shard`'s rows with the current weights, which must be `version`.

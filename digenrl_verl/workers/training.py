@@ -77,8 +77,8 @@ class TrainerRole(Protocol):
     def generate(self, shard: Any, sample_ids: list[int], version: int) -> tuple[Any, Any, dict]:
         """TAG: sample `shard`'s rows with the current weights (`workers.roles.GenerationMixin.generate`)."""
 
-    def generate_call(self, message: bytes) -> tuple[Any, Any, dict]:
-        """The executor's TAG_GEN: `generate`'s arguments in one message (`workers.calls`)."""
+    def generate_call(self, shard: Any, message: bytes) -> tuple[Any, Any, dict]:
+        """The executor's TAG_GEN: `generate`'s shard, then its ids and version in one message (`workers.calls`)."""
 
     def score(self, sample_ids: list[int], *image_parts: Any) -> dict[str, Any]:
         """Score decoded samples (the fallback when no generator is left)."""

@@ -201,10 +201,10 @@ class _RecordingActor:
 
 
 def test_the_data_calls_carry_one_message_and_object_refs_and_the_workers_unpack_it():
-    """GEN, SCORE and UPDATE each pass one `bytes` message (Ray sends it as it is) and then only object refs; the
-    message holds the typed method's arguments (a shard of the step batch, sample ids, version; advantages as
-    floats), and the real workers' and the no-op workers' entry points call their typed method with them (the
-    advantages as fp32 tensor / numpy)."""
+    """GEN, SCORE and UPDATE each pass one `bytes` message (Ray sends it as it is; GEN's shard of the step batch
+    ahead of it) and then only object refs; the message holds the typed method's plain arguments (sample ids,
+    version; advantages as floats), and the real workers' and the no-op workers' entry points call their typed
+    method with them (the advantages as fp32 tensor / numpy)."""
     log: list = []
     batch = StepBatch.of(2, 2)
     workers = {"gen:0": _RecordingActor(log), "gen:1": _RecordingActor(log), "trn:0": _RecordingActor(log)}
@@ -216,9 +216,10 @@ def test_the_data_calls_carry_one_message_and_object_refs_and_the_workers_unpack
     ex.submit(Task(2, TaskKind.UPDATE, 0, 0, ("trn:0",), 0, (("trn:0", (0, 1, 2, 3)),)))
     kept = set(ex._trajectories.values()) | set(ex._images.values())
     assert [name for name, _ in log] == ["generate_call"] * 2 + ["score_call"] * 2 + ["update_call"]
-    for name, (message, *refs) in log:
+    for name, args in log:  # GEN: its shard first (a DataProto, as Ray passes any argument), then the message
+        message, *refs = args[1:] if name == "generate_call" else args
         assert isinstance(message, bytes) and refs == [r for r in refs if r in kept], name
-    shard, ids, version = unpack(log[1][1][0])
+    shard, (ids, version) = log[1][1][0], unpack(log[1][1][1])
     assert list(shard.sample_ids) == [2, 3] and ids == [2, 3] and version == 0
     assert unpack(log[3][1][0]) == ([2, 3],)
     update = unpack(log[4][1][0])
@@ -227,8 +228,8 @@ def test_the_data_calls_carry_one_message_and_object_refs_and_the_workers_unpack
     # the entry points: the real trainer's (whose `update` verl-omni's worker overrides) and the no-op worker's
     for cls, advantages_type in ((TrainerWorker, torch.Tensor), (NoopWorker, np.ndarray)):
         typed = _TypedMethods()
-        for name, (message, *refs) in log:
-            getattr(cls, name)(typed, message, *refs)
+        for name, args in log:
+            getattr(cls, name)(typed, *args)
         g_shard, g_ids, g_version = typed.seen["generate"]
         assert list(g_shard.sample_ids) == [2, 3] and (g_ids, g_version) == ([2, 3], 0)
         assert typed.seen["score"] == ([2, 3], *log[3][1][1:])
@@ -256,5 +257,8 @@ class _TypedMethods:
 
 def test_a_message_is_bytes_and_round_trips():
     assert unpack(pack([1, 2], [0.5], 3.0, True, 2, 1)) == ([1, 2], [0.5], 3.0, True, 2, 1)
+    assert unpack(pack(list(np.arange(3)), [0.1 + 0.2])) == ([0, 1, 2], [0.1 + 0.2])  # numpy ids; floats exact
     with pytest.raises(TypeError, match="bytes"):
         unpack(([1, 2],))
+    with pytest.raises(TypeError, match="plain values"):
+        pack(object())  # a message never holds what only a pickle could carry

@@ -25,9 +25,10 @@ _PRINTABLE = [chr(c) for c in range(33, 127)]
 
 # The system templates as the diffusers pipelines write them (kept here so the builders do not depend on
 # private pipeline attributes); `tests/models` checks they still match the installed diffusers.
+QWEN_IMAGE_SYSTEM = ("Describe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+                     "relationships of the objects and background:")  # also the system turn of verl-omni's OCR data
 QWEN_IMAGE_TEMPLATE = (
-    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
-    "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    f"<|im_start|>system\n{QWEN_IMAGE_SYSTEM}<|im_end|>\n<|im_start|>user\n{{}}<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
 QWEN_IMAGE_DROP = 34

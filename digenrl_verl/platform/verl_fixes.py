@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 
-PATCHED = "_digenrl_cpu_backend"
+PATCHED = "_digenrl_cpu_fix"  # marks a function these fixes wrapped (each is wrapped once per process)
 RECEIVER_MODULE = "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer"
 
 

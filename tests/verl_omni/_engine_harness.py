@@ -19,6 +19,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: a custom reward file with verl-omni's reward signature (`.format(name=...)`): mean intensity in [0, 1]
+STAND_IN_REWARD = '''
+def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
+    """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""
+    return float(solution_image.float().mean() / 255.0)
+'''
 
 
 def free_port() -> int:

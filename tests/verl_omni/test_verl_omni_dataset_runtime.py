@@ -24,8 +24,7 @@ from digenrl_verl.config.verl_omni import RecipeKeys, build_data  # noqa: E402
 from digenrl_verl.models._tiny_tokenizers import qwen2_tokenizer  # noqa: E402
 from digenrl_verl.trainer.data import PromptStream, chat_text, load_prompts  # noqa: E402
 
-SYSTEM = ("Describe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of "
-          "the objects and background:")
+from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_SYSTEM as SYSTEM  # noqa: E402
 N, BATCH = 13, 4  # 3 full batches an epoch, one prompt dropped
 
 

@@ -57,6 +57,9 @@ from digenrl_verl.integrations.verl_omni import (  # noqa: E402
 )
 from digenrl_verl.integrations.verl_omni_recipes import RECIPES  # noqa: E402
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
+    sys.path.append(str(Path(__file__).resolve().parent))
+from _engine_harness import STAND_IN_REWARD  # noqa: E402
 from _upstream import VERL_OMNI_ARCHIVE, require  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,11 +279,6 @@ TWINS = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni.trainer.main_diffusi
 #: `integrations.verl_omni.host_sigma_schedules`)
 TWIN_ENGINES = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni", "qwen_image_flowgrpo_lora": "verl_omni",
                 "wan22_dancegrpo": "verl_omni"}
-_REWARD = '''
-def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
-    """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""
-    return float(solution_image.float().mean() / 255.0)
-'''
 
 
 def _twin_argv(name: str, tmp_path: Path, extra: tuple[str, ...] = (), workers: int = 2) -> list[str]:
@@ -295,7 +293,7 @@ def _twin_argv(name: str, tmp_path: Path, extra: tuple[str, ...] = (), workers: 
     v1 = entry.endswith("_v1")
     model = build_tiny_model_dir(recipe.architecture, tmp_path / "model", seed=0)
     for file, fn in recipe.reward_files.items():
-        (tmp_path / file).write_text(_REWARD.format(name=fn))
+        (tmp_path / file).write_text(STAND_IN_REWARD.format(name=fn))
     rows = [{"prompt": [{"role": "user", "content": f'A sign that reads "{w}"'}], "data_source": "ocr",
              "reward_model": {"ground_truth": w, "style": "rule"}} for w in ("HELLO", "RL", "GPU", "PIPELINE")]
     for split in ("train", "test"):

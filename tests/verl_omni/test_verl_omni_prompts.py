@@ -36,8 +36,7 @@ from digenrl_verl.rewards import get_reward  # noqa: E402
 from digenrl_verl.rewards.data_source import default_reward  # noqa: E402
 from digenrl_verl.trainer.data import PromptStream, load_prompts  # noqa: E402
 
-SYSTEM = ("Describe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of "
-          "the objects and background:")
+from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_SYSTEM as SYSTEM  # noqa: E402
 # verl-omni's recipes' actor_rollout_ref.model.custom_chat_template values (examples/flowgrpo_trainer/sd35/*.sh,
 # examples/dancegrpo_trainer/wan22/*.sh)
 SD35_TEMPLATE = "{% for message in messages %}{% if message['role'] == 'user' %}{{ message['content'] }}{% endif %}" \

@@ -28,19 +28,13 @@ except ImportError as e:
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
-from _engine_harness import cpu_env  # noqa: E402
+from _engine_harness import STAND_IN_REWARD, cpu_env  # noqa: E402
 
 from digenrl_verl.integrations.verl_omni_recipes import RECIPES  # noqa: E402
+from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_SYSTEM as SYSTEM  # noqa: E402
 
 RECIPE = RECIPES["qwen_image_flowgrpo_lora"]
 A = "actor_rollout_ref"
-SYSTEM = ("Describe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of "
-          "the objects and background:")
-REWARD = '''
-def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
-    """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""
-    return float(solution_image.float().mean() / 255.0)
-'''
 CPU = ("trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1", f"{A}.rollout.nnodes=0",
        f"{A}.actor.strategy=fsdp2", f"{A}.model.attn_backend=native", f"{A}.rollout.rollout_attn_backend=TORCH_SDPA",
        f"{A}.rollout.dtype=float32", "+ray_kwargs.ray_init.num_gpus=1", "ray_kwargs.ray_init.num_cpus=16")
@@ -54,7 +48,7 @@ def _stock_argv(tmp_path: Path) -> list[str]:
 
     model = build_tiny_model_dir(RECIPE.architecture, tmp_path / "model", seed=0)
     for file, fn in RECIPE.reward_files.items():
-        (tmp_path / file).write_text(REWARD.format(name=fn))
+        (tmp_path / file).write_text(STAND_IN_REWARD.format(name=fn))
     rows = [{"data_source": "flow_grpo/ocr",
              "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f'A sign that reads "{w}"'}],
              "negative_prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": " "}],

@@ -88,8 +88,10 @@ def receive(method):
     return outcome
 
 
+from digenrl_verl.platform.verl_fixes import PATCHED
+
 fixed = bwt.BucketedWeightReceiver.receive_weights
-print("patched:", getattr(fixed, "_digenrl_cpu_backend", False))
+print("patched:", getattr(fixed, PATCHED, False))
 print("verl's own:", receive(fixed.__wrapped__))
 print("fixed:", receive(fixed))
 """

@@ -112,8 +112,8 @@ class DigenRLConfig(ScheduleSettings):
             point (verl-omni installed), else ``digenrl``.
         rows_alone: the diffusers engines (generators, TAG, colocated) draw each sample in a batch of its own, so a
             sample does not depend on its batch neighbours (`diffusion.rollout.RolloutConfig.rows_alone`); costs
-            the batching of the sampling forwards. Bit-identical across workers only where an FSDP2 trainer rank's
-            forward rounds as a generator's plain one does (on one 2-core AMD EPYC host it did not: 2.4e-7).
+            the batching of the sampling forwards. Bit-identical across CPU workers (FSDP2 trainer ranks included)
+            because their environment pins MKL's rounding (`digenrl_verl.platform.process_env`: ``MKL_CBWR``).
             False (default): batched, as verl-omni's rollout.
     """
 

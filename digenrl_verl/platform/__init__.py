@@ -8,6 +8,12 @@
 Both reach a worker process through verl's own hook for external modules: ``VERL_USE_EXTERNAL_MODULES``, which
 `import verl` imports before anything asks for the platform (verl 0.9.1 and verl 8a69493 alike). `process_env` is the
 environment a worker process gets (the trainer-started Ray instance's, and each worker group's).
+
+On CPU it also pins MKL's results to the operands' values (``MKL_CBWR=AUTO,STRICT``, `MKL_CBWR_VAR`): by default
+MKL's sgemm rounds differently with the operands' memory alignment (measured with torch 2.13's MKL 2024.2 on an AMD
+EPYC host: a 2x64 @ 64x64 product moved by 2.9e-6 when the weight started 4 bytes off a 16-byte boundary), and
+FSDP2's all-gathered flat buffers place a parameter at any offset, so a sharded trainer rank's forward did not equal
+a generator's on the same weights (`trainer.digenrl.rows_alone`'s bit-identity). A value the caller set is kept.
 """
 
 from __future__ import annotations
@@ -19,11 +25,16 @@ CPU_PLATFORM_MODULE = "digenrl_verl.platform.cpu"
 QUIET_MODULE = "digenrl_verl.platform.quiet"
 EXTERNAL_MODULES_VAR = "VERL_USE_EXTERNAL_MODULES"
 PLATFORM_VAR = "VERL_PLATFORM"
+MKL_CBWR_VAR = "MKL_CBWR"
+#: MKL's conditional numerical reproducibility: the code path the CPU picks, strict about alignment (costs nothing
+#: measurable at the tiny sizes here: 64x256 @ 256x256 and 1024x512 @ 512x512 products, one thread)
+MKL_CBWR_STRICT = "AUTO,STRICT"
 
 
 def process_env(*, cpu: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """Environment variables of a worker process: `QUIET_MODULE` (and, on CPU, `CPU_PLATFORM_MODULE` with
-    ``VERL_PLATFORM=cpu``) appended to the modules `environ` already names in ``VERL_USE_EXTERNAL_MODULES``."""
+    ``VERL_PLATFORM=cpu`` and ``MKL_CBWR``) appended to the modules `environ` already names in
+    ``VERL_USE_EXTERNAL_MODULES``."""
     modules = [m.strip() for m in environ.get(EXTERNAL_MODULES_VAR, "").split(",") if m.strip()]
     for module in (QUIET_MODULE, *((CPU_PLATFORM_MODULE,) if cpu else ())):
         if module not in modules:
@@ -31,6 +42,7 @@ def process_env(*, cpu: bool, environ: Mapping[str, str] = os.environ) -> dict[s
     env = {EXTERNAL_MODULES_VAR: ",".join(modules)}
     if cpu:
         env[PLATFORM_VAR] = "cpu"
+        env[MKL_CBWR_VAR] = environ.get(MKL_CBWR_VAR) or MKL_CBWR_STRICT
     return env
 
 

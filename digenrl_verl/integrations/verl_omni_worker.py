@@ -29,7 +29,9 @@ micro-batch x timestep loss divided by ``gradient_accumulation_steps`` = micro-b
   verl-omni's own LoRA sync gathers them, else the full state; names prefixed ``transformer.`` as verl-omni sends
   them to its rollout). Found here (fsdp2, CPU, world size 1 and 2): verl-omni's LoRA collector
   (`collect_lora_params`, base_sync_done=True, layered or not) raises "collected 0 parameters" on the tiny
-  Qwen-Image; the worker then gathers the adapter's parameters itself, under the collector's names. Returned as
+  Qwen-Image (PEFT >= 0.20; `patches/verl-omni-a1139baf/0003`); the worker then gathers the adapter's parameters
+  itself, under the collector's names, and whatever the collector leaves out (the FSDP2 root's own layers, `0004`)
+  it adds the same way, named in a warning. Returned as
   a name -> CPU tensor dict, the form `digenrl_verl.weights.sync.Collectives.send_weights`
   takes. Every rank must call it (FSDP gathers).
 
@@ -45,6 +47,7 @@ are ``Dispatch.ONE_TO_ALL``, so a `RayWorkerGroup` of this class works as one of
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -274,19 +277,31 @@ class TSPActorWorker(TrainingWorker):
             if not (base_sync_done and "collected 0 parameters" in str(error)):
                 raise
             weights, peft_config = self._lora_tensors(adapter_name or "default")
+        if base_sync_done and peft_config is not None:
+            weights.update(self._lora_tensors(adapter_name or "default", missing_from=weights)[0])
         return (weights, peft_config) if with_peft_config else weights
 
-    def _lora_tensors(self, adapter_name: str) -> tuple[dict, Optional[dict]]:
+    def _lora_tensors(self, adapter_name: str, missing_from: Optional[dict] = None) -> tuple[dict, Optional[dict]]:
         """The adapter's LoRA parameters, gathered (every rank), named as verl-omni's collector names them
-        (``transformer.<module>.lora_A.weight``: the adapter name dropped)."""
+        (``transformer.<module>.lora_A.weight``: the adapter name dropped). With `missing_from`: only those it lacks,
+        each named in a warning (verl-omni a1139baf's FSDP2 collectors skip the root module's own layers, e.g. a
+        DiT's ``img_in`` / ``proj_out`` under ``target_modules=all-linear``: fixed upstream by
+        ``patches/verl-omni-a1139baf/0004``)."""
         from torch.distributed.tensor import DTensor
 
         module = getattr(self.engine.module, "_fsdp_wrapped_module", self.engine.module)
         weights = {}
         for name, param in self.engine.module.named_parameters():
             if "lora_" in name and f".{adapter_name}." in name:
-                full = param.full_tensor() if isinstance(param, DTensor) else param
                 key = "transformer." + name.replace("_fsdp_wrapped_module.", "").replace(f".{adapter_name}.", ".")
+                if missing_from is not None and key in missing_from:
+                    continue
+                full = param.full_tensor() if isinstance(param, DTensor) else param
                 weights[key] = full.detach().to("cpu", copy=True)
+        if missing_from is not None and weights:
+            warnings.warn(f"verl-omni's LoRA weight collection left out {len(weights)} adapter tensors ("
+                          f"{', '.join(sorted(weights)[:4])}, ...); sent from the worker's own gather instead (the "
+                          "collector skips the FSDP2 root module's layers: patches/verl-omni-a1139baf/0004 fixes it)",
+                          stacklevel=2)
         peft_config = getattr(module, "peft_config", {}).get(adapter_name)
         return weights, (peft_config.to_dict() if peft_config is not None else None)

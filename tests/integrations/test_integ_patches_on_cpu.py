@@ -43,7 +43,7 @@ def test_series_are_present_and_numbered():
     # (digenrl_verl/platform/cpu.py; tests/integrations/test_integ_cpu_platform_on_cpu.py)
     assert [p.name[:4] for p in VERL_PATCHES] == ["0001", "0002"]
     assert not any("platform" in p.name for p in VERL_PATCHES)
-    assert [p.name[:4] for p in OMNI_PATCHES] == ["0001", "0002", "0003"]
+    assert [p.name[:4] for p in OMNI_PATCHES] == ["0001", "0002", "0003", "0004"]
     for p in VERL_PATCHES + OMNI_PATCHES:
         head = p.read_text().splitlines()[:5]
         assert head[0].startswith("From 0000000000000000000000000000000000000000")
@@ -119,8 +119,9 @@ def test_verl_omni_series_git_ams_onto_a1139baf_and_its_hook_finds_our_trainer(t
         assert _git(args, tree).returncode == 0
     proc = _git(["am", "--keep-non-patch", *map(str, OMNI_PATCHES)], tree)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    subjects = _git(["log", "--format=%s", "-3"], tree).stdout.splitlines()
-    assert [s.split(" ")[0] for s in subjects] == ["[worker]", "[doc]", "[trainer,"], subjects
+    subjects = _git(["log", "--format=%s", "-4"], tree).stdout.splitlines()
+    assert [s.split(" ")[0] for s in subjects] == ["[worker]", "[worker]", "[doc]", "[trainer,"], subjects
+    assert (tree / "tests" / "utils" / "test_fsdp_utils_root_lora_on_cpu.py").is_file()
     assert (tree / "tests" / "trainer" / "test_external_trainer_on_cpu.py").is_file()
     assert "algo/external_trainer.md" in (tree / "docs" / "index.md").read_text()
     assert "Last updated:" in (tree / "docs" / "algo" / "external_trainer.md").read_text()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -233,7 +234,17 @@ def run_script(script: str, args: dict, label: str) -> dict:
     start = time.time()
     proc = subprocess.run([sys.executable, script, json.dumps(args)], env=cpu_env(OMP_NUM_THREADS="1"),
                           cwd=str(ROOT), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, failure_summary(proc.stdout + proc.stderr)
     report = json.loads(Path(args["out"]).read_text())
     print(f"\n{label}: {report} ({time.time() - start:.1f} s)")
     return report
+
+
+_ERROR_LINE = re.compile(r"\b\w*(Error|Exception|Timeout)\b[:(]")
+
+
+def failure_summary(console: str, tail: int = 4000) -> str:
+    """A failed run's console for an assertion message: its distinct error lines first (a Ray traceback's root cause
+    sits far above its tail, which CI's log cuts), then the last `tail` characters."""
+    seen = list(dict.fromkeys(line.strip() for line in console.splitlines() if _ERROR_LINE.search(line)))
+    return "error lines:\n" + "\n".join(seen[:25]) + f"\n--- last {tail} characters:\n" + console[-tail:]

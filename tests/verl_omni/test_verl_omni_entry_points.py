@@ -59,7 +59,7 @@ from digenrl_verl.integrations.verl_omni_recipes import RECIPES  # noqa: E402
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
-from _engine_harness import STAND_IN_REWARD  # noqa: E402
+from _engine_harness import STAND_IN_REWARD, failure_summary  # noqa: E402
 from _upstream import VERL_OMNI_ARCHIVE, require  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -324,7 +324,7 @@ def _run_twin(entry: str, argv: list[str], tmp_path: Path) -> str:
     text = proc.stdout + proc.stderr
     (tmp_path / "entry_point.log").write_text(text)  # the whole console, for a failure's diagnosis
     ours = "\n".join(line for line in text.splitlines() if re.match(r"\s*(\(.*?\)\s*)?digenrl", line))
-    assert proc.returncode == 0, ours[-3000:] + "\n...\n" + text[-4000:]
+    assert proc.returncode == 0, ours[-3000:] + "\n...\n" + failure_summary(text)
     return text
 
 

@@ -33,6 +33,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
+from _engine_harness import failure_summary  # noqa: E402
 from test_verl_omni_cpu_platform import ROWS, TOL, _in_process, _rel, _spec  # noqa: E402
 
 from digenrl_verl.engines.base import ENGINES  # noqa: E402
@@ -75,7 +76,7 @@ def replica_run(request, tmp_path_factory):
     (work / "job.pkl").write_bytes(pickle.dumps(job))
     proc = subprocess.run([sys.executable, str(HERE / "_replica_child.py"), str(work / "job.pkl"),
                            str(work / "out.pt")], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, failure_summary(proc.stdout + proc.stderr)
     return f"{arch} tp{tp}", torch.load(work / "out.pt", weights_only=False), refs
 
 

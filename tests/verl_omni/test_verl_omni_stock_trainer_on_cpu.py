@@ -28,7 +28,7 @@ except ImportError as e:
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
-from _engine_harness import STAND_IN_REWARD, cpu_env  # noqa: E402
+from _engine_harness import STAND_IN_REWARD, cpu_env, failure_summary  # noqa: E402
 
 from digenrl_verl.integrations.verl_omni_recipes import RECIPES  # noqa: E402
 from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_SYSTEM as SYSTEM  # noqa: E402
@@ -81,7 +81,7 @@ def test_verl_omnis_own_trainer_runs_its_qwen_image_lora_recipe_on_cpu(tmp_path)
                           text=True, timeout=1500)
     console = proc.stdout + proc.stderr
     (tmp_path / "console.log").write_text(console)
-    assert proc.returncode == 0, console[-6000:]
+    assert proc.returncode == 0, failure_summary(console)
     metrics = _step_metrics(console)
     print({k: metrics[k] for k in sorted(metrics) if k.startswith(("actor/", "critic/rewards", "val-core"))})
     assert metrics["actor/grad_norm"] > 0  # a real update of the LoRA weights

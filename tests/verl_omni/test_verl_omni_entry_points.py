@@ -14,7 +14,9 @@ and verl.plugins) into `.venv-verl-omni`; without verl-omni, or with an unpatche
   the key or model, none fails in Hydra or with a traceback. The entry points' `main` runs in a process forked from
   one that imported verl-omni once (as `python -m` would run it, without paying verl-omni's import 58 times);
 * tiny-model twins of the FlowGRPO SD3.5 v1 recipe (through verl-omni's own unpatched `main_diffusion_v1`, its Ray
-  task runner and TransferQueue) and the DanceGRPO Wan2.2 v0 recipe (`main_diffusion`) train one real step on CPU.
+  task runner and TransferQueue), the Qwen-Image v0 and the DanceGRPO Wan2.2 v0 recipes (`main_diffusion`) train one
+  real step on CPU as written (`rollout.name=vllm_omni`: generators on verl-omni's rollout pipelines, trainers on its
+  actor worker), and verl-omni's stock worker resumes their checkpoints.
 """
 
 from __future__ import annotations
@@ -274,11 +276,6 @@ def test_every_example_script_through_verl_omnis_own_entry_point(replayed, varia
 TWINS = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni.trainer.main_diffusion_v1",
          "qwen_image_flowgrpo_lora": "verl_omni.trainer.main_diffusion",
          "wan22_dancegrpo": "verl_omni.trainer.main_diffusion"}
-#: the trainer engine each twin runs on (the default from verl-omni's entry point; Wan2.2 needs the generators to
-#: sample verl-omni's σ schedule, `model.pipeline.shift` over linspace(1, 0, N+1), not the model scheduler's:
-#: `integrations.verl_omni.host_sigma_schedules`)
-TWIN_ENGINES = {"sd35_flowgrpo_lora_v1_separate_async": "verl_omni", "qwen_image_flowgrpo_lora": "verl_omni",
-                "wan22_dancegrpo": "verl_omni"}
 
 
 def _twin_argv(name: str, tmp_path: Path, extra: tuple[str, ...] = (), workers: int = 2) -> list[str]:
@@ -326,43 +323,6 @@ def _run_twin(entry: str, argv: list[str], tmp_path: Path) -> str:
     ours = "\n".join(line for line in text.splitlines() if re.match(r"\s*(\(.*?\)\s*)?digenrl", line))
     assert proc.returncode == 0, ours[-3000:] + "\n...\n" + failure_summary(text)
     return text
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TWINS))
-def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp_path):
-    """The recipe's override list (its blockers switched off but trainer.use_v1, its `tiny` sizes, one generator
-    and one trainer CPU worker from verl-omni's layout keys) through `python -m <its entry point>`, v1 with
-    `trainer.v1.trainer_mode=digenrl` (verl-omni's own task runner builds our trainer), v0 with
-    trainer.trainer_class=digenrl: one disaggregated step, weights back on the generator."""
-    entry, engine = TWINS[name], TWIN_ENGINES[name]
-    v1 = entry.endswith("_v1")
-    argv = _twin_argv(name, tmp_path, extra=(f"{'+' if v1 else ''}trainer.digenrl.trainer_engine={engine}",))
-    out = tmp_path / "run"
-    text = _run_twin(entry, argv, tmp_path)
-    assert HANDED in text
-    if not v1:
-        assert "the run is handed to digenrl_verl.integrations.verl_omni.DigenRLDiffusionTrainer" in text
-    else:
-        assert "trainer.use_v1=true: verl-omni's switch between its v0 and v1 task runners" in text
-        assert "DiffusionTaskRunnerV1" in text  # verl-omni's own task runner ran it
-    assert "mode: disaggregated; pools: generator: 1 worker(s), trainer: 1 worker(s)" in text
-    written = json.loads((out / "summary.json").read_text())
-    summary, workers = written["summary"], written["workers"]
-    lines = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "summary" not in m]
-    steps = [m for m in lines if "actor/grad_norm" in m]  # training steps (validation lines are apart)
-    print(f"{name} via {entry}: summary {json.dumps(summary)}")
-    print(f"{name} via {entry}: metrics lines {json.dumps(lines)}")
-    assert summary["mode"] == "disaggregated" and summary["steps"] == 1 and len(steps) == 1
-    assert steps[0]["actor/grad_norm"] > 0  # a real update
-    assert summary["samples"] == 4  # tiny: 2 prompts x n=2
-    assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"] and {w["version"] for w in workers} == {1}
-    if engine != "verl_omni":
-        return
-    # the trainer pool was verl-omni's actor worker; its checkpoint is in verl-omni's layout, and verl-omni resumes it
-    assert "trainer.digenrl.trainer_engine=verl_omni: the trainer pool is verl-omni's actor worker" in text
-    assert "trainer verl-omni's actor worker (fsdp2, TSP engine" in text
-    _check_host_resumes(out / "checkpoints", argv, tmp_path)
 
 
 def _host_script(args: dict) -> dict:
@@ -446,34 +406,63 @@ def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TWINS))
-def test_twin_generates_with_verl_omnis_rollout_pipeline_on_cpu(name, tmp_path):
+def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp_path):
     """verl-omni's script as written (`rollout.name=vllm_omni`; SD3.5 LoRA with cps, Qwen-Image LoRA, Wan2.2
-    DanceGRPO full fine-tune, each with an SDE window) on a CPU host: the generators sample with verl-omni's own
-    registered rollout pipeline, built by vLLM-Omni's loader in the generator process (rollout engine verl_omni), and
-    the trainer pool (verl-omni's actor worker) trains one real step on those samples; the new weights reach the
-    pipeline (the run ends with the generator at version 1, its checksum the trainer's)."""
+    DanceGRPO full fine-tune, each with an SDE window), its blockers switched off but trainer.use_v1, its `tiny`
+    sizes, one generator and one trainer CPU worker from verl-omni's layout keys, through `python -m <its entry
+    point>`: v1 with `trainer.v1.trainer_mode=digenrl` (verl-omni's own task runner builds our trainer), v0 with
+    `trainer.trainer_class=digenrl`. The generators sample with verl-omni's own registered rollout pipeline, built by
+    vLLM-Omni's loader in the generator process (rollout engine verl_omni); the trainer pool (verl-omni's actor
+    worker) trains one real step on those samples; the new weights reach the pipeline (the run ends with the
+    generator at version 1); the TAG micro-batch runs on the trainer rank's own copy of the pipeline; the checkpoint
+    is in verl-omni's layout and verl-omni's stock worker resumes it. (The package's diffusers generators under
+    verl-omni's actor worker: `test_the_trainer_pool_runs_verl_omnis_worker_at_world_size_2`.)"""
     entry = TWINS[name]
-    plus = "+" if entry.endswith("_v1") else ""
+    v1 = entry.endswith("_v1")
+    plus = "+" if v1 else ""
     argv = _twin_argv(name, tmp_path, extra=("actor_rollout_ref.rollout.name=vllm_omni",
                                              "actor_rollout_ref.rollout.dtype=float32",
                                              f"{plus}trainer.digenrl.trainer_engine=verl_omni",
                                              f"{plus}trainer.digenrl.tag.policy=static",
                                              f"{plus}trainer.digenrl.tag.static_k=1"))
+    out = tmp_path / "run"
     text = _run_twin(entry, argv, tmp_path)
+    _check_handed_over(text, v1)
     assert "actor_rollout_ref.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own" in text
     assert "engines: generation verl_omni" in text
-    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    written = json.loads((out / "summary.json").read_text())
     summary, workers = written["summary"], written["workers"]
-    steps = [m for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
-             if "actor/grad_norm" in m]
-    print(f"{name} on verl-omni's rollout pipeline: summary {json.dumps(summary)}")
-    assert summary["steps"] == 1 and len(steps) == 1 and steps[0]["actor/grad_norm"] > 0
-    assert summary["samples"] == 4
-    assert {w["version"] for w in workers} == {1}
-    # the TAG micro-batch ran on the trainer rank's own copy of verl-omni's pipeline (the hybrid engine), its switch
-    # (pipeline built, trained weights handed over) and its generation as sub-spans of the TAG span in the trace
+    lines = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "summary" not in m]
+    steps = [m for m in lines if "actor/grad_norm" in m]  # training steps (validation lines are apart)
+    print(f"{name} via {entry} on verl-omni's rollout pipeline: summary {json.dumps(summary)}")
+    print(f"{name} via {entry}: metrics lines {json.dumps(lines)}")
+    assert summary["mode"] == "disaggregated" and summary["steps"] == 1 and len(steps) == 1
+    assert steps[0]["actor/grad_norm"] > 0  # a real update
+    assert summary["samples"] == 4  # tiny: 2 prompts x n=2
+    assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"] and {w["version"] for w in workers} == {1}
+    _check_tag_on_the_hybrid_pipeline(text, out)
+    _check_host_resumes(out / "checkpoints", argv, tmp_path)
+
+
+def _check_handed_over(text: str, v1: bool) -> None:
+    """verl-omni's entry point handed the run to our trainer (v0: its trainer_class hook; v1: its own task runner),
+    with one generator and one trainer worker, the trainer pool on verl-omni's actor worker."""
+    assert HANDED in text
+    if not v1:
+        assert "the run is handed to digenrl_verl.integrations.verl_omni.DigenRLDiffusionTrainer" in text
+    else:
+        assert "trainer.use_v1=true: verl-omni's switch between its v0 and v1 task runners" in text
+        assert "DiffusionTaskRunnerV1" in text  # verl-omni's own task runner ran it
+    assert "mode: disaggregated; pools: generator: 1 worker(s), trainer: 1 worker(s)" in text
+    assert "trainer.digenrl.trainer_engine=verl_omni: the trainer pool is verl-omni's actor worker" in text
+    assert "trainer verl-omni's actor worker (fsdp2, TSP engine" in text
+
+
+def _check_tag_on_the_hybrid_pipeline(text: str, out: Path) -> None:
+    """The TAG micro-batch ran on the trainer rank's own copy of verl-omni's pipeline (the hybrid engine), its switch
+    (pipeline built, trained weights handed over) and its generation as sub-spans of the TAG span in the trace."""
     assert "the trainer rank samples their TAG micro-batches" in text
-    events = json.loads((tmp_path / "run" / "trace.json").read_text())
+    events = json.loads((out / "trace.json").read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
     tags = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("TAG")]
     assert tags and all(e["args"].get("engine") == "hybrid" and e["args"]["switch_s"] > 0 for e in tags), tags

@@ -24,6 +24,7 @@ class DataSpec:
     val_files: Optional[str] = None
     val_max_samples: int = -1
     source_key: str = "data_source"  # the parquet column of a prompt's data source (data.reward_fn_key)
+    negative_prompt_key: str = "negative_prompt"  # the parquet column of a row's negative prompt (verl-omni's key)
 
     def __post_init__(self) -> None:
         n = self.val_max_samples

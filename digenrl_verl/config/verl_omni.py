@@ -1400,9 +1400,78 @@ def build_data(keys: RecipeKeys) -> DataSpec:
         return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key"),
                         seed=_data_seed(keys), shuffle=bool(keys("data.shuffle")),
                         val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples"),
-                        source_key=str(keys("data.reward_fn_key")))
+                        source_key=str(keys("data.reward_fn_key")), negative_prompt_key=_negative_prompt_key(keys))
     except ConfigError as e:
         raise e.under("data") from None
+
+
+#: verl-omni's `RLHFDataset` reads `config.get("negative_prompt_key", "negative_prompt")` (a key its YAML lacks: set
+#: it with `+data.negative_prompt_key=<column>` on either entry point)
+VERL_OMNI_NEGATIVE_PROMPT_KEY = "negative_prompt"
+NEGATIVE_PROMPT = f"{A}.rollout.pipeline.negative_prompt"
+
+
+def _negative_prompt_key(keys: RecipeKeys) -> str:
+    column = keys("data.negative_prompt_key", VERL_OMNI_NEGATIVE_PROMPT_KEY)
+    if not isinstance(column, str) or not column:
+        raise ValueError(f"data.negative_prompt_key={column!r} must be a column name (verl-omni's default: "
+                         f"{VERL_OMNI_NEGATIVE_PROMPT_KEY!r})")
+    keys.used["data.negative_prompt_key"] = column  # in neither config file: the plan shows the column it reads
+    return column
+
+
+def negative_prompt_encoded(pipeline: PipelineConfig, architecture: str) -> bool:
+    """Whether the architecture's pipeline may encode the negative prompt with these settings: its CFG scale
+    (true_cfg_scale where it has true CFG, else guidance_scale) is > 1 or null (the pipeline's default)."""
+    adapter = get_adapter_class(architecture)
+    scale = pipeline.true_cfg_scale if getattr(adapter, "uses_true_cfg_scale", False) else pipeline.guidance_scale
+    return scale is None or scale > 1
+
+
+def build_negative_prompt(keys: RecipeKeys, pipeline: PipelineConfig, architecture: str,
+                          columns: dict[str, dict[str, list[str] | None]]) -> PipelineConfig:
+    """The negative prompt of the run's CFG / true CFG, and the plan's line on where it came from.
+
+    verl-omni gives each row the chat of its `data.negative_prompt_key` column (its dataset's `raw_negative_prompt`,
+    rendered by its agent loop as the prompt is). The pipelines here encode one negative prompt per run (`Pipeline
+    Config.negative_prompt`), so where the prompt files have the column the run takes its one value (the chat's user
+    text, `trainer.data.load_negative_prompts`, which the pipeline's template renders as verl-omni renders the chat),
+    and refuses, before any worker starts, files whose rows differ or where some rows have none, unless the
+    negative prompt is not encoded (`negative_prompt_encoded`). Without the column: `rollout.pipeline.negative_prompt`
+    (the plan says so where it is encoded).
+
+    `columns`: the setting (data.train_files, data.val_files) -> `load_negative_prompts` of its files."""
+    column = keys("data.negative_prompt_key", VERL_OMNI_NEGATIVE_PROMPT_KEY)
+    files = [(f"{setting}: {f}", texts) for setting, read in columns.items() for f, texts in read.items()]
+    without = [name for name, texts in files if texts is None]
+    where = [name for name, texts in files if texts is not None]
+    found = sorted({text for _, texts in files for text in texts or ()})
+    if not found:
+        if negative_prompt_encoded(pipeline, architecture):
+            keys.decide(f"negative prompt: {NEGATIVE_PROMPT}={pipeline.negative_prompt!r} (no prompt file has a "
+                        f"{column!r} column, data.negative_prompt_key)")
+        return pipeline
+    if len(found) > 1 or without:
+        if not negative_prompt_encoded(pipeline, architecture):
+            keys.decide(f"negative prompt: none is encoded ({architecture}'s CFG scale is <= 1), so the {column!r} "
+                        "column (data.negative_prompt_key), whose rows differ, is not used")
+            return pipeline
+        raise ValueError(
+            f"data.negative_prompt_key={column!r}: the rows' negative prompts differ ({len(found)} distinct user "
+            f"texts, e.g. {found[:3]!r}{f'; no such column in {without}' if without else ''}); verl-omni encodes each "
+            f"row's own, this run encodes one for every sample ({NEGATIVE_PROMPT}): give every row of data."
+            f"train_files / data.val_files the same {column!r} chat, drop the column (then {NEGATIVE_PROMPT} is "
+            "used), or run without CFG (its scale <= 1)")
+    (text,) = found
+    if pipeline.negative_prompt and pipeline.negative_prompt != text:
+        raise ValueError(f"{NEGATIVE_PROMPT}={pipeline.negative_prompt!r} and the prompt files' {column!r} column "
+                         f"(user text {text!r}, {where}) both give the negative prompt: drop one (verl-omni reads "
+                         "the column)")
+    keys.used[NEGATIVE_PROMPT] = text
+    keys.decide(f"negative prompt: {text!r}, the user text of every row's {column!r} chat (data.negative_prompt_key; "
+                f"{', '.join(where)}), which the pipeline's template renders as verl-omni's agent loop renders the "
+                f"chat (its raw_negative_prompt); {NEGATIVE_PROMPT} is not used")
+    return replace(pipeline, negative_prompt=text)
 
 
 VAL_KWARGS = f"{A}.rollout.val_kwargs"

@@ -19,16 +19,16 @@ from omegaconf import DictConfig
 from digenrl_verl.config.digenrl import DigenRLConfig
 from digenrl_verl.config.runtime import CheckpointSpec, DataSpec, LoggingSpec, ValidationSpec
 from digenrl_verl.config.verl_omni import (RecipeKeys, build_advantage, build_checkpoint, build_data, build_digenrl,
-                                           build_layout, build_logging, build_model, build_policy, build_shape,
-                                           build_train, build_trainer_engine, build_validation, check_unsupported,
-                                           differences, honour_global_std, trainer_engine_of, warn_no_effect,
-                                           warn_unknown)
+                                           build_layout, build_logging, build_model, build_negative_prompt,
+                                           build_policy, build_shape, build_train, build_trainer_engine,
+                                           build_validation, check_unsupported, differences, honour_global_std,
+                                           trainer_engine_of, warn_no_effect, warn_unknown)
 from digenrl_verl.config.verl_omni_reward import build_reward
 from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.rewards.compose import RewardConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig
 from digenrl_verl.schedule.plan import planner_for, step_microbatches
-from digenrl_verl.trainer.data import load_prompts
+from digenrl_verl.trainer.data import load_negative_prompts, load_prompts
 from digenrl_verl.workers.specs import HostConfig, PolicySpec, TrainSpec
 
 # the schedule's pool names per role of `trainer.digenrl.pools`
@@ -216,6 +216,16 @@ def schedule_of(digenrl: DigenRLConfig, **shape) -> ScheduleConfig:
     return ScheduleConfig.of(digenrl, pools=pools, **shape)
 
 
+def negative_prompt_columns(data: DataSpec, validation: ValidationSpec) -> dict[str, dict[str, list[str] | None]]:
+    """Each prompt file's negative prompt column (`load_negative_prompts`), by setting: the training files, and the
+    validation files where validation runs on files of its own."""
+    settings = {"data.train_files": data.train_files}
+    if validation.enabled and data.val_files is not None:
+        settings["data.val_files"] = data.val_files
+    return {key: load_negative_prompts(files, data.negative_prompt_key, data.prompt_key, key=key)
+            for key, files in settings.items()}
+
+
 def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None = None) -> RunSpec:
     """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix.
 
@@ -239,6 +249,8 @@ def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None =
     advantage = build_advantage(keys, deferred_std)
     checkpoint = build_checkpoint(keys)
     validation = build_validation(keys, data, policy.rollout)
+    policy = replace(policy, pipeline=build_negative_prompt(keys, policy.pipeline, model.architecture,
+                                                            negative_prompt_columns(data, validation)))
     num_steps = shape.total_steps - start_step
     if num_steps < 1:
         raise ValueError(f"trainer.total_training_steps={shape.total_steps} is already reached by the checkpoint "

@@ -20,6 +20,8 @@ dropped (`drop_last=True`), so step s of a run gets the prompts verl-omni's step
 Where verl-omni is installed and the files are parquet, its own dataset code reads them (`verl_omni.utils.dataset.
 rl_dataset.create_rl_dataset`: each row's `raw_prompt` chat and `data_source`) and its `create_rl_sampler` orders the
 epochs (`VerlOmniPrompts`); elsewhere the same rules of this module do (`verl_omni_dataset_reason` says which).
+A row's negative prompt chat (verl-omni's `data.negative_prompt_key` column) becomes its user text the same way
+(`load_negative_prompts`); the run's config takes its one value (`config.verl_omni.build_negative_prompt`).
 """
 
 from __future__ import annotations
@@ -141,6 +143,55 @@ def _verl_omni_rows(paths: list[str], prompt_key: str, source_key: str):
         sources.append(str(row[source_key]) if names[i] is None else names[i])
         extras.append({c: _plain(row[c]) for c in EXTRA_COLUMNS if c in columns})
     return VerlOmniPrompts(prompts, dataset), sources, extras
+
+
+def load_negative_prompts(files: str | Sequence[str] | None, negative_key: str = "negative_prompt",
+                          prompt_key: str = "prompt", *, key: str = "data.train_files") -> dict[str, list[str] | None]:
+    """{file: the negative prompt text of each of its rows, or None where the file has no `negative_key` column}
+    (verl-omni's `data.negative_prompt_key`; {} for the built-in prompts, None for text files).
+
+    verl-omni's dataset hands a row's `negative_key` chat to its agent loop as `raw_negative_prompt`, which renders
+    it as it renders the prompt (`AgentLoopBase.apply_chat_template`) for the pipeline's true CFG. A chat becomes its
+    user text here (`chat_text`), as a prompt does, so the pipeline's own template renders what verl-omni's agent
+    loop renders (Qwen-Image: the OCR data's system turn + user `" "`). Where `verl_omni_dataset_reason` allows,
+    verl-omni's dataset code reads the rows (`RLHFDataset.__getitem__`'s `raw_negative_prompt`). A null cell fails
+    by name (verl-omni's dataset fails on it too)."""
+    paths = prompt_paths(files)
+    if paths is None:
+        return {}
+    import pyarrow.parquet as pq
+
+    out: dict[str, list[str] | None] = {}
+    for f in paths:
+        if not Path(f).exists():
+            raise ValueError(f"{key}: {f!r} does not exist; give a .txt (one prompt per line) or .parquet file")
+        if Path(f).suffix != ".parquet" or negative_key not in pq.read_schema(f).names:
+            out[f] = None
+            continue
+        column = pq.read_table(f, columns=[negative_key]).column(negative_key)
+        if column.null_count:
+            row = column.to_pylist().index(None)
+            raise ValueError(f"{key}: row {row} of {f} has a null in the negative prompt column {negative_key!r} "
+                             "(data.negative_prompt_key), which verl-omni's dataset fails on too; give every row a "
+                             "negative prompt chat or drop the column")
+        cells = _verl_omni_negatives(f, negative_key, prompt_key) if verl_omni_dataset_reason([f]) is None \
+            else column.to_pylist()
+        out[f] = [_prompt_text(c) for c in cells]
+    return out
+
+
+def _verl_omni_negatives(path: str, negative_key: str, prompt_key: str) -> list:
+    """Each row's `raw_negative_prompt` as verl-omni's dataset gives it (`create_rl_dataset`, as `_verl_omni_rows`)."""
+    import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+    from verl_omni.utils.dataset.rl_dataset import create_rl_dataset
+
+    if prompt_key not in pq.read_schema(path).names:
+        raise ValueError(f"data.prompt_key={prompt_key!r} is not a column of {path}")
+    config = OmegaConf.create({"prompt_key": prompt_key, "negative_prompt_key": negative_key,
+                               "filter_overlong_prompts": False})
+    dataset = create_rl_dataset([path], config, tokenizer=None, processor=None, is_train=True)
+    return [dataset[i]["raw_negative_prompt"] for i in range(len(dataset))]
 
 
 def _plain(value):

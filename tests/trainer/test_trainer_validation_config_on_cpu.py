@@ -57,10 +57,10 @@ def test_periodic_validation_with_tcss_staleness_is_accepted(tiny_flux_dir):
 
 
 def test_a_missing_validation_file_fails_naming_the_key_before_any_worker(tiny_flux_dir, tmp_path):
-    run = _build(tiny_flux_dir, "trainer.val_before_train=true", f"data.val_files={tmp_path / 'nope.txt'}",
-                 f"trainer.digenrl.output_dir={tmp_path / 'out'}")
     with pytest.raises(ValueError, match=r"data\.val_files: .*nope\.txt.* does not exist"):
-        DigenRLTrainer(run)  # the trainer's constructor reads the prompts; no Ray, no worker yet
+        # the run's build reads the files (their negative-prompt columns), before the trainer: no Ray, no worker yet
+        DigenRLTrainer(_build(tiny_flux_dir, "trainer.val_before_train=true", f"data.val_files={tmp_path / 'nope.txt'}",
+                              f"trainer.digenrl.output_dir={tmp_path / 'out'}"))
 
 
 def test_validation_prompts_default_to_the_training_prompts_and_are_capped(tiny_flux_dir, tmp_path):

@@ -12,9 +12,11 @@ of their transformer (`shadow_transformer`: same LoRA wrapping, names, order and
 into the base weights for the pipeline (`pipeline_weights`, PEFT's own delta). On CPU the pipeline lives in the
 generator's process (`integrations.vllm_omni_cpu`: vLLM-Omni has no CPU platform); the request / sampling split is
 the server's (`vLLMOmniHttpServer._preprocess_input`: fields of `OmniDiffusionSamplingParams` first-class, the rest
-in ``extra_args``). Not used here: the replica and server processes, the agent loop (prompts are tokenized with
-the pipeline's own tokenizers, `PROMPT_FIELDS`), verl-omni's per-row seeds (each row's seed derives from its
-`SampleKey`, as every DigenRL engine's draws do), vLLM-Omni's LoRA manager (see `pipeline_weights`).
+in ``extra_args``). Each row's seed is the one verl-omni's trainer and agent loop give it (`rollout_row_seed`: the
+step's base ``rollout.seed + global_steps - 1``, the row's position in the step batch), and ``global_steps`` is
+verl-omni's count (from 1), so a row draws what verl-omni's replica draws for it, whichever worker samples it. Not
+used here: the replica and server processes, the agent loop (prompts are tokenized with the pipeline's own
+tokenizers, `PROMPT_FIELDS`), vLLM-Omni's LoRA manager (see `pipeline_weights`).
 
 Limits, each refused by name when the `PolicySpec` is built (`engines.spec.check_verl_omni_policy`): a timestep
 selection other than ``window`` (verl-omni samples SDE windows), an architecture outside `PROMPT_FIELDS`, a GPU
@@ -29,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from digenrl_verl.diffusion.noise import SampleKey, sample_seed
+from digenrl_verl.diffusion.noise import SampleKey
 from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
 from digenrl_verl.engines.spec import VERL_OMNI_ARCHITECTURES, VERL_OMNI_SDE_KINDS, PolicySpec
 from digenrl_verl.integrations.verl_omni_names import pipeline_name
@@ -93,6 +95,15 @@ def sampling_dict(spec: PolicySpec, sde_type: str) -> dict[str, Any]:
               "sde_window_range": list(r.sde_window_range) if r.sde_window_range is not None else None,
               "logprobs": True}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def rollout_row_seed(base_seed: int, step: int, sample_id: int) -> int:
+    """The seed verl-omni's replica samples a training row with: its trainer sets the step's base seed
+    ``rollout.seed + global_steps - 1`` (`RayFlowGRPOTrainer.fit`; global_steps counts from 1, so ``base_seed +
+    step`` for the 0-based `step` here) and the row's global index (``_rollout_seed_global_idx``: its position in the
+    step batch after the interleaved repeat, `sample_id` here); its agent loop derives the row's seed from both
+    (`verl_omni.agent_loop.utils._derive_rollout_seed`, the same formula; the verl-omni tier holds them equal)."""
+    return ((int(base_seed) + int(step)) * 1_000_003 + int(sample_id)) % ((1 << 63) - 1)
 
 
 def split_sampling(sampling: Mapping[str, Any], params_cls: type) -> dict[str, Any]:
@@ -251,11 +262,11 @@ class VerlOmniRolloutEngine(InPlaceWeights):
         guided = any((self.sampling.get(k) or 0) > 1 for k in _GUIDED)
         negative = cfg.pipeline.negative_prompt if guided else None
         out = []
-        for prompt, uid, idx in zip(rows.prompts, rows.uids, rows.sample_indices):
+        for prompt, uid, idx, sample_id in zip(rows.prompts, rows.uids, rows.sample_indices, rows.sample_ids):
             key = SampleKey(rows.step, str(uid), int(idx))
             fields = PROMPT_FIELDS[self.architecture](pipe, str(prompt), negative, cfg.pipeline.max_sequence_length)
-            sampling = {**self.sampling, "seed": sample_seed(cfg.rollout.seed, key, "sde"), "global_steps": rows.step,
-                        "num_outputs_per_prompt": 1}
+            sampling = {**self.sampling, "seed": rollout_row_seed(cfg.rollout.seed, rows.step, sample_id),
+                        "global_steps": rows.step + 1, "num_outputs_per_prompt": 1}  # verl-omni's count, from 1
             out.append({"request_id": f"{key.step}-{key.uid}-{key.index}", "prompt": fields,
                         "sampling_params": sampling})
         return out

@@ -145,6 +145,34 @@ def test_an_architecture_the_engine_does_not_map_is_refused_by_name(tmp_path):
 
 
 # ----------------------------------------------------------------------------- verl-omni's server code as the contract
+def test_each_row_is_seeded_as_verl_omnis_trainer_and_agent_loop_seed_it():
+    """A row's request carries the seed verl-omni's v0 trainer and agent loop give the same row (the step's base
+    ``rollout.seed + global_steps - 1``, the row's global index in the interleaved step batch, then
+    `maybe_per_rollout_seeds`) and verl-omni's ``global_steps`` (from 1), whatever part of the step batch a worker
+    samples (here rows 5, 0 and 3 of it, as a TAG share): the replica and this engine draw the same sample."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from verl_omni.agent_loop.utils import maybe_per_rollout_seeds
+
+    from digenrl_verl.integrations.verl_omni_rollout import VerlOmniRolloutEngine
+
+    rows = RolloutRows(list(ROWS.prompts), list(ROWS.uids), list(ROWS.sample_indices), [5, 0, 3], step=ROWS.step)
+    tokens = (torch.tensor([[7, 8]]), torch.tensor([[1, 1]]))
+    engine = object.__new__(VerlOmniRolloutEngine)  # no pipeline: only the requests are built
+    engine.handle = type("Handle", (), {"pipe": type("Pipe", (), {"_tokenize_text_prompt": lambda s, t: tokens})()})()
+    engine.spec = SimpleNamespace(pipeline=SimpleNamespace(negative_prompt=" ", max_sequence_length=16),
+                                  rollout=SimpleNamespace(seed=5))
+    engine.architecture = "QwenImagePipeline"
+    engine.sampling = {"true_cfg_scale": 4.0}
+    global_steps = rows.step + 1
+    meta = {"rollout_seed": engine.spec.rollout.seed + global_steps - 1}  # RayFlowGRPOTrainer.fit
+    theirs = maybe_per_rollout_seeds(meta, len(rows), np.asarray(rows.sample_ids, dtype=np.int64))
+    requests = engine.server_requests(rows)
+    assert [r["sampling_params"]["seed"] for r in requests] == theirs
+    assert [r["sampling_params"]["global_steps"] for r in requests] == [global_steps] * len(rows)
+
+
 @pytest.fixture(scope="module")
 def server_module():
     """verl-omni's `vllm_omni_async_server` module, imported on CPU: it imports torchvision (stubbed by the harness,
@@ -182,7 +210,7 @@ def _server(server_module, engine):
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
     srv = object.__new__(server_module.vLLMOmniHttpServer)
-    srv._ar_mode, srv.global_steps = False, ROWS.step
+    srv._ar_mode, srv.global_steps = False, ROWS.step + 1  # verl-omni counts steps from 1
     srv.engine = type("Engine", (), {"default_sampling_params_list": [OmniDiffusionSamplingParams()]})()
     srv._to_tensor = lambda image: torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous()
     return srv
@@ -200,7 +228,8 @@ def test_requests_and_outputs_are_what_verl_omnis_server_makes_of_them(case, ser
     requests = engine.requests(ROWS)
     for req in requests:
         fields, params = dict(req.prompt), req.sampling_params
-        sampling = {**engine.sampling, "seed": params.seed, "global_steps": ROWS.step, "num_outputs_per_prompt": 1}
+        sampling = {**engine.sampling, "seed": params.seed, "global_steps": ROWS.step + 1,
+                    "num_outputs_per_prompt": 1}
         if "prompt_token_ids" in fields:  # SD3's requests carry text (the server takes ids per text encoder)
             prompt, server_params = srv._preprocess_input(
                 fields["prompt_token_ids"], dict(sampling), {}, None, fields.get("negative_prompt_ids"))

@@ -14,6 +14,11 @@ that T (the run's trained steps per sample); 1 gives the std over the rewards.
 
 With global_std the batch is the one passed in: call this once on the whole gathered step batch, not per
 micro-batch, or the normalisation differs from colocated training.
+
+The arithmetic is verl-omni's, float32 (`REWARD_DTYPE`: its trainer's reward tensor): each group's mean over its
+[n, T] block in batch order, the reward minus that mean, the std over [B, T], the quotient. Rewards of a group
+often differ in their 3rd-4th digit (0.4053 and 0.4075), where the float32 mean's rounding moves r − mean by up to
+~3e-5 relative: float64 here would be more exact, and then not the advantages verl-omni trains with.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from digenrl_verl.errors import ConfigError
 
 
 MULTI_REWARD_MODES = ("weighted_sum", "normalize_then_weight")
+#: the dtype verl-omni's trainer holds rewards and computes advantages in (`compute_flow_grpo_outcome_advantage`)
+REWARD_DTYPE = torch.float32
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,11 @@ def _group_index(uids: Sequence[Hashable]) -> tuple[torch.Tensor, int]:
     return index, len(ids)
 
 
+def _group_mean(x: torch.Tensor, timesteps: int) -> torch.Tensor:
+    """The mean of a group's rewards `x` (batch order) as verl-omni takes it: over the [n, T] block of the rows."""
+    return x.repeat_interleave(timesteps).mean()
+
+
 def _std(x: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     """The std of `x` with each element repeated `cfg.timesteps_per_sample` times (verl-omni's [B, T] rows)."""
     x = x.repeat_interleave(cfg.timesteps_per_sample)
@@ -109,6 +121,7 @@ def normalize_rewards(rewards: torch.Tensor, uids: Sequence[Hashable], cfg: Adva
     if not bool(torch.isfinite(r).all()):
         raise ValueError(f"rewards must be finite, got {rewards.tolist()}")
     index, num_groups = _group_index(uids)
+    r = r.to(REWARD_DTYPE)  # verl-omni's arithmetic (module docstring)
     adv = torch.empty_like(r)
     zero_std = 0
     batch_std = _std(r, cfg)
@@ -116,7 +129,7 @@ def normalize_rewards(rewards: torch.Tensor, uids: Sequence[Hashable], cfg: Adva
         rows = (index == g).nonzero(as_tuple=True)[0]
         rg = r[rows]
         zero_std += int(bool((rg == rg[0]).all()))
-        centred = rg - rg.mean()
+        centred = rg - _group_mean(rg, cfg.timesteps_per_sample)
         if cfg.norm_adv_by_std:
             std = batch_std if cfg.global_std else _std(rg, cfg)
             centred = centred / (std + cfg.epsilon)
@@ -171,17 +184,19 @@ def combine_rewards(rewards: Mapping[str, torch.Tensor], weights: Mapping[str, f
 # power of two κ with the loss times κ (`unclamped_divisor`; verl-omni's actor worker, `integrations.verl_omni_worker`).
 
 
-def centred_rewards(rewards: Mapping[int, float], uids: Sequence[Hashable]) -> dict[int, float]:
+def centred_rewards(rewards: Mapping[int, float], uids: Sequence[Hashable], timesteps_per_sample: int = 1) \
+        -> dict[int, float]:
     """a_i = r_i − the mean of the finite rewards of i's prompt group (`uids[i]`), for every finite reward given
-    (sample id -> reward); a group with one finite reward gets 0 (as `normalize_rewards`)."""
+    (sample id -> reward), in `normalize_rewards`' arithmetic (verl-omni's: float32, the group in sample-id order,
+    its mean over [n, T]); a group with one finite reward gets 0 (as `normalize_rewards`)."""
     groups: dict[Hashable, list[int]] = {}
-    for i, r in rewards.items():
-        if math.isfinite(r):
+    for i in sorted(rewards):
+        if math.isfinite(rewards[i]):
             groups.setdefault(uids[i], []).append(i)
     out: dict[int, float] = {}
     for members in groups.values():
-        r = torch.tensor([rewards[i] for i in members], dtype=torch.float64)
-        out.update({i: float(a) for i, a in zip(members, r - r.mean())})
+        r = torch.tensor([rewards[i] for i in members], dtype=torch.float64).to(REWARD_DTYPE)
+        out.update({i: float(a) for i, a in zip(members, r - _group_mean(r, timesteps_per_sample))})
     return out
 
 

@@ -401,7 +401,8 @@ class RayExecutor:
         cfg, scores = self.advantage_cfg, self._scores[step]
         n = len(self.step_batch(step))
         pool = self._pool(step, samples)
-        a = centred_rewards({i: scores[i] for i in pool}, self.step_batch(step).non_tensor_batch["uid"])
+        a = centred_rewards({i: scores[i] for i in pool}, self.step_batch(step).non_tensor_batch["uid"],
+                            cfg.timesteps_per_sample)
         if len(scores) >= n:
             scale = step_scale(list(scores.values()), cfg)
             return {i: late_advantage(a[i], scale, cfg) if i in a else 0.0 for i in pool}, []

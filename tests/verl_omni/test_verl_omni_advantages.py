@@ -95,3 +95,36 @@ def test_dance_grpo_ignores_the_std_keys_in_verl_omni_and_here(tiny_flux_dir):
     ours = normalize_rewards(torch.tensor(REWARDS), UIDS, cfg).advantages.double()
     assert torch.allclose(ours, theirs, atol=1e-6, rtol=0)
     assert torch.allclose(theirs, _verl_omni(3, True), atol=1e-6, rtol=0)  # = flow_grpo with the global std
+
+
+#: rewards of two groups that differ in their 3rd-4th digit (the tiny Qwen-Image run's step 1, issue 30): r − mean
+#: loses ~3e-5 of its value to float32's rounding of the mean, which verl-omni's advantages carry
+CLOSE = [0.40530407428741455, 0.4075367748737335, 0.4070197641849518, 0.40891674160957336]
+CLOSE_UIDS = ["p0", "p0", "p1", "p1"]
+
+
+@pytest.mark.parametrize("t", [1, 2, 3])
+def test_close_rewards_give_verl_omnis_advantages_bit_for_bit(t):
+    """verl-omni computes the advantages in float32 (its reward tensor); with rewards this close its rounding moves
+    them away from the exact (float64) ones by more than the equivalence with verl-omni's trainer allows (1e-5).
+    Ours are its float32 values, bit for bit; the deferred global std's centred rewards are its r − mean, bit for
+    bit, and their quotient by the step's σ + ε within 1e-7 of its advantages."""
+    from digenrl_verl.diffusion.advantages import centred_rewards, step_scale
+
+    scores = torch.tensor(CLOSE, dtype=torch.float32)[:, None].expand(-1, t).contiguous()
+    uids = np.array(CLOSE_UIDS, dtype=object)
+    theirs = ray_diffusion_trainer.compute_advantage(
+        DataProto.from_dict({"sample_level_rewards": scores}, non_tensors={"uid": uids}), "flow_grpo"
+    ).batch["advantages"][:, 0]
+    cfg = AdvantageConfig(adv_clip_max=None, timesteps_per_sample=t)
+    assert torch.equal(normalize_rewards(torch.tensor(CLOSE, dtype=torch.float64), CLOSE_UIDS, cfg).advantages, theirs)
+    r64 = torch.tensor(CLOSE, dtype=torch.float64)
+    exact = (r64 - r64.view(2, 2).mean(1).repeat_interleave(2)) / step_scale(CLOSE, cfg)
+    drift = float((theirs.double() - exact).abs().max() / exact.abs().max())
+    print(f"T={t}: verl-omni's float32 advantages {theirs.tolist()}, {drift:.1e} from the float64 ones")
+    assert drift > 1e-6  # what the float64 arithmetic would lose
+    centred = centred_rewards(dict(reversed(list(enumerate(CLOSE)))), CLOSE_UIDS, t)  # any order of arrival
+    means = torch.stack([scores[:2].mean(), scores[2:].mean()]).repeat_interleave(2)  # verl-omni's [n, T] means
+    assert [centred[i] for i in range(4)] == (scores[:, 0] - means).tolist()
+    deferred = torch.tensor([centred[i] / step_scale(CLOSE, cfg) for i in range(4)], dtype=torch.float64)
+    assert float((deferred - theirs.double()).abs().max() / theirs.abs().max()) < 1e-7

@@ -16,8 +16,10 @@ and the runner cannot tell the two apart:
 
 | call | here |
 |---|---|
-| `join(spec)` | the trainer process group (gloo / NCCL), then verl-omni's ``init_model`` on it; the engine gets the
-  sampling copy's initial trainable weights (both sides start equal, as the generators do) |
+| `join(spec)` | the trainer process group (gloo / NCCL), then verl-omni's ``init_model`` on it; the sampling copy
+  takes the engine's initial trainable weights (verl-omni's own LoRA init: seeded by its ``fsdp_config.seed`` with
+  ``full_determinism``, else by the process's random state, as in verl-omni), which the runner sends to the
+  generators before the first step |
 | `update(...)` | the UPDATE data in verl-omni's batch layout (`verl_omni_batch`), old log-probs recomputed by
   verl-omni's `infer_batch` where the config says so, then `TSPActorWorker.accumulate`, the loss scaled to the
   mini-batch; advantages beyond ``adv_clip_max`` (the deferred global std's, already clamped in its units) go in
@@ -53,7 +55,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from verl import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils import tensordict_utils as tu
@@ -111,13 +113,15 @@ class VerlOmniTrainerWorker(TrainerWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join(self, spec: CollectiveSpec) -> int:
         """The trainer process group, then verl-omni's actor worker on it (its engine sees that group as its
-        world); the engine starts from the sampling copy's trainable weights."""
+        world); the sampling copy starts from the engine's trainable weights, as verl-omni's ``init_model`` built
+        them: a fresh LoRA adapter is drawn by verl-omni's code, as in its own run (the runner then sends these weights
+        to the generators, `Runner.sync_generators`)."""
         self._startup_mark("join_start")
         self.collectives = Collectives(spec, "trainer", self.rank)
         os.environ["VERL_ENGINE_VENDOR"] = TSP_VENDOR  # verl's registry: the TSP engine (verl_omni_tsp)
         self.host = DigenRLActorWorker(config=host_actor_config(self.train_spec.host_config), role="actor")
         self.host.init_model()
-        self._load_into_engine({k: v.detach() for k, v in self.trainable().items()})
+        self._refresh_sampling_copy()
         self._startup_mark("join_end")
         return self.collectives.global_rank
 
@@ -140,18 +144,6 @@ class VerlOmniTrainerWorker(TrainerWorker):
                 f"only ours: {only_ours[:3]}, only verl-omni's: {only_theirs[:3]}): check "
                 "actor_rollout_ref.model.lora_rank / target_modules / exclude_modules")
         return ours
-
-    def _load_into_engine(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy `state` (our names, whole tensors) into the engine's (possibly sharded) trainable parameters."""
-        params = self._engine_params()
-        names = self._matched(params)
-        with torch.no_grad():
-            for key, ours in names.items():
-                param = params[key]
-                full = state[ours].to(param.dtype)
-                if isinstance(param, DTensor):
-                    full = distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
-                param.copy_(full)
 
     def _refresh_sampling_copy(self) -> None:
         """The engine's trainable weights (its export, every rank) into the sampling copy."""

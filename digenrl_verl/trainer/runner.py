@@ -551,14 +551,19 @@ class DigenRLTrainer:
         file the generators could read)."""
         trainers = {w: a for w, a in self.workers.items() if w.startswith(("trn:", "col:"))}
         ray.get([a.load_checkpoint.remote(str(path), version) for a in trainers.values()])
-        generators = {w: a for w, a in self.workers.items() if worker_pool(w) == "gen"}
-        if generators:
-            ranks = [worker_rank(w) for w in generators]
-            ray.get([a.send_weights.remote(version, ranks) for a in trainers.values()]
-                    + [a.receive_weights.remote(version) for a in generators.values()])
+        self.sync_generators(version)
         print(f"digenrl: resumed verl-omni's checkpoint {path} (step {version}): the trainers loaded its actor/, "
               "the generators received the weights; the prompt order goes on from the step", file=sys.stderr)
         return version
+
+    def sync_generators(self, version: int) -> None:
+        """Trainer rank 0 sends the trainers' weights (of `version`) to every generator, as a SYNC does."""
+        trainers = [a for w, a in self.workers.items() if w.startswith(("trn:", "col:"))]
+        generators = {w: a for w, a in self.workers.items() if worker_pool(w) == "gen"}
+        if generators:
+            ranks = [worker_rank(w) for w in generators]
+            ray.get([a.send_weights.remote(version, ranks) for a in trainers]
+                    + [a.receive_weights.remote(version) for a in generators.values()])
 
     def generator_ids(self) -> list[str]:
         """The generators taking part now (the driver's live ones once it runs; else every generator worker)."""
@@ -720,6 +725,9 @@ class DigenRLTrainer:
             if version != self.run.start_step:
                 raise ValueError(f"checkpoint {resume_from} holds step {version}, the run was built for step "
                                  f"{self.run.start_step}")
+        elif self.run.train.engine == "verl_omni" and self.run.policy.lora.enabled:
+            # the trainers took verl-omni's LoRA init at their join (`VerlOmniTrainerWorker.join`); so do the generators
+            self.sync_generators(self.run.start_step)
         self.executor = self.make_executor()
         try:
             self.train()

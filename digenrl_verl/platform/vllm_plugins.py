@@ -76,25 +76,8 @@ def omni_platform_plugin() -> str | None:
     from digenrl_verl.platform.torchvision_stub import stub_torchvision
 
     stub_torchvision()  # before verl-omni's server module imports torchvision (`import verl_omni` resolves us first)
-    from digenrl_verl.platform.after_import import after_import
-
-    after_import(ENGINE_MODULE, cpu_output_wait)
     return OMNI_PLATFORM
 
-
-ENGINE_MODULE = "vllm_omni.diffusion.diffusion_engine"
-#: how long vLLM-Omni's engine waits, on CPU, for a diffusion worker's background output copy once its compute is
-#: done (`diffusion_engine._ASYNC_OUTPUT_TIMEOUT`, a fixed 30 s meant for a GPU's device-to-host copy). On a 2-core
-#: host running a whole verl-omni trainer the worker's output thread waited longer than that: verl-omni's own trainer
-#: on CPU stopped with vLLM-Omni's TimeoutError in the engine's step (CI, and here at a load average of 5-16)
-CPU_OUTPUT_WAIT_S = 600.0
-
-
-def cpu_output_wait(engine: Any) -> None:
-    """On the CPU platform, vLLM-Omni's engine waits `CPU_OUTPUT_WAIT_S` for a worker's output (its module constant,
-    read at each step; the upstream change: a configurable wait). Never shortens it."""
-    if float(getattr(engine, "_ASYNC_OUTPUT_TIMEOUT", CPU_OUTPUT_WAIT_S)) < CPU_OUTPUT_WAIT_S:
-        engine._ASYNC_OUTPUT_TIMEOUT = CPU_OUTPUT_WAIT_S
 
 
 def _cpu_for_output_thread(original: Any) -> Any:

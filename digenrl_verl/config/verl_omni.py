@@ -1428,7 +1428,7 @@ def negative_prompt_encoded(pipeline: PipelineConfig, architecture: str) -> bool
     return scale is None or scale > 1
 
 
-def build_negative_prompt(keys: RecipeKeys, pipeline: PipelineConfig, architecture: str,
+def build_negative_prompt(keys: RecipeKeys, pipeline: PipelineConfig, architecture: str, column: str,
                           columns: dict[str, dict[str, list[str] | None]]) -> PipelineConfig:
     """The negative prompt of the run's CFG / true CFG, and the plan's line on where it came from.
 
@@ -1440,8 +1440,8 @@ def build_negative_prompt(keys: RecipeKeys, pipeline: PipelineConfig, architectu
     negative prompt is not encoded (`negative_prompt_encoded`). Without the column: `rollout.pipeline.negative_prompt`
     (the plan says so where it is encoded).
 
-    `columns`: the setting (data.train_files, data.val_files) -> `load_negative_prompts` of its files."""
-    column = keys("data.negative_prompt_key", VERL_OMNI_NEGATIVE_PROMPT_KEY)
+    `column`: data.negative_prompt_key as `build_data` read it (`DataSpec.negative_prompt_key`); `columns`: the
+    setting (data.train_files, data.val_files) -> `load_negative_prompts` of its files."""
     files = [(f"{setting}: {f}", texts) for setting, read in columns.items() for f, texts in read.items()]
     without = [name for name, texts in files if texts is None]
     where = [name for name, texts in files if texts is not None]

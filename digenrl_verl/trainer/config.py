@@ -250,6 +250,7 @@ def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None =
     checkpoint = build_checkpoint(keys)
     validation = build_validation(keys, data, policy.rollout)
     policy = replace(policy, pipeline=build_negative_prompt(keys, policy.pipeline, model.architecture,
+                                                            data.negative_prompt_key,
                                                             negative_prompt_columns(data, validation)))
     num_steps = shape.total_steps - start_step
     if num_steps < 1:

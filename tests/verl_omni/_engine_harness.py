@@ -1,8 +1,10 @@
 """What the verl-omni tier's engine tests share (test_verl_omni_tsp_engine.py, test_verl_omni_accumulating_worker.py).
 
 Both build verl-omni engines / workers from its Hydra configs on the CPU platform (gloo, fp32), from the same tiny
-Qwen-Image directory, and run each case in a fresh interpreter: the test file itself as a script (the platform must
-be chosen before verl is imported), spawning the gloo ranks for world size > 1, the report written as JSON.
+Qwen-Image directory, and run each case in a fresh process: the test file itself as a script (the platform must
+be chosen before verl is imported), forking the gloo ranks for world size > 1, the report written as JSON. The
+process is forked by `_case_server.py`, one interpreter per test session that imported verl-omni once (~20 s a
+case saved); `DIGENRL_CASE_SERVER=0` runs each case in its own fresh interpreter instead, as `python <script>`.
 
 A plain module, not a package or conftest: each test file puts this folder on sys.path (pytest's importlib mode does
 not; a script's own folder is already there). Nothing here imports verl or torch at import time.
@@ -10,12 +12,16 @@ not; a script's own folder is already there). Nothing here imports verl or torch
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import select
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +52,8 @@ def run_main(worker, argv: list[str]) -> None:
         return
     import torch.multiprocessing as mp
 
-    mp.spawn(worker, args=(world, port, args), nprocs=world, join=True)
+    # forked, not spawned: the ranks start from this process's imports (it has no thread running yet)
+    mp.start_processes(worker, args=(world, port, args), nprocs=world, join=True, start_method="fork")
 
 
 def init_gloo(rank: int, world: int, port: int, **env: str) -> None:
@@ -229,12 +236,59 @@ def cpu_env(**extra: str) -> dict:
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra}
 
 
-def run_script(script: str, args: dict, label: str) -> dict:
-    """`python <script> <json args>` (one thread per rank); the report it wrote to args["out"], printed."""
+#: what the case server imports once (what every engine case imports before its first engine)
+PRELOAD = ("torch", "verl", "verl_omni", "hydra", "tensordict", "verl.workers.config", "verl.utils.tensordict_utils",
+           "verl_omni.workers.engine_workers", "verl_omni.workers.utils.losses", "verl_omni.pipelines.utils",
+           "_engine_harness")
+_server: subprocess.Popen | None = None
+
+
+def _case_server() -> subprocess.Popen:
+    """The session's case server (`_case_server.py`), started on first use with the cases' environment."""
+    global _server
+    if _server is None or _server.poll() is not None:
+        log = open(Path(tempfile.gettempdir()) / f"digenrl-case-server-{os.getpid()}.log", "w")  # noqa: SIM115
+        _server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_case_server.py")), *PRELOAD],
+                                   env=cpu_env(OMP_NUM_THREADS="1"), cwd=str(ROOT), stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=log, bufsize=0)  # unbuffered: select sees every line
+        atexit.register(_server.kill)
+        ready = _server.stdout.readline()
+        assert ready, f"the case server did not start: {Path(log.name).read_text()[-4000:]}"
+    return _server
+
+
+def _answer(server: subprocess.Popen, timeout: float) -> dict:
+    if not select.select([server.stdout], [], [], timeout)[0]:
+        raise TimeoutError(f"no answer from the case server in {timeout:.0f} s")
+    line = server.stdout.readline()  # a raw pipe reads up to the newline, never past it
+    assert line, "the case server died"
+    return json.loads(line)
+
+
+def _run_forked(script: str, args: dict, log: Path, timeout: float) -> tuple[int, str]:
+    """`script` with `args` in a process forked from the case server; its exit code and console."""
+    server = _case_server()
+    server.stdin.write(json.dumps({"script": script, "argv": [json.dumps(args)], "log": str(log)}).encode() + b"\n")
+    pid = _answer(server, 60)["pid"]
+    try:
+        rc = _answer(server, timeout)["rc"]
+    except TimeoutError:
+        os.killpg(pid, signal.SIGKILL)
+        rc = _answer(server, 60)["rc"]
+    return rc, log.read_text()
+
+
+def run_script(script: str, args: dict, label: str, timeout: float = 900) -> dict:
+    """`python <script> <json args>` (one thread per rank), forked from the case server unless
+    DIGENRL_CASE_SERVER=0; the report it wrote to args["out"], printed."""
     start = time.time()
-    proc = subprocess.run([sys.executable, script, json.dumps(args)], env=cpu_env(OMP_NUM_THREADS="1"),
-                          cwd=str(ROOT), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, failure_summary(proc.stdout + proc.stderr)
+    if os.environ.get("DIGENRL_CASE_SERVER", "1") == "0":
+        proc = subprocess.run([sys.executable, script, json.dumps(args)], env=cpu_env(OMP_NUM_THREADS="1"),
+                              cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
+        rc, console = proc.returncode, proc.stdout + proc.stderr
+    else:
+        rc, console = _run_forked(script, args, Path(args["out"]).with_suffix(".log"), timeout)
+    assert rc == 0, failure_summary(console)
     report = json.loads(Path(args["out"]).read_text())
     print(f"\n{label}: {report} ({time.time() - start:.1f} s)")
     return report

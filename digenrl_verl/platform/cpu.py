@@ -22,7 +22,8 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry
 from digenrl_verl.platform import cpu_device
 from digenrl_verl.platform.filters import drop_message
 from digenrl_verl.platform.after_import import after_import
-from digenrl_verl.platform.verl_fixes import RECEIVER_MODULE, fix_cpu_process_group_backend, fix_cpu_shm_receive
+from digenrl_verl.platform.verl_fixes import (
+    PROCESS_GROUP_MODULE, RECEIVER_MODULE, fix_cpu_process_group_backend, fix_cpu_shm_receive)
 
 PLATFORM_NAME = "cpu"
 #: set to 1 where verl's replicas run on this CPU: Ray's logical GPUs (``ray.init(num_gpus=N)``) are the devices
@@ -135,6 +136,6 @@ class PlatformCPU(PlatformBase):
 
 
 # verl's stock TrainingWorker builds its process group with `cpu:gloo,<device>:<backend>`: `cpu:gloo,cpu:gloo` here
-fix_cpu_process_group_backend()
+after_import(PROCESS_GROUP_MODULE, fix_cpu_process_group_backend)
 # verl's weight receiver keeps views of the shared memory on the CPU (verl_fixes): copies, once verl's module loads
 after_import(RECEIVER_MODULE, fix_cpu_shm_receive)

@@ -5,9 +5,10 @@
 ``cpu:gloo,cpu:gloo``, which torch refuses (``Duplicate device type cpu``), so verl's and verl-omni's stock
 ``TrainingWorker`` cannot start on CPU (our own trainer ranks build their process group first and never reach it).
 The upstream fix (patches/README.md, "verl 8a69493"): one ``cpu:gloo`` when the device is the CPU. Until it
-lands, `fix_cpu_process_group_backend` wraps the function in `verl.utils.distributed` before any worker module
-imports it by name; the wrapper changes nothing unless the backend is left to verl and the device is the CPU (a CUDA
-host keeps ``cpu:gloo,cuda:nccl``).
+lands, `fix_cpu_process_group_backend` wraps the function in `verl.utils.distributed` as that module is first
+imported (`platform.after_import`: right after its code runs, before any worker module imports the name); the wrapper
+changes nothing unless the backend is left to verl and the device is the CPU (a CUDA host keeps
+``cpu:gloo,cuda:nccl``).
 
 `verl.workers.rollout.vllm_rollout.bucketed_weight_transfer.BucketedWeightReceiver` hands each bucket's tensors to its
 callback as views of the transfer buffer, moved with ``tensor.to(device)`` when the buffer is shared memory (no CUDA
@@ -24,6 +25,7 @@ import functools
 
 PATCHED = "_digenrl_cpu_fix"  # marks a function these fixes wrapped (each is wrapped once per process)
 RECEIVER_MODULE = "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer"
+PROCESS_GROUP_MODULE = "verl.utils.distributed"
 
 
 def cpu_backend(backend: str | None, device_name: str) -> str | None:
@@ -31,17 +33,16 @@ def cpu_backend(backend: str | None, device_name: str) -> str | None:
     return "cpu:gloo" if backend is None and device_name == "cpu" else backend
 
 
-def fix_cpu_process_group_backend() -> None:
-    """Wrap `verl.utils.distributed.initialize_global_process_group_ray` (once per process)."""
-    from verl.utils import distributed
-    from verl.utils.device import get_device_name
-
+def fix_cpu_process_group_backend(distributed) -> None:
+    """Wrap `initialize_global_process_group_ray` in ``distributed`` (`verl.utils.distributed`, once per process)."""
     original = distributed.initialize_global_process_group_ray
     if getattr(original, PATCHED, False):
         return
 
     @functools.wraps(original)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        from verl.utils.device import get_device_name
+
         return original(timeout_second=timeout_second, backend=cpu_backend(backend, get_device_name()))
 
     setattr(initialize_global_process_group_ray, PATCHED, True)

@@ -76,6 +76,23 @@ def test_a_cpu_worker_products_do_not_depend_on_operand_alignment():
     assert float(out.stdout) == 0.0, out.stdout
 
 
+_DEFERRED = """
+import sys
+import digenrl_verl.platform.cpu
+print("verl.utils.distributed" in sys.modules)
+from verl.utils import distributed
+print(getattr(distributed.initialize_global_process_group_ray, "_digenrl_cpu_fix", False))
+"""
+
+
+def test_the_platform_wraps_verls_process_group_builder_when_verl_imports_it():
+    """Loading the platform does not import `verl.utils.distributed` (the platform loads with `import verl`, in every
+    process); its process-group fix (`verl_fixes.fix_cpu_process_group_backend`) is on that function as soon as the
+    module is imported, before any worker module takes the name."""
+    out = subprocess.run([sys.executable, "-c", _DEFERRED], capture_output=True, text=True, check=True, timeout=180)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr[-2000:]
+
+
 def _probe(env: dict[str, str], pythonpath: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")} | env
     if pythonpath:

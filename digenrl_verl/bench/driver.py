@@ -30,7 +30,10 @@ The machine's limits, measured on the same actors right after the driver ran, wi
   ceiling while a compiled graph over every actor is kept, idle (what keeping a compiled SYNC costs the other calls).
 
 ``calls_per_task`` = actor calls / tasks: the task rate is at most ``ray_ceiling_calls_per_s`` / ``calls_per_task``.
-``vs_lane_ceiling`` and ``vs_call_lane_ceiling``: the driver's task rate over those ceilings, each within one run.
+``vs_lane_ceiling`` and ``vs_call_lane_ceiling``: the driver's task rate over those ceilings, each within one run;
+``vs_lane_ceiling_calls`` and ``vs_call_lane_ceiling_calls``: its actor calls per second over theirs (the ceilings' task
+mix differs from the driver's: at 8 actors most of their tasks are the lone trainer rank's one-call tasks; calls/s
+compares them at the driver's calls per task).
 Each row runs `--repeat` times (driver, then the ceilings) on the same actors; the row's figures are the run of
 median rate, ``medians`` the medians over its runs, ``runs`` every run with the load average at its start and end.
 
@@ -76,10 +79,16 @@ MB_PER_LANE = 4  # micro-batches (prompt groups) per lane and step
 CEILING_S = 3.0  # seconds of each ceiling measurement per row (after a warm-up)
 CGRAPH_WARMUP_TIMEOUT_S = 120.0
 CEILING_KEYS = ("ray_ceiling_calls_per_s", "ray_lane_ceiling_tasks_per_s", "ray_call_lane_ceiling_tasks_per_s",
+                "ray_lane_ceiling_calls_per_s", "ray_call_lane_ceiling_calls_per_s",
                 "plain_fanout_tasks_per_s", "cgraph_lane_executions_per_s", "lane_ceiling_idle_cgraph_tasks_per_s")
-RATIOS = {"vs_lane_ceiling": "ray_lane_ceiling_tasks_per_s",
-          "vs_call_lane_ceiling": "ray_call_lane_ceiling_tasks_per_s"}
-"""ratio -> the ceiling it divides the driver's task rate by (both from the same run)"""
+RATIOS = {"vs_lane_ceiling": ("tasks_per_s", "ray_lane_ceiling_tasks_per_s"),
+          "vs_call_lane_ceiling": ("tasks_per_s", "ray_call_lane_ceiling_tasks_per_s"),
+          "vs_lane_ceiling_calls": ("calls_per_s", "ray_lane_ceiling_calls_per_s"),
+          "vs_call_lane_ceiling_calls": ("calls_per_s", "ray_call_lane_ceiling_calls_per_s")}
+"""ratio -> (the driver's rate, the ceiling it is divided by), both from the same run. The `_calls` ratios count actor
+calls, not tasks: the ceilings' groups finish tasks of different sizes at different rates (at 8 actors a lane of 7
+ranks beside one trainer rank, whose one-call tasks are most of the ceiling's), so their tasks/s holds a task mix other
+than the driver's; calls/s is the ceiling's task rate at the driver's calls per task."""
 TIME_KEYS = ("decision_s", "submit_s", "wait_s", "probe_s", "get_s", "complete_s", "other_s")
 
 
@@ -121,12 +130,13 @@ def ray_lane_round_trips(groups: list[list], seconds: float,
 
     for g in range(len(groups)):
         issue(g)
-    tasks, start = 0, time.perf_counter()
+    tasks, calls, start = 0, 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         refs = list(owner)
         ray.wait(refs, num_returns=1, fetch_local=False)
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         ray.get(ready)
+        calls += len(ready)
         for ref in ready:
             g = owner.pop(ref)
             left[g] -= 1
@@ -135,7 +145,7 @@ def ray_lane_round_trips(groups: list[list], seconds: float,
                 issue(g)
     wall = time.perf_counter() - start
     ray.get(list(owner))
-    return {"tasks": tasks, "wall_s": wall, "tasks_per_s": tasks / wall}
+    return {"tasks": tasks, "calls": calls, "wall_s": wall, "tasks_per_s": tasks / wall, "calls_per_s": calls / wall}
 
 
 class DriverCalls:
@@ -223,14 +233,14 @@ def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: 
             load = os.getloadavg()[0]
             run = {**measure_driver(workers, shape, steps, n, profile), **ceilings(workers, n, ceiling_s, cgraph)}
             run["calls_per_task"] = run["actor_calls"] / max(run["tasks"], 1)
-            for key, ceiling in RATIOS.items():
-                run[key] = run["tasks_per_s"] / run[ceiling]
+            for key, (rate, ceiling) in RATIOS.items():
+                run[key] = run[rate] / run[ceiling]
             runs.append({**run, "load_avg_start": load, "load_avg_end": os.getloadavg()[0]})
     finally:
         for w in workers.values():
             ray.kill(w)
     row = sorted(runs, key=lambda r: r["tasks_per_s"])[(len(runs) - 1) // 2]
-    keys = ("tasks_per_s", *CEILING_KEYS, *RATIOS)
+    keys = ("tasks_per_s", "calls_per_s", *CEILING_KEYS, *RATIOS)
     return {**shape, "n": n, "steps_measured": steps - 1, "startup_s": startup_s, "repeat": repeat, **row,
             "medians": {k: statistics.median(r[k] for r in runs) for k in keys if k in row},
             "runs": [{k: r[k] for k in (*keys, "load_avg_start", "load_avg_end") if k in r} for r in runs]}
@@ -247,9 +257,12 @@ def ceilings(workers: dict[str, Any], n: int, seconds: float, cgraph: bool) -> d
     groups.append([a for w, a in workers.items() if worker_pool(w) == "trn"])
     batch = StepBatch.of(MB_PER_LANE * (len(groups) - 1), n)
     calls = DriverCalls(len(groups) - 1, batch)
-    out = {"ray_ceiling_calls_per_s": ray_round_trips(list(workers.values()), seconds)["calls_per_s"],
-           "ray_lane_ceiling_tasks_per_s": ray_lane_round_trips(groups, seconds)["tasks_per_s"],
-           "ray_call_lane_ceiling_tasks_per_s": ray_lane_round_trips(groups, seconds, calls)["tasks_per_s"]}
+    bare = ray_round_trips(list(workers.values()), seconds)["calls_per_s"]
+    lane, call_lane = ray_lane_round_trips(groups, seconds), ray_lane_round_trips(groups, seconds, calls)
+    out = {"ray_ceiling_calls_per_s": bare,
+           "ray_lane_ceiling_tasks_per_s": lane["tasks_per_s"], "ray_lane_ceiling_calls_per_s": lane["calls_per_s"],
+           "ray_call_lane_ceiling_tasks_per_s": call_lane["tasks_per_s"],
+           "ray_call_lane_ceiling_calls_per_s": call_lane["calls_per_s"]}
     if cgraph:
         fanout = lambda g, ranks: [a.receive_weights.remote(0) for a in ranks]  # noqa: E731
         out["plain_fanout_tasks_per_s"] = ray_lane_round_trips(groups, seconds, fanout)["tasks_per_s"]
@@ -370,13 +383,14 @@ def main(argv: list[str]) -> int:
 def _print_table(rows: list[dict]) -> None:
     """Medians over the runs (rate, ceilings, ratios), then the median run's accounting."""
     print(f"{'actors':>6} {'lanes':>5} {'tasks/s':>8} {'lane-ce':>8} {'x lane':>6} {'call-ce':>8} {'x call':>6} "
-          f"{'ceiling':>8} {'cgraph':>8} {'call/tk':>7} {'us/dec':>7} {'cpu%':>5} {'t/cpu-s':>7} "
+          f"{'xlane-c':>7} {'ceiling':>8} {'cgraph':>8} {'call/tk':>7} {'us/dec':>7} {'cpu%':>5} {'t/cpu-s':>7} "
           + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
     for r in rows:
         m = r["medians"]
         print(f"{r['actors']:>6} {r['lanes']:>5} {m['tasks_per_s']:>8.1f} {m['ray_lane_ceiling_tasks_per_s']:>8.1f} "
               f"{m['vs_lane_ceiling']:>6.2f} {m['ray_call_lane_ceiling_tasks_per_s']:>8.1f} "
-              f"{m['vs_call_lane_ceiling']:>6.2f} {m['ray_ceiling_calls_per_s']:>8.0f} "
+              f"{m['vs_call_lane_ceiling']:>6.2f} {m['vs_lane_ceiling_calls']:>7.2f} "
+              f"{m['ray_ceiling_calls_per_s']:>8.0f} "
               f"{m.get('cgraph_lane_executions_per_s', float('nan')):>8.0f} {r['calls_per_task']:>7.2f} "
               f"{r['us_per_decision']:>7.0f} {r['cpu_share']:>5.0%} {r['tasks_per_cpu_s'] or 0:>7.0f} "
               + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))

@@ -77,8 +77,8 @@ def test_driver_bench_json_shape_and_time_accounting(ray_session, capsys):
         # each ratio is taken within one run; the row is the run of median rate, `medians` over both runs
         assert len(r["runs"]) == 2 and r["repeat"] == 2
         for run in r["runs"]:
-            for key, ceiling in bench_driver.RATIOS.items():
-                assert run[key] == pytest.approx(run["tasks_per_s"] / run[ceiling])
+            for key, (rate, ceiling) in bench_driver.RATIOS.items():
+                assert run[key] == pytest.approx(run[rate] / run[ceiling])
         assert r["medians"]["tasks_per_s"] == pytest.approx(sum(x["tasks_per_s"] for x in r["runs"]) / 2)
         assert r["tasks_per_s"] == min(x["tasks_per_s"] for x in r["runs"])  # the lower middle of two
         # the time accounting covers the wall time: its parts are non-negative and add up to it

@@ -108,6 +108,10 @@ def extract(archive: Path, into: Path) -> Path:
 def _module_child(module: str, argv: list[str], cwd: str, out: str, err: str) -> None:
     """`python -m module argv` in `cwd`, in this forked process: stdout to `out`, stderr to `err`; exits with the
     module's status."""
+    if "torch" in sys.modules:
+        # GNU OpenMP's thread pool does not survive fork: a parent that ran a parallel torch op (a test computing
+        # in the pytest process) leaves the child's next one waiting on threads that are gone. One thread: no pool.
+        sys.modules["torch"].set_num_threads(1)
     os.chdir(cwd)
     sys.path[0] = cwd  # python -m puts the working directory first
     for fd, path in ((1, out), (2, err)):

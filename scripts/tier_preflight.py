@@ -52,6 +52,21 @@ def test_files(args: list[str]) -> list[Path]:
     return files
 
 
+def with_sibling_imports(files: list[Path]) -> list[Path]:
+    """`files` and, transitively, the test modules beside them that they import by name (a test module importing
+    another's helpers, as pytest's importlib mode lets it): their imports are checked too, and they are not imported
+    here (they import the helpers that tests/conftest.py registers)."""
+    files, todo = list(files), list(files)
+    while todo:
+        path = todo.pop()
+        for name in imported_modules(path):
+            sibling = path.resolve().parent / f"{name.split('.')[0]}.py"
+            if name.split(".")[0].startswith("test_") and sibling.exists() and sibling not in map(Path.resolve, files):
+                files.append(sibling)
+                todo.append(sibling)
+    return files
+
+
 def banner(template: str) -> str:
     """`template` formatted with the modules its fields name (`{vllm.__version__}` imports vllm)."""
     names = {f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(template) if f}
@@ -62,7 +77,7 @@ def main(argv: list[str]) -> int:
     for arg in argv:
         if arg.startswith("--banner="):
             print(banner(arg.removeprefix("--banner=")), flush=True)
-    files = test_files([a for a in argv if not a.startswith("-")])
+    files = with_sibling_imports(test_files([a for a in argv if not a.startswith("-")]))
     local = {f.stem for f in files}
     # the helper modules, importable as the tests import them: tests/<name>.py registered by tests/conftest.py, and the
     # tier's folder, which its modules append to sys.path

@@ -4,7 +4,7 @@
 # (tests/verl_omni/_replica_child.py); the samples through the server API must equal the in-process pipeline's and
 # follow the weights sent through the checkpoint engine. Needs the verl-omni stack (verl-omni, vLLM-Omni, Ray), which
 # the lent GPU image does not have yet: build it with scripts/verl_omni_venv.sh (CUDA torch), then
-#   bash tests/gpu/run_replica_check.sh            # TP 1 cases (one GPU), about 3 minutes
+#   bash tests/gpu/run_replica_check.sh            # TP 1 cases (Wan2.2, Qwen-Image; one GPU), about 3 minutes
 #   bash tests/gpu/run_replica_check.sh -k tp2     # TP 2 (two GPUs)
 # Not part of run_gpu_checks.sh, whose 8-minute window it would not fit beside the other checks.
 set -euo pipefail

@@ -265,10 +265,10 @@ def _answer(server: subprocess.Popen, timeout: float) -> dict:
     return json.loads(line)
 
 
-def _run_forked(script: str, args: dict, log: Path, timeout: float) -> tuple[int, str]:
-    """`script` with `args` in a process forked from the case server; its exit code and console."""
+def _run_forked(script: str, argv: list[str], log: Path, timeout: float) -> tuple[int, str]:
+    """`python script *argv` in a process forked from the case server; its exit code and console."""
     server = _case_server()
-    server.stdin.write(json.dumps({"script": script, "argv": [json.dumps(args)], "log": str(log)}).encode() + b"\n")
+    server.stdin.write(json.dumps({"script": script, "argv": argv, "log": str(log)}).encode() + b"\n")
     pid = _answer(server, 60)["pid"]
     try:
         rc = _answer(server, timeout)["rc"]
@@ -287,11 +287,26 @@ def run_script(script: str, args: dict, label: str, timeout: float = 900) -> dic
                               cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
         rc, console = proc.returncode, proc.stdout + proc.stderr
     else:
-        rc, console = _run_forked(script, args, Path(args["out"]).with_suffix(".log"), timeout)
+        rc, console = _run_forked(script, [json.dumps(args)], Path(args["out"]).with_suffix(".log"), timeout)
     assert rc == 0, failure_summary(console)
     report = json.loads(Path(args["out"]).read_text())
     print(f"\n{label}: {report} ({time.time() - start:.1f} s)")
     return report
+
+
+def run_code(code: str, timeout: float = 600, **env: str) -> str:
+    """`python -c <code>` on verl's CPU platform with `env` set (one thread), forked from the case server unless
+    DIGENRL_CASE_SERVER=0; its console (stdout, then stderr when not forked), which must end with status 0."""
+    if os.environ.get("DIGENRL_CASE_SERVER", "1") == "0":
+        proc = subprocess.run([sys.executable, "-c", code], env=cpu_env(OMP_NUM_THREADS="1", **env), cwd=str(ROOT),
+                              capture_output=True, text=True, timeout=timeout)
+        rc, console = proc.returncode, proc.stdout + proc.stderr
+    else:
+        work = Path(tempfile.mkdtemp(prefix="digenrl-case-"))
+        (work / "case.py").write_text(f"import os\nos.environ.update({env!r})\n{code}")
+        rc, console = _run_forked(str(work / "case.py"), [], work / "case.log", timeout)
+    assert rc == 0, failure_summary(console)
+    return console
 
 
 _ERROR_LINE = re.compile(r"\b\w*(Error|Exception|Timeout)\b[:(]")

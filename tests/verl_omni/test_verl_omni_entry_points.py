@@ -61,7 +61,7 @@ from digenrl_verl.integrations.verl_omni_recipes import RECIPES  # noqa: E402
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
-from _engine_harness import STAND_IN_REWARD, failure_summary  # noqa: E402
+from _engine_harness import STAND_IN_REWARD, failure_summary, run_script  # noqa: E402
 from _upstream import VERL_OMNI_ARCHIVE, require  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -326,13 +326,10 @@ def _run_twin(entry: str, argv: list[str], tmp_path: Path) -> str:
 
 
 def _host_script(args: dict) -> dict:
-    """`_load_host_checkpoint.py` with `args` in a fresh interpreter on verl's CPU platform; its report."""
+    """`_load_host_checkpoint.py` with `args` on verl's CPU platform (forked from the engine tests' case server, as
+    a fresh interpreter would run it); its report."""
     script = str(Path(__file__).resolve().parent / "_load_host_checkpoint.py")
-    proc = subprocess.run([sys.executable, script, json.dumps(args)], cwd=str(ROOT), capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1",
-                                            "VERL_USE_EXTERNAL_MODULES": "digenrl_verl.platform.cpu"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(Path(args["out"]).read_text())
+    return run_script(script, args, f"verl-omni's actor worker, {args.get('mode', 'load')}", timeout=600)
 
 
 def _composed_actor(argv: list[str]) -> dict:
@@ -389,12 +386,13 @@ def test_the_trainer_pool_runs_verl_omnis_worker_at_world_size_2(tmp_path):
                                                                            "model_world_size_2_rank_1.pt"}
 
 
-def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
-    """`<root>/global_step_1/actor` (verl-omni's layout) and verl's `latest_checkpointed_iteration.txt`; verl-omni's
-    stock actor worker, built from the config verl-omni composes for the same command line, loads the checkpoint
-    with its own `load_checkpoint` and holds the weights the generators hold (`_load_host_checkpoint.py`)."""
-    step = root / "global_step_1"
-    assert (step / "actor").is_dir() and (root / "latest_checkpointed_iteration.txt").read_text() == "1"
+def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path, steps: int) -> None:
+    """`<root>/global_step_<steps>/actor` (verl-omni's layout) and verl's `latest_checkpointed_iteration.txt` naming
+    it; verl-omni's stock actor worker, built from the config verl-omni composes for the same command line, loads that
+    last checkpoint with its own `load_checkpoint` and holds the weights the generators hold at the end
+    (`_load_host_checkpoint.py`)."""
+    step = root / f"global_step_{steps}"
+    assert (step / "actor").is_dir() and (root / "latest_checkpointed_iteration.txt").read_text() == str(steps)
     report = _host_script({"actor_rollout_ref": _composed_actor(argv), "checkpoint": str(step),
                            "out": str(tmp_path / "host_resume.json")})
     print(f"verl-omni's actor worker resumed {step}: {report}")
@@ -404,8 +402,17 @@ def _check_host_resumes(root: Path, argv: list[str], tmp_path: Path) -> None:
     assert report["moved_from_built"] > 0 and report["max_diff"] == 0.0, report  # loaded, and not vacuously
 
 
+#: the Qwen-Image twin runs as the flag's side of test_verl_omni_flag_equals_stock_on_cpu.py (two steps, the same
+#: overrides and more), which holds it to these checks too (`check_twin_run`)
+TWIN_RUN_ELSEWHERE = "qwen_image_flowgrpo_lora"
+#: what the twins add to their recipe's command line
+TWIN_EXTRA = ("actor_rollout_ref.rollout.name=vllm_omni", "actor_rollout_ref.rollout.dtype=float32",
+              "trainer.digenrl.trainer_engine=verl_omni", "trainer.digenrl.tag.policy=static",
+              "trainer.digenrl.tag.static_k=1")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TWINS))
+@pytest.mark.parametrize("name", sorted(set(TWINS) - {TWIN_RUN_ELSEWHERE}))
 def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp_path):
     """verl-omni's script as written (`rollout.name=vllm_omni`; SD3.5 LoRA with cps, Qwen-Image LoRA, Wan2.2
     DanceGRPO full fine-tune, each with an SDE window), its blockers switched off but trainer.use_v1, its `tiny`
@@ -416,32 +423,35 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     worker) trains one real step on those samples; the new weights reach the pipeline (the run ends with the
     generator at version 1); the TAG micro-batch runs on the trainer rank's own copy of the pipeline; the checkpoint
     is in verl-omni's layout and verl-omni's stock worker resumes it. (The package's diffusers generators under
-    verl-omni's actor worker: `test_the_trainer_pool_runs_verl_omnis_worker_at_world_size_2`.)"""
+    verl-omni's actor worker: `test_the_trainer_pool_runs_verl_omnis_worker_at_world_size_2`; the Qwen-Image twin:
+    TWIN_RUN_ELSEWHERE.)"""
     entry = TWINS[name]
-    v1 = entry.endswith("_v1")
-    plus = "+" if v1 else ""
-    argv = _twin_argv(name, tmp_path, extra=("actor_rollout_ref.rollout.name=vllm_omni",
-                                             "actor_rollout_ref.rollout.dtype=float32",
-                                             f"{plus}trainer.digenrl.trainer_engine=verl_omni",
-                                             f"{plus}trainer.digenrl.tag.policy=static",
-                                             f"{plus}trainer.digenrl.tag.static_k=1"))
-    out = tmp_path / "run"
-    text = _run_twin(entry, argv, tmp_path)
-    _check_handed_over(text, v1)
+    plus = "+" if entry.endswith("_v1") else ""
+    argv = _twin_argv(name, tmp_path, extra=tuple(e if e.startswith("actor_") else plus + e for e in TWIN_EXTRA))
+    check_twin_run(name, _run_twin(entry, argv, tmp_path), tmp_path / "run", argv, tmp_path, steps=1)
+
+
+def check_twin_run(name: str, text: str, out: Path, argv: list[str], tmp_path: Path, steps: int) -> None:
+    """A twin's run (console `text`, output folder `out`) of `steps` steps: handed over by verl-omni's entry point,
+    generators on verl-omni's rollout pipeline, real updates, every worker at the last version, TAG on the hybrid
+    pipeline, verl-omni's stock worker resuming its last checkpoint."""
+    entry = TWINS[name]
+    _check_handed_over(text, entry.endswith("_v1"))
     assert "actor_rollout_ref.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own" in text
     assert "engines: generation verl_omni" in text
     written = json.loads((out / "summary.json").read_text())
     summary, workers = written["summary"], written["workers"]
     lines = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "summary" not in m]
-    steps = [m for m in lines if "actor/grad_norm" in m]  # training steps (validation lines are apart)
+    trained = [m for m in lines if "actor/grad_norm" in m]  # training steps (validation lines are apart)
     print(f"{name} via {entry} on verl-omni's rollout pipeline: summary {json.dumps(summary)}")
     print(f"{name} via {entry}: metrics lines {json.dumps(lines)}")
-    assert summary["mode"] == "disaggregated" and summary["steps"] == 1 and len(steps) == 1
-    assert steps[0]["actor/grad_norm"] > 0  # a real update
-    assert summary["samples"] == 4  # tiny: 2 prompts x n=2
-    assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"] and {w["version"] for w in workers} == {1}
+    assert summary["mode"] == "disaggregated" and summary["steps"] == steps and len(trained) == steps
+    assert all(m["actor/grad_norm"] > 0 for m in trained)  # real updates
+    assert summary["samples"] == 4 * steps  # tiny: 2 prompts x n=2 a step
+    assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"]
+    assert {w["version"] for w in workers} == {steps}
     _check_tag_on_the_hybrid_pipeline(text, out)
-    _check_host_resumes(out / "checkpoints", argv, tmp_path)
+    _check_host_resumes(out / "checkpoints", argv, tmp_path, steps)
 
 
 def _check_handed_over(text: str, v1: bool) -> None:

@@ -10,7 +10,6 @@ unpatched collector does), on a PEFT model; the worker's method is verl-omni's r
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 pytest.importorskip("verl_omni", reason="no verl-omni (the verl-omni tier: scripts/test_verl_omni.sh)")
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
-from _engine_harness import ROOT, cpu_env  # noqa: E402
+from _engine_harness import run_code  # noqa: E402
 
 _SCRIPT = """
 import json, sys, types, warnings
@@ -60,10 +59,8 @@ print(json.dumps({"img_in": export("img_in"), "none": export(None)}))
 
 @pytest.fixture(scope="module")
 def reports() -> dict:
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=cpu_env(), cwd=str(ROOT), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    console = run_code(_SCRIPT, timeout=300)
+    return json.loads(next(line for line in reversed(console.splitlines()) if line.startswith('{"img_in"')))
 
 
 def test_the_tensors_the_collector_leaves_out_are_sent_and_named(reports):

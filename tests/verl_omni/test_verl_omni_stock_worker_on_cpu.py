@@ -13,7 +13,6 @@ its hybrid vLLM-Omni replica on CPU and fails later, in verl-omni's LoRA collect
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ except ImportError as e:
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
-from _engine_harness import cpu_env, free_port  # noqa: E402
+from _engine_harness import free_port, run_code  # noqa: E402
 
 from digenrl_verl.platform.verl_fixes import cpu_backend  # noqa: E402
 
@@ -52,11 +51,8 @@ def test_cpu_backend_changes_only_the_cpu_default():
 
 @pytest.mark.slow
 def test_verl_omnis_stock_worker_gets_a_process_group_and_its_engine_on_cpu():
-    env = cpu_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                  HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout
-    assert proc.returncode == 0, out[-2000:] + proc.stderr[-4000:]
+    out = run_code(_PROBE, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                   HF_HUB_OFFLINE="1")
     assert "engine: PPODiffusersFSDPEngine" in out and "stock: True" in out  # verl-omni's own class, not ours
     assert "backend: cpu:gloo" in out  # verl's default would have been cpu:gloo,cpu:gloo (refused by torch)
 
@@ -102,10 +98,8 @@ def test_verls_shared_memory_receive_hands_copies_on_cpu():
     """verl's `BucketedWeightReceiver` over shared memory, a LoRA-like receive that keeps every bucket (verl-omni's
     `update_weights_from_ipc`): verl's own method fails on the CPU (its views of the shared memory outlive the
     buffer); the method as the CPU platform leaves it, once verl's module is imported, hands copies."""
-    proc = subprocess.run([sys.executable, "-c", _RECEIVE], env=cpu_env(), capture_output=True, text=True, timeout=600)
-    out = proc.stdout
-    assert proc.returncode == 0, out[-2000:] + proc.stderr[-4000:]
-    print(out)
+    out = run_code(_RECEIVE)
+    print("\n".join(line for line in out.splitlines() if line.startswith(("patched:", "verl's own:", "fixed:"))))
     assert "patched: True" in out  # applied when the module loaded, not imported ahead of time
     assert "verl's own: equal" not in out  # the failure the fix is for (BufferError, or a bucket overwritten)
     assert "fixed: equal" in out

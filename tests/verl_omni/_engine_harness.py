@@ -278,35 +278,33 @@ def _run_forked(script: str, argv: list[str], log: Path, timeout: float) -> tupl
     return rc, log.read_text()
 
 
-def run_script(script: str, args: dict, label: str, timeout: float = 900) -> dict:
-    """`python <script> <json args>` (one thread per rank), forked from the case server unless
-    DIGENRL_CASE_SERVER=0; the report it wrote to args["out"], printed."""
-    start = time.time()
+def _run_case(script: str, argv: list[str], log: Path, timeout: float) -> str:
+    """`python script *argv` on verl's CPU platform (one thread per rank), forked from the case server, or in a fresh
+    interpreter with DIGENRL_CASE_SERVER=0; its console, which must end with status 0."""
     if os.environ.get("DIGENRL_CASE_SERVER", "1") == "0":
-        proc = subprocess.run([sys.executable, script, json.dumps(args)], env=cpu_env(OMP_NUM_THREADS="1"),
-                              cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([sys.executable, script, *argv], env=cpu_env(OMP_NUM_THREADS="1"), cwd=str(ROOT),
+                              capture_output=True, text=True, timeout=timeout)
         rc, console = proc.returncode, proc.stdout + proc.stderr
     else:
-        rc, console = _run_forked(script, [json.dumps(args)], Path(args["out"]).with_suffix(".log"), timeout)
+        rc, console = _run_forked(script, argv, log, timeout)
     assert rc == 0, failure_summary(console)
+    return console
+
+
+def run_script(script: str, args: dict, label: str, timeout: float = 900) -> dict:
+    """`python <script> <json args>` (`_run_case`); the report it wrote to args["out"], printed."""
+    start = time.time()
+    _run_case(script, [json.dumps(args)], Path(args["out"]).with_suffix(".log"), timeout)
     report = json.loads(Path(args["out"]).read_text())
     print(f"\n{label}: {report} ({time.time() - start:.1f} s)")
     return report
 
 
 def run_code(code: str, timeout: float = 600, **env: str) -> str:
-    """`python -c <code>` on verl's CPU platform with `env` set (one thread), forked from the case server unless
-    DIGENRL_CASE_SERVER=0; its console (stdout, then stderr when not forked), which must end with status 0."""
-    if os.environ.get("DIGENRL_CASE_SERVER", "1") == "0":
-        proc = subprocess.run([sys.executable, "-c", code], env=cpu_env(OMP_NUM_THREADS="1", **env), cwd=str(ROOT),
-                              capture_output=True, text=True, timeout=timeout)
-        rc, console = proc.returncode, proc.stdout + proc.stderr
-    else:
-        work = Path(tempfile.mkdtemp(prefix="digenrl-case-"))
-        (work / "case.py").write_text(f"import os\nos.environ.update({env!r})\n{code}")
-        rc, console = _run_forked(str(work / "case.py"), [], work / "case.log", timeout)
-    assert rc == 0, failure_summary(console)
-    return console
+    """`python -c <code>` with `env` set before it runs (`_run_case`); its console."""
+    work = Path(tempfile.mkdtemp(prefix="digenrl-case-"))
+    (work / "case.py").write_text(f"import os\nos.environ.update({env!r})\n{code}")
+    return _run_case(str(work / "case.py"), [], work / "case.log", timeout)
 
 
 _ERROR_LINE = re.compile(r"\b\w*(Error|Exception|Timeout)\b[:(]")

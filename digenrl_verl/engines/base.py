@@ -130,6 +130,21 @@ class InPlaceWeights:
         self.version = version
         return version
 
+    def hand_over(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Weights of this process's trained model (a colocated trainer rank's, in the trainers' names) into
+        `trainable()`, then on (`weights_received`): the hybrid engine's weight sync. ValueError when the names
+        differ."""
+        mine = self.trainable()
+        if set(state) != set(mine):
+            missing, extra = sorted(set(mine) - set(state)), sorted(set(state) - set(mine))
+            raise ValueError(f"the trained weights do not match the rollout's: missing {missing[:3]}, "
+                             f"extra {extra[:3]}")
+        with torch.no_grad():
+            for name, value in state.items():
+                mine[name].copy_(value)
+        self.weights_received()
+        self.version = int(version)
+
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.trainable().items()}
 
@@ -240,3 +255,7 @@ VERL_OMNI = ENGINES.declare(EngineEntry(
     "verl_omni", packages=("verl_omni", "vllm_omni"), title="verl-omni's rollout pipeline",
     install_hint="verl-omni with its vLLM-Omni (docs/verl_omni.md)",
     module="digenrl_verl.integrations.verl_omni_rollout"))
+VERL_OMNI_REPLICA = ENGINES.declare(EngineEntry(
+    "verl_omni_replica", packages=("verl_omni", "vllm_omni", "ray"), title="verl-omni's rollout replica",
+    install_hint="verl-omni with its vLLM-Omni (docs/verl_omni.md)",
+    module="digenrl_verl.integrations.verl_omni_replica"))

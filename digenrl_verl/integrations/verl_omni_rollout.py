@@ -150,21 +150,53 @@ assert tuple(sorted(PROMPT_FIELDS)) == VERL_OMNI_ARCHITECTURES, "engines.spec li
 _GUIDED = ("guidance_scale", "true_cfg_scale")
 
 
+def server_requests(pipe: Any, architecture: str, spec: PolicySpec, sampling: Mapping[str, Any],
+                    rows: RolloutRows) -> list[dict[str, Any]]:
+    """One request per row as verl-omni's rollout server takes it (`vLLMOmniHttpServer.generate`'s keyword
+    arguments: ``request_id``, the prompt fields of `PROMPT_FIELDS[architecture]` tokenized with `pipe`'s
+    tokenizer(s), ``sampling_params``: `sampling` (`sampling_dict`) with the row's seed, `rollout_row_seed`, and
+    verl-omni's ``global_steps``, counted from 1)."""
+    guided = any((sampling.get(k) or 0) > 1 for k in _GUIDED)
+    negative = spec.pipeline.negative_prompt if guided else None
+    out = []
+    for prompt, uid, idx, sample_id in zip(rows.prompts, rows.uids, rows.sample_indices, rows.sample_ids):
+        key = SampleKey(rows.step, str(uid), int(idx))
+        fields = PROMPT_FIELDS[architecture](pipe, str(prompt), negative, spec.pipeline.max_sequence_length)
+        params = {**sampling, "seed": rollout_row_seed(spec.rollout.seed, rows.step, sample_id),
+                  "global_steps": rows.step + 1, "num_outputs_per_prompt": 1}
+        out.append({"request_id": f"{key.step}-{key.uid}-{key.index}", "prompt": fields, "sampling_params": params})
+    return out
+
+
 def window_rows(output: Any, schedule: torch.Tensor) -> dict[str, torch.Tensor]:
     """One `DiffusionOutput`'s trajectory (``trajectory_latents`` [1, W+1, *L], ``trajectory_log_probs`` [1, W],
-    ``trajectory_timesteps`` [1, W] = σ·1000) as the package's `Rollout` rows (its tensor keys, one sample);
+    ``trajectory_timesteps`` [1, W] = σ·1000) as the package's `Rollout` rows (`trajectory_rows`)."""
+    first = [torch.as_tensor(v)[0] for v in (output.trajectory_latents, output.trajectory_log_probs,
+                                             output.trajectory_timesteps)]
+    return trajectory_rows(*first, schedule)
+
+
+def trajectory_rows(latents: Any, log_probs: Any, timesteps: Any, schedule: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One sample's window (latents [W+1, *L], log-probs [W], timesteps [W] = σ·1000: what verl-omni's pipeline
+    returns, and its server unbatched in ``extra_fields``) as the package's `Rollout` rows (its tensor keys);
     `schedule`: the pipeline scheduler's σ_0..σ_N. The window's steps are found in the schedule (RuntimeError when
     they are not consecutive steps)."""
-    lat = torch.as_tensor(output.trajectory_latents)[0].float()
-    sig = torch.as_tensor(output.trajectory_timesteps)[0].float() / 1000.0
+    lat = torch.as_tensor(latents).float()
+    sig = torch.as_tensor(timesteps).float().reshape(-1) / 1000.0
     gap = (schedule[:-1, None] - sig[None, :]).abs()
     idx = gap.argmin(dim=0)
     if float(gap.min(dim=0).values.max()) > SIGMA_TOLERANCE or (idx.numel() > 1 and not bool((idx.diff() == 1).all())):
         raise RuntimeError(f"verl-omni's rollout returned σ {sig.tolist()} that are not consecutive steps of its "
                            f"schedule {schedule.tolist()}")
     return {"latents": lat[:-1], "next_latents": lat[1:], "sigmas": schedule[idx], "next_sigmas": schedule[idx + 1],
-            "rollout_log_probs": torch.as_tensor(output.trajectory_log_probs)[0].float(),
-            "step_index": idx.to(torch.int64)}
+            "rollout_log_probs": torch.as_tensor(log_probs).float().reshape(-1), "step_index": idx.to(torch.int64)}
+
+
+def stack_rollout(parts: list[dict[str, torch.Tensor]], media: list[torch.Tensor], version: int) -> Rollout:
+    """The `Rollout` of per-sample rows (`trajectory_rows`) and decoded samples, all sampled at `version`."""
+    tensors = {k: torch.stack([p[k] for p in parts]) for k in parts[0]}
+    tensors["policy_version"] = torch.full((len(parts),), int(version), dtype=torch.int64)
+    return Rollout(tensors, torch.stack(media))
 
 
 def media_of(output: Any) -> torch.Tensor:
@@ -255,21 +287,9 @@ class VerlOmniRolloutEngine(InPlaceWeights):
 
     # -- sampling -------------------------------------------------------------------------------------------------
     def server_requests(self, rows: RolloutRows) -> list[dict[str, Any]]:
-        """One request per row as verl-omni's rollout server takes it (`vLLMOmniHttpServer.generate`'s keyword
-        arguments: ``request_id``, the prompt fields, ``sampling_params``: verl-omni's sampling dict with the row's
-        seed); what `requests` builds in-process and what a replica is sent."""
-        pipe, cfg = self.handle.pipe, self.spec
-        guided = any((self.sampling.get(k) or 0) > 1 for k in _GUIDED)
-        negative = cfg.pipeline.negative_prompt if guided else None
-        out = []
-        for prompt, uid, idx, sample_id in zip(rows.prompts, rows.uids, rows.sample_indices, rows.sample_ids):
-            key = SampleKey(rows.step, str(uid), int(idx))
-            fields = PROMPT_FIELDS[self.architecture](pipe, str(prompt), negative, cfg.pipeline.max_sequence_length)
-            sampling = {**self.sampling, "seed": rollout_row_seed(cfg.rollout.seed, rows.step, sample_id),
-                        "global_steps": rows.step + 1, "num_outputs_per_prompt": 1}  # verl-omni's count, from 1
-            out.append({"request_id": f"{key.step}-{key.uid}-{key.index}", "prompt": fields,
-                        "sampling_params": sampling})
-        return out
+        """One request per row as verl-omni's rollout server takes it (`server_requests`); what `requests` builds
+        in-process and what a replica is sent."""
+        return server_requests(self.handle.pipe, self.architecture, self.spec, self.sampling, rows)
 
     def requests(self, rows: RolloutRows) -> list[Any]:
         """One verl-omni request per row (prompt fields, the server's sampling split, the row's seed)."""
@@ -289,10 +309,8 @@ class VerlOmniRolloutEngine(InPlaceWeights):
     def generate(self, rows: RolloutRows) -> Rollout:
         outputs = self._forward(self.requests(rows))
         schedule = torch.as_tensor(self.handle.pipe.scheduler.sigmas).detach().cpu().float()
-        parts = [window_rows(o, schedule) for o in outputs]
-        tensors = {k: torch.stack([p[k] for p in parts]) for k in parts[0]}
-        tensors["policy_version"] = torch.full((len(parts),), self.version, dtype=torch.int64)
-        return Rollout(tensors, torch.stack([media_of(o) for o in outputs]))
+        return stack_rollout([window_rows(o, schedule) for o in outputs], [media_of(o) for o in outputs],
+                             self.version)
 
     # -- weights (`InPlaceWeights`: broadcast and checkpoints land in the shadow, then reach the pipeline) -------
     def trainable(self) -> dict[str, torch.Tensor]:
@@ -305,16 +323,3 @@ class VerlOmniRolloutEngine(InPlaceWeights):
         """Hand the shadow's weights to the pipeline, as verl-omni's worker extension does on a full-weight update."""
         with torch.no_grad(), self.handle.context():
             self.handle.pipe.load_weights(pipeline_weights(self.shadow, self.spec.lora.enabled))
-
-    def hand_over(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Weights of this process's trained model (a trainer rank's, colocated: the trainers' names), into the
-        pipeline: the hybrid engine's weight sync."""
-        if set(state) != set(self.state):
-            missing, extra = sorted(set(self.state) - set(state)), sorted(set(state) - set(self.state))
-            raise ValueError(f"the trained weights do not match the rollout's: missing {missing[:3]}, "
-                             f"extra {extra[:3]}")
-        with torch.no_grad():
-            for name, value in state.items():
-                self.state[name].copy_(value)
-        self.weights_received()
-        self.version = int(version)

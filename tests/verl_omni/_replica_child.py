@@ -18,6 +18,11 @@ job.pkl: {"model": dir, "algorithm": verl-omni's algorithm name, "height", "step
           checkpoint engine after the first round, then the second round}
 out.pt: {"start_s", "generate_s", "server": {"platform", "harness_imported", "workers"}, "outputs": [{"latents",
          "log_probs", "timesteps"} per request], "updated": the same for the second round}
+
+Or, for tests/verl_omni/test_verl_omni_replica_engine.py, the rollout engine ``verl_omni_replica`` (which starts the
+same replica with the package's helpers, `integrations.verl_omni_replica`) in this process, as a generator holds it:
+job.pkl: {"engine": its PolicySpec, "steps": [("generate", RolloutRows) | ("hand_over", state, version)]}
+out.pt: {"start_s", "replica", "server", "harness_here", "steps": [{"kind", "out": the Rollout or None, "s"}]}
 """
 
 from __future__ import annotations
@@ -32,57 +37,17 @@ from pathlib import Path
 
 def _configs(job: dict):
     """verl-omni's rollout and model configs (its Hydra files) for the tiny model, float32, ``tp`` logical GPUs."""
-    import verl_omni
-    from hydra import compose, initialize_config_dir
+    from digenrl_verl.integrations.verl_omni_replica import ReplicaConfig, replica_configs
 
-    root = Path(verl_omni.__file__).parent / "trainer" / "config" / "diffusion"
-    size = [f"pipeline.height={job['height']}", f"pipeline.width={job['height']}",
-            f"pipeline.num_inference_steps={job['steps']}"]
-    with initialize_config_dir(config_dir=str(root / "model"), version_base=None):
-        model = compose(config_name="diffusion_model", overrides=[
-            f"path={job['model']}", f"tokenizer_path={job['model']}/tokenizer", f"algorithm={job['algorithm']}",
-            "attn_backend=native", *size])
-    with initialize_config_dir(config_dir=str(root / "rollout"), version_base=None):
-        rollout = compose(config_name="diffusion_rollout", overrides=[
-            "name=vllm_omni", f"tensor_model_parallel_size={job['tp']}", "dtype=float32", "load_format=auto",
-            "nnodes=1", f"n_gpus_per_node={job['tp']}", "rollout_attn_backend=null", "enforce_eager=true", *size,
-            *_checkpoint_engine(), *_one_request_at_a_time()])
-    return rollout, model
-
-
-def _one_request_at_a_time() -> list[str]:
-    """On CPU, one request per vLLM-Omni batch, as the CPU tests of verl-omni's own trainer run it: vLLM-Omni 0.27's
-    result pump can file a batch's outputs before the per-request ids exist (patches/vllm-omni-0.27.0rc1/README.md),
-    and the server's `generate` then stops in its 30 s wait (seen in CI's TP 2 case). On GPUs, vLLM-Omni's default."""
-    return [] if _cuda() else ["+engine_kwargs.vllm_omni.max_num_seqs=1"]
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _checkpoint_engine() -> list[str]:
-    """verl-omni's `nccl` on GPUs; on CPU the package's gloo backend, registered as a user's config registers it."""
-    if _cuda():
-        return ["checkpoint_engine.backend=nccl"]
-    return ["checkpoint_engine.backend=gloo",
-            "checkpoint_engine.custom_backend_module=digenrl_verl.weights.gloo_checkpoint_engine"]
-
-
-def _server_facts() -> dict:
-    import psutil
-    import vllm_omni.platforms as omni_platforms
-
-    return {"platform": type(omni_platforms.current_omni_platform).__qualname__,
-            "harness_imported": "digenrl_verl.integrations.vllm_omni_cpu" in sys.modules,
-            "workers": [p.name() for p in psutil.Process().children(recursive=True)]}
+    return replica_configs(ReplicaConfig(model=job["model"], algorithm=job["algorithm"], height=job["height"],
+                                         width=job["height"], steps=job["steps"], tp=job["tp"]))
 
 
 async def _run(job: dict) -> dict:
     import ray
     from verl_omni.workers.rollout.vllm_rollout.vllm_omni_async_server import vLLMOmniReplica
+
+    from digenrl_verl.integrations.verl_omni_replica import server_facts
 
     rollout, model = _configs(job)
     t0 = time.perf_counter()
@@ -90,7 +55,7 @@ async def _run(job: dict) -> dict:
     await replica.init_standalone()
     result = {"start_s": time.perf_counter() - t0}
     server = replica.server_handle
-    result["server"] = await server.__ray_call__.remote(lambda self: _server_facts())
+    result["server"] = await server.__ray_call__.remote(lambda self: server_facts())
     t1 = time.perf_counter()
     result["outputs"] = await _generate(server, job["requests"])
     result["generate_s"] = time.perf_counter() - t1
@@ -102,9 +67,9 @@ async def _run(job: dict) -> dict:
 
 
 async def _generate(server, requests) -> list[dict]:
-    outputs = await asyncio.gather(*[server.generate.remote(
-        request_id=r["request_id"], prompt_ids=r["prompt"]["prompt_token_ids"], sampling_params=r["sampling_params"],
-        negative_prompt_ids=r["prompt"].get("negative_prompt_ids")) for r in requests])
+    from digenrl_verl.integrations.verl_omni_replica import serve
+
+    outputs = await asyncio.to_thread(serve, server, requests)
     return [{"latents": o.extra_fields["all_latents"], "log_probs": o.log_probs,
              "timesteps": o.extra_fields["all_timesteps"]} for o in outputs]
 
@@ -133,24 +98,50 @@ async def _update_through_the_checkpoint_engine(rollout, replica, weights_file: 
     await Manager(config.checkpoint_engine, trainers, [replica]).update_weights(global_steps=1)
 
 
+def _run_engine(job: dict) -> dict:
+    """The rollout engine ``verl_omni_replica`` in this process (as in a generator worker): built from the job's
+    `PolicySpec`, then its steps in order: ("generate", rows) -> the `Rollout`, ("hand_over", state, version)."""
+    import ray
+
+    from digenrl_verl.engines.base import ENGINES
+    from digenrl_verl.integrations.verl_omni_replica import server_facts
+
+    t0 = time.perf_counter()
+    engine = ENGINES.engine_class("verl_omni_replica").from_policy(job["engine"])
+    result = {"start_s": time.perf_counter() - t0, "replica": type(engine.replica).__qualname__,
+              "server": ray.get(engine.server.__ray_call__.remote(lambda self: server_facts())),
+              "harness_here": "digenrl_verl.integrations.vllm_omni_cpu" in sys.modules, "steps": []}
+    for step in job["steps"]:
+        t1 = time.perf_counter()
+        if step[0] == "generate":
+            out = engine.generate(step[1])
+        else:
+            out = engine.hand_over(*step[1:])
+        result["steps"].append({"kind": step[0], "out": out, "s": time.perf_counter() - t1})
+    engine.shutdown()
+    ray.shutdown()
+    return result
+
+
 def main(job_path: str, out_path: str) -> None:
     import ray
     import torch
 
+    from digenrl_verl.integrations.verl_omni_replica import cuda_host
     from digenrl_verl.platform import process_env
     from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR
 
     here = str(Path(__file__).resolve().parent)  # the trainer worker's class (`_gloo_ce_workers`), by name
     sys.path.append(here)
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    cuda = _cuda()  # on GPUs (tests/gpu: the same test, one prepared command) Ray's real GPUs and verl's platform
+    cuda = cuda_host()  # on GPUs (tests/gpu: the same test, one prepared command) Ray's real GPUs and verl's platform
     env = {**process_env(cpu=not cuda), **({} if cuda else {LOGICAL_GPUS_VAR: "1"}), "PYTHONPATH": path}
     os.environ.update(env)  # this process (verl resolves its platform at import) and, through Ray, every actor
     with open(job_path, "rb") as f:
         job = pickle.load(f)
-    ray.init(address="local", num_cpus=8, num_gpus=None if cuda else job["tp"], include_dashboard=False,
+    ray.init(address="local", num_cpus=8, num_gpus=None if cuda else job.get("tp", 1), include_dashboard=False,
              runtime_env={"env_vars": env})
-    torch.save(asyncio.run(_run(job)), out_path)
+    torch.save(_run_engine(job) if "engine" in job else asyncio.run(_run(job)), out_path)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,345 @@
+"""Generators on verl-omni's own rollout replica (rollout engine ``verl_omni_replica``, issue 29 item 2): each
+generator rank starts one standalone `vLLMOmniReplica` the way verl-omni's separate mode starts its rollout
+(`init_standalone`: verl's resource pool and worker group of `CheckpointEngineWorker`s, verl-omni's
+`vLLMOmniHttpServer` actor, vLLM-Omni's `AsyncOmni`, its spawned diffusion workers loading verl-omni's registered
+rollout pipeline), and samples through the server's `generate`, the call verl-omni's agent loop makes.
+
+Requests are the ``verl_omni`` engine's (`verl_omni_rollout.server_requests`: the same prompt fields, verl-omni's
+sampling dict and per-rollout seeds from the row's position in the step batch), so a row draws the same sample on
+either engine and on any replica. The server returns the window's trajectory (``all_latents``, ``log_probs``,
+``all_timesteps``) and the uint8 sample; the rows' σ come from verl-omni's training scheduler for the model
+(`DiffusionModelBase.build_scheduler`: what the trainer checks them against), and the window is located in it as
+the in-process engine locates it (`trajectory_rows`).
+
+Weights (`InPlaceWeights`, as the ``verl_omni`` engine): trainer rank 0's broadcast, a checkpoint or a hand-over land
+in the trainers' transformer shadow in this process, then go to the replica the way verl's rollout server adapter
+sends them (`ServerAdapter.update_weights`): the server's `collective_rpc` starts verl-omni's worker extension
+`update_weights_from_ipc` in every diffusion worker, and verl's `BucketedWeightSender` streams the pipeline weights
+(`pipeline_weights`: LoRA merged) to each worker's ZMQ handle (shared memory; a per-update handle), then the server
+clears its cache. Each request carries its own ``global_steps`` (verl-omni's count, in its sampling dict), so the
+server's step is not set. Not verl's checkpoint engine yet (tests/verl_omni/test_verl_omni_replica_on_cpu.py sends
+through it with the package's gloo backend); the weights cross this process once per update.
+
+On CPU the replica's devices are Ray's logical GPUs (``DIGENRL_CPU_RAY_GPUS=1``, `platform.cpu.logical_gpus`; Ray
+started with ``num_gpus``) and vLLM-Omni takes one request per batch (``max_num_seqs=1``: its 0.27 request-batch
+race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and vLLM-Omni's defaults. Limits, refused by name in
+`check_replica_policy`: architectures whose prompts are tokenized here without the pipeline (Wan2.2 today:
+Qwen-Image's template lives in its pipeline object, SD3's server request needs per-encoder ids), window timestep
+selection, verl-omni's SDE kinds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
+from digenrl_verl.engines.spec import VERL_OMNI_SDE_KINDS, PolicySpec
+from digenrl_verl.integrations.verl_omni_rollout import (
+    pipeline_weights, sampling_dict, server_requests, shadow_transformer, stack_rollout, trajectory_rows)
+from digenrl_verl.models.pipeline_adapter import to_uint8
+from digenrl_verl.models.registry import read_model_index
+
+ENGINE_NAME = "verl_omni_replica"
+KEY = f"actor_rollout_ref.rollout.name={ENGINE_NAME}"
+#: the ZMQ bucket of a weight update, MiB (verl's ``checkpoint_engine.update_weights_bucket_megabytes`` default)
+BUCKET_MB = 512
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """What one replica is started with (verl-omni's rollout and model configs are composed from it).
+
+    Args:
+        model: the diffusers model directory.
+        algorithm: verl-omni's algorithm (``flow_grpo`` / ``dance_grpo``), which picks its rollout pipeline.
+        height / width / steps: the pipeline's size and step count (its schedule).
+        tp: ``rollout.tensor_model_parallel_size`` (the replica's devices: Ray's logical GPUs on CPU).
+        dtype: the replica's weights' dtype.
+        replica_rank: the replica's rank (names its Ray actors and ZMQ handles; one per generator rank).
+    """
+
+    model: str
+    algorithm: str
+    height: int
+    width: int
+    steps: int
+    tp: int = 1
+    dtype: str = "float32"
+    replica_rank: int = 0
+
+
+def cuda_host() -> bool:
+    return torch.cuda.is_available()
+
+
+def checkpoint_engine_overrides() -> list[str]:
+    """verl-omni's `nccl` on GPUs; on CPU the package's gloo backend, registered as a user's config registers it."""
+    if cuda_host():
+        return ["checkpoint_engine.backend=nccl"]
+    return ["checkpoint_engine.backend=gloo",
+            "checkpoint_engine.custom_backend_module=digenrl_verl.weights.gloo_checkpoint_engine"]
+
+
+def one_request_at_a_time() -> list[str]:
+    """On CPU, one request per vLLM-Omni batch, as the CPU tests of verl-omni's own trainer run it: vLLM-Omni 0.27's
+    result pump can file a batch's outputs before the per-request ids exist (patches/vllm-omni-0.27.0rc1/README.md),
+    and the server's `generate` then stops in its 30 s wait. On GPUs, vLLM-Omni's default."""
+    return [] if cuda_host() else ["+engine_kwargs.vllm_omni.max_num_seqs=1"]
+
+
+def replica_configs(cfg: ReplicaConfig) -> tuple[Any, Any]:
+    """verl-omni's rollout and model configs (its Hydra files) for `cfg` (OmegaConf, as its trainer passes them)."""
+    import verl_omni
+    from hydra import compose, initialize_config_dir
+
+    root = Path(verl_omni.__file__).parent / "trainer" / "config" / "diffusion"
+    size = [f"pipeline.height={cfg.height}", f"pipeline.width={cfg.width}",
+            f"pipeline.num_inference_steps={cfg.steps}"]
+    with initialize_config_dir(config_dir=str(root / "model"), version_base=None):
+        model = compose(config_name="diffusion_model", overrides=[
+            f"path={cfg.model}", f"tokenizer_path={cfg.model}/tokenizer", f"algorithm={cfg.algorithm}",
+            "attn_backend=native", *size])
+    with initialize_config_dir(config_dir=str(root / "rollout"), version_base=None):
+        rollout = compose(config_name="diffusion_rollout", overrides=[
+            "name=vllm_omni", f"tensor_model_parallel_size={cfg.tp}", f"dtype={cfg.dtype}", "load_format=auto",
+            "nnodes=1", f"n_gpus_per_node={cfg.tp}", "rollout_attn_backend=null", "enforce_eager=true", *size,
+            *checkpoint_engine_overrides(), *one_request_at_a_time()])
+    return rollout, model
+
+
+def run_async(coro: Any) -> Any:
+    """Run `coro` to completion from synchronous code (in a thread of its own when this thread runs a loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(out=asyncio.run(coro)))
+    thread.start()
+    thread.join()
+    return box["out"]
+
+
+def start_replica(cfg: ReplicaConfig) -> Any:
+    """verl-omni's `vLLMOmniReplica` for `cfg`, started standalone (`init_standalone`) on the Ray cluster this
+    process is connected to; RuntimeError naming what to set when Ray is not up or, on CPU, has no logical GPUs."""
+    import ray
+    from verl_omni.workers.rollout.vllm_rollout.vllm_omni_async_server import vLLMOmniReplica
+
+    from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR, logical_gpus
+
+    if not ray.is_initialized():
+        raise RuntimeError(f"{KEY} starts verl-omni's replica on the Ray cluster of this process; none is connected "
+                           "(the generator workers run inside one)")
+    if not cuda_host() and not logical_gpus():
+        raise RuntimeError(f"{KEY} on CPU: the replica's devices are Ray's logical GPUs; set {LOGICAL_GPUS_VAR}=1 "
+                           "in the generators' environment and start Ray with num_gpus >= "
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size")
+    rollout, model = replica_configs(cfg)
+    replica = vLLMOmniReplica(cfg.replica_rank, rollout, model, gpus_per_node=cfg.tp)
+    run_async(replica.init_standalone())
+    return replica
+
+
+def server_facts() -> dict:
+    """Run inside the server actor (`__ray_call__`): its vLLM-Omni platform, whether the in-process harness was
+    imported there, and the names of its child processes (vLLM-Omni's diffusion workers)."""
+    import sys
+
+    import psutil
+    import vllm_omni.platforms as omni_platforms
+
+    return {"platform": type(omni_platforms.current_omni_platform).__qualname__,
+            "harness_imported": "digenrl_verl.integrations.vllm_omni_cpu" in sys.modules,
+            "workers": [p.name() for p in psutil.Process().children(recursive=True)]}
+
+
+def serve(server: Any, requests: Sequence[dict]) -> list[Any]:
+    """verl-omni's `DiffusionOutput`s of the server's `generate` for `requests` (`server_requests`), in order."""
+    import ray
+
+    return ray.get([server.generate.remote(
+        request_id=r["request_id"], prompt_ids=r["prompt"]["prompt_token_ids"], sampling_params=r["sampling_params"],
+        negative_prompt_ids=r["prompt"].get("negative_prompt_ids")) for r in requests])
+
+
+def send_weights(server: Any, weights: Iterable[tuple[str, torch.Tensor]], *, replica_rank: int, tp: int,
+                 update_id: str, bucket_mb: int = BUCKET_MB) -> None:
+    """verl's `ServerAdapter.update_weights` for every rank of one replica, from this process: the server's
+    `collective_rpc` runs verl-omni's `update_weights_from_ipc` in each diffusion worker (shared memory, the
+    per-update handle `update_id`), verl's `BucketedWeightSender` streams `weights` to each worker's handle."""
+    import ray
+    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
+    from verl_omni.workers.rollout.vllm_rollout.zmq_utils import make_update_zmq_handle
+
+    weights = [(n, t.detach().contiguous()) for n, t in weights]
+    job = ray.get_runtime_context().get_job_id()  # the server actor exports its job's id to its workers
+    receiving = server.collective_rpc.remote("update_weights_from_ipc",
+                                             kwargs={"use_shm": True, "zmq_update_id": update_id})
+    errors: list[BaseException] = []
+
+    def push(rank: int) -> None:
+        base = f"ipc:///tmp/rl-colocate-zmq-{job}-replica-{replica_rank}-rank-{rank}.sock"
+        sender = BucketedWeightSender(zmq_handle=make_update_zmq_handle(base, update_id), bucket_size_mb=bucket_mb,
+                                      use_shm=True)
+        try:
+            asyncio.run(sender.async_send_weights(iter(weights)))
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the RPC
+            errors.append(e)
+
+    threads = [threading.Thread(target=push, args=(rank,)) for rank in range(tp)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ray.get(receiving)
+    if errors:
+        raise errors[0]
+
+
+def served_media(output: Any) -> torch.Tensor:
+    """The server's decoded sample (`DiffusionOutput.diffusion_output`, uint8) as the `Rollout`'s media: [3, H, W]
+    for an image, [T, 3, H, W] for a video (channels found by their size, 3)."""
+    media = torch.as_tensor(output.diffusion_output)
+    if media.dtype != torch.uint8:
+        media = to_uint8(media)
+    while media.dim() > 4 and media.shape[0] == 1:
+        media = media[0]
+    if media.dim() == 3 and media.shape[0] != 3:
+        media = media.permute(2, 0, 1)
+    elif media.dim() == 4 and media.shape[1] != 3:
+        media = media.permute(1, 0, 2, 3) if media.shape[0] == 3 else media.permute(0, 3, 1, 2)
+    return media.contiguous()
+
+
+def _wan_prompt_pipe(model_path: str) -> Any:
+    """What `verl_omni_rollout._wan_fields` reads of the pipeline: its T5 tokenizer, loaded as vLLM-Omni's Wan2.2
+    pipeline loads it (`AutoTokenizer`, the model's ``tokenizer`` folder)."""
+    from transformers import AutoTokenizer
+
+    return SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model_path, subfolder="tokenizer"))
+
+
+#: architecture -> the tokenizer(s) the request fields are built with, without loading the pipeline
+PROMPT_PIPES = {"WanPipeline": _wan_prompt_pipe}
+
+
+def check_replica_policy(spec: PolicySpec) -> tuple[str, str]:
+    """(architecture, verl-omni algorithm) for this engine; ValueError naming the key of what it cannot do."""
+    architecture = read_model_index(spec.model_path)["_class_name"]
+    if architecture not in PROMPT_PIPES:
+        raise ValueError(f"actor_rollout_ref.model.path is a {architecture} with {KEY}: this engine builds the "
+                         f"server requests of {sorted(PROMPT_PIPES)} only (the others' prompt ids come from their "
+                         "pipeline object); use actor_rollout_ref.rollout.name=verl_omni (CPU) or diffusers")
+    if spec.rollout.sde_type not in VERL_OMNI_SDE_KINDS:
+        raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={spec.rollout.sde_type!r} with {KEY}: verl-omni's "
+                         f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}")
+    if spec.rollout.timestep_selection != "window":
+        raise ValueError(f"actor_rollout_ref.rollout.algo.timestep_selection={spec.rollout.timestep_selection!r} "
+                         f"with {KEY}: verl-omni's rollout samples one SDE window per row; use window")
+    return architecture, VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][0]
+
+
+def training_schedule(model_config: Any, architecture: str, algorithm: str) -> torch.Tensor:
+    """σ_0..σ_N of verl-omni's training scheduler for the model (its registered `DiffusionModelBase`), fp32."""
+    import verl_omni.pipelines  # noqa: F401  (registers the training adapters)
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl_omni.pipelines.model_base import DiffusionModelBase
+
+    adapter = DiffusionModelBase.get_class_by_name(architecture, algorithm)
+    scheduler = adapter.build_scheduler(omega_conf_to_dataclass(model_config))
+    return torch.as_tensor(scheduler.sigmas).detach().cpu().float()
+
+
+def generator_rank() -> int:
+    """This generator's rank (verl's worker sets ``RANK`` in its process; 0 outside a worker group): the replica's
+    rank, which names its Ray actors and ZMQ handles, so each generator rank's replica is its own."""
+    return int(os.environ.get("RANK", "0"))
+
+
+@ENGINES.register(ENGINE_NAME)
+class VerlOmniReplicaEngine(InPlaceWeights):
+    """Samples with one verl-omni standalone rollout replica (module docstring).
+
+    Args:
+        replica: the started `vLLMOmniReplica` (`start_replica`).
+        config: what it was started with.
+        spec: the policy (`check_replica_policy` passed).
+        prompt_pipe: the tokenizer(s) the requests are built with (`PROMPT_PIPES`).
+        schedule: σ_0..σ_N of verl-omni's training scheduler (`training_schedule`).
+        shadow: the trainers' transformer (`verl_omni_rollout.shadow_transformer`); its trainable parameters are
+            where arriving weights land before they go to the replica.
+        version: the policy version the replica holds.
+    """
+
+    def __init__(self, replica: Any, config: ReplicaConfig, spec: PolicySpec, prompt_pipe: Any,
+                 schedule: torch.Tensor, shadow: torch.nn.Module, version: int = 0) -> None:
+        self.replica, self.config, self.spec = replica, config, spec
+        self.prompt_pipe, self.schedule, self.shadow = prompt_pipe, schedule, shadow
+        self.state = {n: p for n, p in shadow.named_parameters() if p.requires_grad}  # live: received in place
+        self.version = int(version)
+        self.architecture = read_model_index(spec.model_path)["_class_name"]
+        self.sampling = sampling_dict(spec, VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][1])
+        self._updates = itertools.count()
+        self.weights_received()  # the replica holds exactly the shadow's weights from the start (LoRA merged)
+
+    @classmethod
+    def from_policy(cls, spec: PolicySpec) -> "VerlOmniReplicaEngine":
+        """Start this generator rank's replica (`generator_rank`, one logical GPU on CPU) for the policy's model and
+        algorithm, at `spec.start_version`, in the rollout's dtype."""
+        architecture, algorithm = check_replica_policy(spec)
+        p = spec.pipeline
+        config = ReplicaConfig(model=spec.model_path, algorithm=algorithm, height=p.height, width=p.width,
+                               steps=spec.rollout.num_inference_steps, dtype=spec.engine.dtype,
+                               replica_rank=generator_rank())
+        replica = start_replica(config)
+        schedule = training_schedule(replica_configs(config)[1], architecture, algorithm)
+        return cls(replica, config, spec, PROMPT_PIPES[architecture](spec.model_path), schedule,
+                   shadow_transformer(spec), spec.start_version)
+
+    @property
+    def server(self) -> Any:
+        return self.replica.server_handle
+
+    def server_requests(self, rows: RolloutRows) -> list[dict[str, Any]]:
+        """The ``verl_omni`` engine's server requests for `rows` (`verl_omni_rollout.server_requests`)."""
+        return server_requests(self.prompt_pipe, self.architecture, self.spec, self.sampling, rows)
+
+    def generate(self, rows: RolloutRows) -> Rollout:
+        outputs = serve(self.server, self.server_requests(rows))
+        for o in outputs:
+            if o.log_probs is None or "all_latents" not in o.extra_fields:
+                raise RuntimeError(f"verl-omni's replica returned no trajectory (stop reason {o.stop_reason!r})")
+        parts = [trajectory_rows(o.extra_fields["all_latents"], o.log_probs, o.extra_fields["all_timesteps"],
+                                 self.schedule) for o in outputs]
+        return stack_rollout(parts, [served_media(o) for o in outputs], self.version)
+
+    # -- weights (`InPlaceWeights`: broadcast, checkpoints and hand-overs land in the shadow, then the replica) ---
+    def trainable(self) -> dict[str, torch.Tensor]:
+        return self.state
+
+    def weights_received(self) -> None:
+        """Send the shadow's weights to the replica's workers (`send_weights`) and tell the server the step."""
+        import ray
+
+        with torch.no_grad():
+            send_weights(self.server, pipeline_weights(self.shadow, self.spec.lora.enabled),
+                         replica_rank=self.config.replica_rank, tp=self.config.tp,
+                         update_id=f"digenrl-{next(self._updates)}")
+        ray.get(self.server.clear_kv_cache.remote())
+
+    def shutdown(self) -> None:
+        """Stop the replica's server and worker actors (their diffusion workers exit with them)."""
+        import ray
+
+        for actor in [*self.replica.servers, *self.replica.workers]:
+            ray.kill(actor)

@@ -1,0 +1,106 @@
+"""The rollout engine ``verl_omni_replica`` (issue 29 item 2): a generator's samples from verl-omni's own standalone
+rollout replica (`vLLMOmniReplica.init_standalone` -> `vLLMOmniHttpServer` -> vLLM-Omni's `AsyncOmni` -> its spawned
+diffusion worker), built by `ENGINES` from a `PolicySpec` in a fresh interpreter with Ray's logical GPUs as the
+device slots, as a generator worker holds it (`_replica_child.py`, engine mode).
+
+* A real replica: verl-omni's server actor on the package's CPU platform, one spawned vLLM-Omni diffusion worker, no
+  in-process harness in the server's process nor in the engine's.
+* Its `Rollout` for the rows equals the in-process ``verl_omni`` engine's (same requests, verl-omni's per-rollout
+  seeds): latents, log-probs <= 1e-5; σ, step indices and versions equal; the decoded samples within one uint8
+  level (fp32 rounding in another process).
+* After a hand-over of new weights (the engine's weight path: into the trainers' shadow, then to the replica as
+  verl's server adapter sends them), the next samples are the in-process engine's with the new weights, and not
+  what the old weights sample.
+
+Wan2.2 only: the cheapest replica (~130 s to start on CPU), and the architecture the engine builds requests for
+without a pipeline object (`verl_omni_replica.PROMPT_PIPES`). One replica start for the module.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+try:
+    import verl_omni  # noqa: F401  (imports vLLM-Omni eagerly)
+except ImportError as e:
+    pytest.skip(f"verl_omni is not importable here ({e}); run bash scripts/test_verl_omni.sh", allow_module_level=True)
+
+import torch  # noqa: E402
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
+    sys.path.append(str(Path(__file__).resolve().parent))
+from _engine_harness import failure_summary  # noqa: E402
+from test_verl_omni_cpu_platform import ROWS, TOL, _rel, _spec  # noqa: E402
+
+from digenrl_verl.engines.base import ENGINES  # noqa: E402
+from digenrl_verl.engines.spec import RolloutEngineSpec  # noqa: E402
+from digenrl_verl.models import build_tiny_model_dir  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ARCH = "WanPipeline"
+EXACT = ("sigmas", "next_sigmas", "step_index", "policy_version")
+
+
+def _errors(got, want) -> dict[str, float]:
+    """Relative errors of the trajectories, and the largest image difference in uint8 levels."""
+    out = {k: _rel(got.tensors[k], want.tensors[k]) for k in ("latents", "next_latents", "rollout_log_probs")}
+    out["levels"] = int((got.images.int() - want.images.int()).abs().max())
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The in-process engine's Rollouts (before, the same rows of step 2 with the old weights, then with new ones)
+    and the replica engine's for the same steps, in a fresh interpreter."""
+    work = tmp_path_factory.mktemp("replica_engine")
+    spec = _spec(ARCH, str(build_tiny_model_dir(ARCH, work / "model")))
+    local = ENGINES.engine_class("verl_omni").from_policy(spec)
+    second = replace(ROWS, step=2)
+    refs = {"before": local.generate(ROWS), "after_old": local.generate(second)}
+    gen = torch.Generator().manual_seed(1)
+    state = {n: p.detach() + 0.05 * torch.randn(p.shape, generator=gen) for n, p in local.state.items()}
+    local.hand_over(state, 1)
+    refs["after"] = local.generate(second)
+    job = {"engine": replace(spec, engine=RolloutEngineSpec(name="verl_omni_replica", dtype="float32")),
+           "steps": [("generate", ROWS), ("hand_over", state, 1), ("generate", second)]}
+    (work / "job.pkl").write_bytes(pickle.dumps(job))
+    proc = subprocess.run([sys.executable, str(HERE / "_replica_child.py"), str(work / "job.pkl"),
+                           str(work / "out.pt")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, failure_summary(proc.stdout + proc.stderr)
+    return torch.load(work / "out.pt", weights_only=False), refs
+
+
+@pytest.mark.slow  # Ray, verl-omni's server actor, AsyncOmni and its worker process
+def test_the_replica_engine_samples_what_the_in_process_engine_samples(run):
+    got, refs = run
+    server = got["server"]
+    assert got["replica"] == "vLLMOmniReplica" and not got["harness_here"], got
+    assert server["platform"] == "CpuOmniPlatform" and not server["harness_imported"], server
+    workers = [name for name in server["workers"] if name.startswith("vLLM-Omni::DiffusionWorker")]
+    assert len(workers) == 1, server["workers"]
+    rollout = got["steps"][0]["out"]
+    errors = _errors(rollout, refs["before"])
+    print(f"replica engine vs in-process {errors}; start {got['start_s']:.1f} s, {len(ROWS)} samples in "
+          f"{got['steps'][0]['s']:.1f} s")
+    assert max(v for k, v in errors.items() if k != "levels") <= TOL and errors["levels"] <= 1, errors
+    for key in EXACT:
+        assert torch.equal(rollout.tensors[key], refs["before"].tensors[key]), key
+    assert rollout.images.shape == refs["before"].images.shape and rollout.images.dtype == torch.uint8
+
+
+@pytest.mark.slow
+def test_a_hand_over_changes_the_replicas_next_samples_to_the_new_weights(run):
+    got, refs = run
+    rollout = got["steps"][2]["out"]
+    err, stale = _errors(rollout, refs["after"]), _errors(rollout, refs["after_old"])
+    print(f"after the hand-over {err} (update {got['steps'][1]['s']:.1f} s); against the old weights' samples "
+          f"{stale}")
+    assert max(v for k, v in err.items() if k != "levels") <= TOL and err["levels"] <= 1, err
+    assert stale["latents"] > 1e3 * TOL, stale  # not what the old weights sample
+    assert rollout.tensors["policy_version"].tolist() == [1] * len(ROWS)

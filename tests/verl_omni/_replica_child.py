@@ -20,7 +20,7 @@ out.pt: {"start_s", "generate_s", "server": {"platform", "harness_imported", "wo
          "log_probs", "timesteps"} per request], "updated": the same for the second round}
 
 Or, for tests/verl_omni/test_verl_omni_replica_engine.py, the rollout engine ``verl_omni_replica`` (which starts the
-same replica with the package's helpers, `integrations.verl_omni_replica`) in this process, as a generator holds it:
+same replica with the package's helpers, `integrations.verl_omni_replica`) in a Ray actor, as a generator holds it:
 job.pkl: {"engine": its PolicySpec, "steps": [("generate", RolloutRows) | ("hand_over", state, version)]}
 out.pt: {"start_s", "replica", "server", "harness_here", "steps": [{"kind", "out": the Rollout or None, "s"}]}
 """
@@ -98,27 +98,41 @@ async def _update_through_the_checkpoint_engine(rollout, replica, weights_file: 
     await Manager(config.checkpoint_engine, trainers, [replica]).update_weights(global_steps=1)
 
 
+class EngineHost:
+    """A Ray actor holding the rollout engine ``verl_omni_replica``, as a generator worker holds it (the replica's
+    placement group, worker group and server are then started from inside an actor, as in a run)."""
+
+    def start(self, spec) -> dict:
+        import ray
+
+        from digenrl_verl.engines.base import ENGINES
+        from digenrl_verl.integrations.verl_omni_replica import server_facts
+
+        t0 = time.perf_counter()
+        self.engine = ENGINES.engine_class("verl_omni_replica").from_policy(spec)
+        return {"start_s": time.perf_counter() - t0, "replica": type(self.engine.replica).__qualname__,
+                "server": ray.get(self.engine.server.__ray_call__.remote(lambda self: server_facts())),
+                "harness_here": "digenrl_verl.integrations.vllm_omni_cpu" in sys.modules}
+
+    def step(self, kind: str, *args):
+        t0 = time.perf_counter()
+        out = self.engine.generate(*args) if kind == "generate" else self.engine.hand_over(*args)
+        return {"kind": kind, "out": out, "s": time.perf_counter() - t0}
+
+    def stop(self) -> None:
+        self.engine.shutdown()
+
+
 def _run_engine(job: dict) -> dict:
-    """The rollout engine ``verl_omni_replica`` in this process (as in a generator worker): built from the job's
-    `PolicySpec`, then its steps in order: ("generate", rows) -> the `Rollout`, ("hand_over", state, version)."""
+    """The rollout engine ``verl_omni_replica`` in a Ray actor (`EngineHost`), built from the job's `PolicySpec`,
+    then its steps in order: ("generate", rows) -> the `Rollout`, ("hand_over", state, version)."""
     import ray
 
-    from digenrl_verl.engines.base import ENGINES
-    from digenrl_verl.integrations.verl_omni_replica import server_facts
-
-    t0 = time.perf_counter()
-    engine = ENGINES.engine_class("verl_omni_replica").from_policy(job["engine"])
-    result = {"start_s": time.perf_counter() - t0, "replica": type(engine.replica).__qualname__,
-              "server": ray.get(engine.server.__ray_call__.remote(lambda self: server_facts())),
-              "harness_here": "digenrl_verl.integrations.vllm_omni_cpu" in sys.modules, "steps": []}
+    host = ray.remote(num_cpus=1)(EngineHost).remote()
+    result = {**ray.get(host.start.remote(job["engine"])), "steps": []}
     for step in job["steps"]:
-        t1 = time.perf_counter()
-        if step[0] == "generate":
-            out = engine.generate(step[1])
-        else:
-            out = engine.hand_over(*step[1:])
-        result["steps"].append({"kind": step[0], "out": out, "s": time.perf_counter() - t1})
-    engine.shutdown()
+        result["steps"].append(ray.get(host.step.remote(*step)))
+    ray.get(host.stop.remote())
     ray.shutdown()
     return result
 

@@ -1,10 +1,11 @@
 """The rollout engine ``verl_omni_replica`` (issue 29 item 2): a generator's samples from verl-omni's own standalone
 rollout replica (`vLLMOmniReplica.init_standalone` -> `vLLMOmniHttpServer` -> vLLM-Omni's `AsyncOmni` -> its spawned
-diffusion worker), built by `ENGINES` from a `PolicySpec` in a fresh interpreter with Ray's logical GPUs as the
-device slots, as a generator worker holds it (`_replica_child.py`, engine mode).
+diffusion worker), built by `ENGINES` from a `PolicySpec` inside a Ray actor, as a generator worker holds it (the
+replica's placement group, worker group and server started from that actor), in a fresh interpreter with Ray's
+logical GPUs as the device slots (`_replica_child.py`, engine mode).
 
 * A real replica: verl-omni's server actor on the package's CPU platform, one spawned vLLM-Omni diffusion worker, no
-  in-process harness in the server's process nor in the engine's.
+  in-process harness in the server's process nor in the engine's actor.
 * Its `Rollout` for the rows equals the in-process ``verl_omni`` engine's (same requests, verl-omni's per-rollout
   seeds): latents, log-probs <= 1e-5; σ, step indices and versions equal; the decoded samples within one uint8
   level (fp32 rounding in another process).

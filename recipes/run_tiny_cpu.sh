@@ -8,7 +8,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-source scripts/ensure_venv.sh
+if [[ -z "${VENV_PY:-}" ]]; then source scripts/ensure_venv.sh; fi  # a given interpreter is used as is
 export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 TORCH_COMPILE_DISABLE=1 MPLBACKEND=Agg
 MODEL="${MODEL:-$ROOT/outputs/models/tiny_flux}"
 [[ -f "$MODEL/model_index.json" ]] || "$VENV_PY" -m digenrl_verl.models.tiny FluxPipeline "$MODEL"

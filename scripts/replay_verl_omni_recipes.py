@@ -105,13 +105,16 @@ def extract(archive: Path, into: Path) -> Path:
     return root
 
 
-def _module_child(module: str, argv: list[str], cwd: str, out: str, err: str) -> None:
-    """`python -m module argv` in `cwd`, in this forked process: stdout to `out`, stderr to `err`; exits with the
-    module's status."""
+def _module_child(module: str, argv: list[str], cwd: str, out: str, err: str, env: dict | None = None) -> None:
+    """`python -m module argv` in `cwd`, in this forked process: stdout to `out`, stderr to `err`, the environment
+    `env` when given; exits with the module's status."""
     if "torch" in sys.modules:
         # GNU OpenMP's thread pool does not survive fork: a parent that ran a parallel torch op (a test computing
         # in the pytest process) leaves the child's next one waiting on threads that are gone. One thread: no pool.
         sys.modules["torch"].set_num_threads(1)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     os.chdir(cwd)
     sys.path[0] = cwd  # python -m puts the working directory first
     for fd, path in ((1, out), (2, err)):
@@ -139,12 +142,13 @@ def _module_child(module: str, argv: list[str], cwd: str, out: str, err: str) ->
 class Forked:
     """A `python -m module argv` running in a forked child (see _module_child); `result()` waits for it."""
 
-    def __init__(self, module: str, argv: list[str], cwd: Path, logs: Path, timeout: float = 600) -> None:
+    def __init__(self, module: str, argv: list[str], cwd: Path, logs: Path, timeout: float = 600,
+                 env: dict | None = None) -> None:
         self.args = [sys.executable, "-m", module, *argv]
         self.out, self.err = logs.with_name(logs.name + ".out"), logs.with_name(logs.name + ".err")
         self.deadline = time.monotonic() + timeout
         self.proc = multiprocessing.get_context("fork").Process(
-            target=_module_child, args=(module, list(argv), str(cwd), str(self.out), str(self.err)))
+            target=_module_child, args=(module, list(argv), str(cwd), str(self.out), str(self.err), env))
         self.proc.start()
 
     def done(self) -> bool:

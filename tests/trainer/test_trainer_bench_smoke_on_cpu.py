@@ -10,6 +10,7 @@ To add a benchmark: register it in `digenrl_verl.bench.BENCHMARKS` and add its t
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -44,8 +45,17 @@ def _check_driver(out: dict) -> None:
 
 
 def _check_e2e(out: dict) -> None:
-    assert out["bench"] == "e2e" and [r["config"] for r in out["rows"]] == ["digenrl"]
-    assert out["rows"][0]["samples_per_s"] > 0
+    assert out["bench"] == "e2e" and [r["config"] for r in out["rows"]] == ["colocated-best", "digenrl"]
+    for r in out["rows"]:
+        assert r["samples_per_s"] > 0 and 0 < r["busy_utilisation"] <= 1.0 + 1e-6 and math.isfinite(r["reward_mean"])
+        assert r["samples_per_worker_s"] == pytest.approx(r["samples_per_s"] / 2)
+        phases = r["runs"][0]["startup"]
+        for k in ("pools_s", "workers_ready_s", "first_step_s", "worker_boot_imports_s", "model_load_s",
+                  "group_join_s"):
+            assert k in phases and phases[k] >= 0, (k, phases)
+    assert out["vs_colocated_best"] == pytest.approx(out["rows"][1]["samples_per_s"] / out["rows"][0]["samples_per_s"])
+    assert out["vs_colocated_best_per_pass"] == [pytest.approx(out["vs_colocated_best"])]  # one pass: the same ratio
+    assert out["vs_colocated_best_paired_median"] == pytest.approx(out["vs_colocated_best"])
     s = out["startup"]  # the start-up phase: the tiny demo (recipes/run_tiny_cpu.sh settings) and the reference
     assert len(s["demo_runs"]) == 1 and len(s["reference_runs"]) == 1
     assert s["demo_median"]["time_to_first_step_s"] > 0 and s["reference_median"]["time_to_first_step_s"] > 0
@@ -66,7 +76,7 @@ SMOKE: dict[str, Smoke] = {
     "bts": Smoke(("--repeat", "1"), _check_bts, timeout_s=120),
     "driver": Smoke(("--actors", "4", "--steps", "2", "--n", "2", "--ceiling-s", "0.2"), _check_driver),
     "e2e": Smoke(("--repeat", "1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--num-inference-steps", "2",
-                  "--only", "digenrl", "--startup-repeat", "1"), _check_e2e, timeout_s=900),
+                  "--only", "colocated-best", "digenrl", "--startup-repeat", "1"), _check_e2e, timeout_s=900),
     "tcss": Smoke(("--pairs", "2x2:0", "--arms", "on,clip", "--steps", "6"), _check_tcss, timeout_s=900),
     "global_std": Smoke(("--rounds", "1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--n", "2"),
                         _check_global_std, timeout_s=900),

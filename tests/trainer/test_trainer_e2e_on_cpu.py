@@ -233,22 +233,3 @@ def test_bench_ladder_rows_change_one_thing_and_keep_the_micro_batch():
     assert paired_ratios(row, base) == [2.0, 0.75, 2.0]
     with pytest.raises(ValueError):
         paired_ratios(row, base[:2])
-
-
-def test_bench_e2e_json_and_startup_phases(ray_session, capsys):
-    from digenrl_verl.bench import e2e
-
-    assert e2e.main(["--json", "--no-startup", "--only", "colocated-best", "digenrl", "--repeat", "1", "--steps", "2",
-                     "--warmup", "1", "--prompts", "2", "--num-inference-steps", "4"]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert [r["config"] for r in out["rows"]] == ["colocated-best", "digenrl"]
-    for r in out["rows"]:
-        assert r["samples_per_s"] > 0 and 0 < r["busy_utilisation"] <= 1.0 + 1e-6 and np.isfinite(r["reward_mean"])
-        assert r["samples_per_worker_s"] == pytest.approx(r["samples_per_s"] / 2)
-        phases = r["runs"][0]["startup"]
-        for k in ("pools_s", "workers_ready_s", "first_step_s", "worker_boot_imports_s", "model_load_s",
-                  "group_join_s"):
-            assert k in phases and phases[k] >= 0, (k, phases)
-    assert out["vs_colocated_best"] == pytest.approx(out["rows"][1]["samples_per_s"] / out["rows"][0]["samples_per_s"])
-    assert out["vs_colocated_best_per_pass"] == [pytest.approx(out["vs_colocated_best"])]  # one pass: the same ratio
-    assert out["vs_colocated_best_paired_median"] == pytest.approx(out["vs_colocated_best"])

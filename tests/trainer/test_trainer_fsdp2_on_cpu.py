@@ -12,6 +12,7 @@ import pytest
 import ray
 import torch
 
+from digenrl_verl.schedule.invariants import check_run
 from digenrl_verl.schedule.types import TaskKind
 from digenrl_verl.trainer.runner import DigenRLTrainer
 
@@ -57,18 +58,28 @@ class ShardCheckingTrainer(DigenRLTrainer):
 
 
 def test_fsdp2_trainer_gives_the_ddp_weights_and_syncs_whole_weights(train_run):
-    ddp = train_run(*RUN, "actor_rollout_ref.actor.strategy=ddp", name="ddp")
-    fsdp = train_run(*RUN, "actor_rollout_ref.actor.strategy=fsdp2", trainer_cls=ShardCheckingTrainer, name="fsdp2")
+    # two optimizer steps per global step (ppo_mini_batch_size=1 prompt) with recomputed old log-probs: the sharded
+    # ranks keep the step-start weights and swap them in shard by shard for the second mini-batch's recompute passes
+    minibatches = ["actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                   "actor_rollout_ref.rollout.recompute_old_log_probs=true"]
+    ddp = train_run(*RUN, *minibatches, "actor_rollout_ref.actor.strategy=ddp", name="ddp")
+    fsdp = train_run(*RUN, *minibatches, "actor_rollout_ref.actor.strategy=fsdp2", trainer_cls=ShardCheckingTrainer,
+                     name="fsdp2")
     assert fsdp.run.train.sharding.sharded and not ddp.run.train.sharding.sharded
+    assert fsdp.run.schedule.mini_batches_per_step == 2
     assert fsdp.sharded == [["DTensor"], ["DTensor"]]  # both trainer ranks hold shards
+    for t in (ddp, fsdp):
+        assert check_run(t.run.schedule, t.driver.trace.completions) == []
     kinds = [c.task.kind for c in fsdp.driver.trace.sorted_completions()]
     assert TaskKind.TAG_GEN in kinds  # the sharded trainers sampled in lock-step
     # the sharded gradients are the same sums (not averages over the 2 ranks): same global norm at every step
     norms = [[h["actor/grad_norm"] for h in t.reporter.history] for t in (ddp, fsdp)]
     assert norms[0][0] > 0 and all(abs(x - y) <= 1e-5 * x for x, y in zip(*norms)), norms
     a, b = _state(ddp, "trn:0"), _state(fsdp, "trn:0")
+    print(f"FSDP2 vs DDP weights after 2 global steps of 2 optimizer steps: {_max_rel_diff(b, a):.3g}")
     assert _max_rel_diff(b, a) <= 1e-5, _max_rel_diff(b, a)
     assert _max_rel_diff(_state(fsdp, "trn:1"), b) == 0.0
+    assert _max_rel_diff(_state(fsdp, "gen:0"), b) == 0.0
     # the generator received the whole weights: same checksum as both trainer ranks at every step
     for snapshot in fsdp.seen:
         assert len({s["checksum"] for s in snapshot.values()}) == 1, snapshot

@@ -168,23 +168,3 @@ def test_two_optimizer_steps_with_tcss_keep_the_schedule_invariants(train_run):
     print(f"TCSS with 2 optimizer steps per global step: {len(stale)} stale generation task(s)")
     versions = {s["version"] for s in t.worker_stats().values()}
     assert versions == {3}  # after the last SYNC every worker holds the last version
-
-
-@pytest.mark.slow
-def test_fsdp2_trainers_keep_and_swap_sharded_step_start_weights_like_ddp(train_run):
-    # two sharded trainer ranks (DTensor parameters, lock-step recompute passes) against whole-model ranks: the
-    # step-start weights are kept and swapped in shard by shard; eps as tests/trainer/test_trainer_fsdp2_on_cpu.py
-    run = ["data.train_batch_size=2", f"{A}.rollout.n=3", "trainer.digenrl.mode=disaggregated",
-           "trainer.digenrl.pools.trainer.workers_per_node=2", "trainer.digenrl.tsp.chunk_size=3",
-           "trainer.total_training_steps=2", f"{A}.actor.optim.lr=1e-3", f"{A}.actor.optim.eps=1e-3",
-           f"{A}.actor.ppo_mini_batch_size=1", f"{A}.rollout.recompute_old_log_probs=true"]
-    ddp = train_run(*run, f"{A}.actor.strategy=ddp", name="ddp")
-    fsdp = train_run(*run, f"{A}.actor.strategy=fsdp2", name="fsdp2")
-    assert fsdp.run.train.sharding.sharded and fsdp.run.schedule.mini_batches_per_step == 2
-    for t in (ddp, fsdp):
-        assert check_run(t.run.schedule, t.driver.trace.completions) == []
-    a, b = ddp.trainable_state("trn:0"), fsdp.trainable_state("trn:0")
-    print(f"FSDP2 vs DDP weights after 2 global steps of 2 optimizer steps: {_max_rel_diff(b, a):.3g}")
-    assert _max_rel_diff(b, a) <= 1e-5
-    assert _max_rel_diff(fsdp.trainable_state("trn:1"), b) == 0.0
-    assert _max_rel_diff(fsdp.trainable_state("gen:0"), b) == 0.0

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
+import ray
+import torch
 
 from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.trainer.config import build_run
@@ -33,3 +38,33 @@ def train_run(ray_session, tiny_flux_dir, tmp_path):
     yield run
     for t in made:
         t.shutdown()
+
+
+#: the uninterrupted reference of the resume tests (reliability: after a trainer failure; elastic: with another
+#: generator count): disaggregated, TAG off (one generator lane, so the schedule's order is fixed), 4 steps, a
+#: checkpoint every 2
+UNINTERRUPTED = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.optim.lr=3e-3",
+                 "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tag.policy=off",
+                 "trainer.total_training_steps=4", "trainer.save_freq=2"]
+
+
+@dataclass(frozen=True)
+class Uninterrupted:
+    overrides: tuple[str, ...]  # `UNINTERRUPTED`
+    state: dict[str, torch.Tensor]  # trn:0's trainable weights after the last step
+    checkpoints: Path  # its trainer.default_local_dir (global_step_2, global_step_4)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(ray_session, tiny_flux_dir, tmp_path_factory) -> Uninterrupted:
+    """`UNINTERRUPTED` run once per session: the tests that resume the same run compare with it."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    cfg = compose([TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}", f"trainer.digenrl.output_dir={out}",
+                   f"trainer.default_local_dir={out / 'ckpt'}", "trainer.logger=[console]", *UNINTERRUPTED])
+    trainer = DigenRLTrainer(build_run(cfg))
+    try:
+        trainer.fit()
+        state = ray.get(trainer.workers["trn:0"].trainable_state.remote())
+    finally:
+        trainer.shutdown()
+    return Uninterrupted(tuple(UNINTERRUPTED), state, out / "ckpt")

@@ -155,12 +155,11 @@ def test_grow_one_to_two_generators_between_steps_and_shrink_back(train_run):
 
 
 @pytest.mark.slow
-def test_resume_with_a_different_generator_count_reaches_the_same_weights(train_run, tiny_flux_dir, tmp_path, capfd):
-    common = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2"]
-    ckpt_root = tmp_path / "ckpt"
-    first = train_run(*common, f"trainer.default_local_dir={ckpt_root}", name="one_gen")
-    want = ray.get(first.workers["trn:0"].trainable_state.remote())
-    ckpt = ckpt_root / "global_step_2"
+def test_resume_with_a_different_generator_count_reaches_the_same_weights(uninterrupted_run, tiny_flux_dir, tmp_path,
+                                                                         capfd):
+    common = list(uninterrupted_run.overrides)  # one generator, 4 steps, a checkpoint every 2 (run once per session)
+    want = uninterrupted_run.state
+    ckpt = uninterrupted_run.checkpoints / "global_step_2"
     assert read_meta(ckpt)["generators"] == 1
     overrides = [TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",
                  f"trainer.digenrl.output_dir={tmp_path / 'two'}",

@@ -94,12 +94,11 @@ def test_generator_killed_mid_step_is_replaced_and_every_sample_trains_once(trai
 
 
 @pytest.mark.slow
-def test_trainer_failure_is_reported_and_resume_reaches_the_uninterrupted_weights(train_run, tiny_flux_dir, tmp_path):
+def test_trainer_failure_is_reported_and_resume_reaches_the_uninterrupted_weights(uninterrupted_run, tiny_flux_dir,
+                                                                                    tmp_path):
     # tag=off: with one generator lane the schedule's order is fixed, so both runs do the same arithmetic
-    common = [*SMALL, *DISAGG, "trainer.digenrl.tag.policy=off", "trainer.total_training_steps=4",
-              "trainer.save_freq=2"]
-    straight = train_run(*common, name="straight")
-    want = ray.get(straight.workers["trn:0"].trainable_state.remote())
+    common = list(uninterrupted_run.overrides)  # 4 steps, a checkpoint every 2; the uninterrupted run once per session
+    want = uninterrupted_run.state
 
     ckpt_root = tmp_path / "ckpt"
     overrides = [TINY_CPU, f"actor_rollout_ref.model.path={tiny_flux_dir}",

@@ -962,18 +962,44 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
                          "ranks would never get a sample: shrink the pool or raise data.train_batch_size")
 
 
+#: opt-in (``1``) for the generators of a CPU run with ``rollout.name=vllm_omni`` to sample on verl-omni's own
+#: standalone rollout replicas (rollout engine ``verl_omni_replica``) instead of its pipeline in their process; an
+#: environment variable until ``trainer.digenrl`` has a key for it
+REPLICAS_VAR = "DIGENRL_GENERATOR_REPLICAS"
+
+
 def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str) -> str:
     """`rollout.name`, but ``vllm_omni`` on a CPU run where verl-omni is installed: verl-omni's registered rollout
     pipeline then samples in each generator's process (rollout engine ``verl_omni``), the code its GPU replicas run,
-    instead of a refusal for the missing GPU."""
+    instead of a refusal for the missing GPU; with ``DIGENRL_GENERATOR_REPLICAS=1`` (`REPLICAS_VAR`) each generator
+    rank starts one of verl-omni's standalone replicas and samples through it (``verl_omni_replica``)."""
     name = keys(f"{A}.rollout.name")
     if (name != "vllm_omni" or digenrl.dry_run or device != "cpu" or ENGINES.entry(name).unavailable_reason() is None
             or ENGINES.entry("verl_omni").unavailable_reason() is not None):
         return name
+    if os.environ.get(REPLICAS_VAR, "0") == "1":
+        return _replica_engine_name(keys)
     keys.decide(f"{A}.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own registered rollout "
                 "pipeline for the model, built by vLLM-Omni's loader in each generator's process (rollout engine "
-                "verl_omni; vLLM-Omni's servers need a GPU)")
+                f"verl_omni; vLLM-Omni's servers need a GPU; {REPLICAS_VAR}=1 starts verl-omni's replicas instead)")
     return "verl_omni"
+
+
+def _replica_engine_name(keys: RecipeKeys) -> str:
+    """``verl_omni_replica`` (said in the plan); ValueError naming what to set when the replicas' devices, Ray's
+    logical GPUs, are not given to the run."""
+    from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR, logical_gpus
+
+    if not logical_gpus():
+        raise ValueError(f"{REPLICAS_VAR}=1 with {A}.rollout.name=vllm_omni on CPU: verl-omni's replicas take Ray's "
+                         f"logical GPUs as their devices; set {LOGICAL_GPUS_VAR}=1 in the environment and start Ray "
+                         "with one GPU per generator rank (verl-omni's entry points: +ray_kwargs.ray_init.num_gpus=N)"
+                         f", or unset {REPLICAS_VAR} (verl-omni's pipeline in each generator's process)")
+    keys.decide(f"{A}.rollout.name=vllm_omni on CPU with {REPLICAS_VAR}=1: each generator rank starts one of "
+                "verl-omni's standalone rollout replicas (vLLMOmniReplica.init_standalone: its server, AsyncOmni and "
+                "diffusion worker, on one of Ray's logical GPUs) and samples through its server API (rollout engine "
+                "verl_omni_replica); new weights reach it as verl's server adapter sends them")
+    return "verl_omni_replica"
 
 
 def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig, device: str = "cpu") -> RolloutEngineSpec:

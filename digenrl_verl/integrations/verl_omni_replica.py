@@ -20,9 +20,13 @@ clears its cache. Each request carries its own ``global_steps`` (verl-omni's cou
 server's step is not set. Not verl's checkpoint engine yet (tests/verl_omni/test_verl_omni_replica_on_cpu.py sends
 through it with the package's gloo backend); the weights cross this process once per update.
 
-On CPU the replica's devices are Ray's logical GPUs (``DIGENRL_CPU_RAY_GPUS=1``, `platform.cpu.logical_gpus`; Ray
+A run chooses this engine on CPU with ``actor_rollout_ref.rollout.name=vllm_omni`` and
+``DIGENRL_GENERATOR_REPLICAS=1`` (`config.verl_omni.generator_engine_name`; the default stays ``verl_omni``). On CPU
+the replica's devices are Ray's logical GPUs (``DIGENRL_CPU_RAY_GPUS=1``, `platform.cpu.logical_gpus`; Ray
 started with ``num_gpus``) and vLLM-Omni takes one request per batch (``max_num_seqs=1``: its 0.27 request-batch
-race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and vLLM-Omni's defaults. Limits, refused by name in
+race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and vLLM-Omni's defaults. The Ray instance must have
+room beside the run's pools: {CPU: 2, GPU: 1} per replica device (`check_room`; the package's own local Ray start
+gives no logical GPUs yet). Limits, refused by name in
 `check_replica_policy`: architectures whose prompts are tokenized here without the pipeline (Wan2.2 today:
 Qwen-Image's template lives in its pipeline object, SD3's server request needs per-encoder ids), window timestep
 selection, verl-omni's SDE kinds.
@@ -50,6 +54,9 @@ from digenrl_verl.models.registry import read_model_index
 
 ENGINE_NAME = "verl_omni_replica"
 KEY = f"actor_rollout_ref.rollout.name={ENGINE_NAME}"
+#: what verl's standalone replica pool asks per device (`init_standalone`: max_colocate_count 2 CPUs and the device;
+#: ``GPU`` is Ray's logical GPU on CPU)
+REPLICA_BUNDLE = {"CPU": 2.0, "GPU": 1.0}
 #: the ZMQ bucket of a weight update, MiB (verl's ``checkpoint_engine.update_weights_bucket_megabytes`` default)
 BUCKET_MB = 512
 
@@ -144,10 +151,26 @@ def start_replica(cfg: ReplicaConfig) -> Any:
         raise RuntimeError(f"{KEY} on CPU: the replica's devices are Ray's logical GPUs; set {LOGICAL_GPUS_VAR}=1 "
                            "in the generators' environment and start Ray with num_gpus >= "
                            "actor_rollout_ref.rollout.tensor_model_parallel_size")
+    check_room(cfg)
     rollout, model = replica_configs(cfg)
     replica = vLLMOmniReplica(cfg.replica_rank, rollout, model, gpus_per_node=cfg.tp)
     run_async(replica.init_standalone())
     return replica
+
+
+def check_room(cfg: ReplicaConfig) -> None:
+    """RuntimeError naming what to give the Ray cluster when it has no room for the replica now: verl's standalone
+    pool asks one bundle {CPU: 2, GPU: 1} per device (`REPLICA_BUNDLE`) and waits for it without a timeout."""
+    import ray
+
+    need = {k: v * cfg.tp for k, v in REPLICA_BUNDLE.items()}
+    free = ray.available_resources()
+    short = {k: f"{free.get(k, 0):g} free of {v:g} needed" for k, v in need.items() if free.get(k, 0) < v}
+    if short:
+        raise RuntimeError(f"{KEY}: the Ray cluster has no room for generator rank {cfg.replica_rank}'s replica "
+                           f"({short}; its pool takes {REPLICA_BUNDLE} per device, "
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size devices). Start Ray with more "
+                           "CPUs / GPUs (on CPU, logical GPUs: num_gpus)")
 
 
 def server_facts() -> dict:

@@ -105,3 +105,45 @@ def test_a_hand_over_changes_the_replicas_next_samples_to_the_new_weights(run):
     assert max(v for k, v in err.items() if k != "levels") <= TOL and err["levels"] <= 1, err
     assert stale["latents"] > 1e3 * TOL, stale  # not what the old weights sample
     assert rollout.tensors["policy_version"].tolist() == [1] * len(ROWS)
+
+
+def _choice(monkeypatch, **env: str) -> tuple[str, list[str]]:
+    """The generators' engine a CPU run with ``rollout.name=vllm_omni`` gets under `env`, and the plan's decisions."""
+    from omegaconf import OmegaConf
+
+    from digenrl_verl.config.digenrl import DigenRLConfig
+    from digenrl_verl.config.verl_omni import RecipeKeys, generator_engine_name
+
+    for name in ("DIGENRL_GENERATOR_REPLICAS", "DIGENRL_CPU_RAY_GPUS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    keys = RecipeKeys(OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm_omni"}}}))
+    return generator_engine_name(keys, DigenRLConfig(), "cpu"), keys.decisions
+
+
+def test_a_cpu_run_with_vllm_omni_chooses_the_replicas_only_when_asked(monkeypatch):
+    """Default: verl-omni's pipeline in the generator's process (``verl_omni``); ``DIGENRL_GENERATOR_REPLICAS=1``
+    with Ray's logical GPUs: ``verl_omni_replica``, said in the plan; without the logical GPUs: refused, naming
+    what to set."""
+    name, said = _choice(monkeypatch)
+    assert name == "verl_omni" and "DIGENRL_GENERATOR_REPLICAS=1 starts verl-omni's replicas instead" in said[-1]
+    name, said = _choice(monkeypatch, DIGENRL_GENERATOR_REPLICAS="1", DIGENRL_CPU_RAY_GPUS="1")
+    assert name == "verl_omni_replica" and "standalone rollout replicas" in said[-1]
+    with pytest.raises(ValueError, match="DIGENRL_CPU_RAY_GPUS=1 .*num_gpus"):
+        _choice(monkeypatch, DIGENRL_GENERATOR_REPLICAS="1")
+
+
+def test_no_room_for_the_replica_is_refused_before_verl_waits_for_it(monkeypatch):
+    """verl's standalone pool waits for its placement group without a timeout (a run with every CPU of its Ray
+    instance in the package's pools waited 20 minutes); the engine refuses first, naming what is short."""
+    import ray
+
+    from digenrl_verl.integrations.verl_omni_replica import ReplicaConfig, check_room
+
+    cfg = ReplicaConfig(model="m", algorithm="dance_grpo", height=32, width=32, steps=4)
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 1.0, "GPU": 1.0})
+    with pytest.raises(RuntimeError, match=r"no room .*'CPU': '1 free of 2 needed'"):
+        check_room(cfg)
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
+    check_room(cfg)

@@ -992,9 +992,10 @@ def _replica_engine_name(keys: RecipeKeys) -> str:
 
     if not logical_gpus():
         raise ValueError(f"{REPLICAS_VAR}=1 with {A}.rollout.name=vllm_omni on CPU: verl-omni's replicas take Ray's "
-                         f"logical GPUs as their devices; set {LOGICAL_GPUS_VAR}=1 in the environment and start Ray "
-                         "with one GPU per generator rank (verl-omni's entry points: +ray_kwargs.ray_init.num_gpus=N)"
-                         f", or unset {REPLICAS_VAR} (verl-omni's pipeline in each generator's process)")
+                         f"logical GPUs as their devices; set {LOGICAL_GPUS_VAR}=1 in the environment and give the "
+                         "run's Ray instance one GPU per generator rank and 2 CPUs per replica beside its pools (the "
+                         "run's own local instance has no GPUs: RAY_OVERRIDE_RESOURCES='{\"GPU\": N, \"CPU\": M}'),"
+                         f" or unset {REPLICAS_VAR} (verl-omni's pipeline in each generator's process)")
     keys.decide(f"{A}.rollout.name=vllm_omni on CPU with {REPLICAS_VAR}=1: each generator rank starts one of "
                 "verl-omni's standalone rollout replicas (vLLMOmniReplica.init_standalone: its server, AsyncOmni and "
                 "diffusion worker, on one of Ray's logical GPUs) and samples through its server API (rollout engine "

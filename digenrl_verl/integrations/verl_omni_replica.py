@@ -169,8 +169,9 @@ def check_room(cfg: ReplicaConfig) -> None:
     if short:
         raise RuntimeError(f"{KEY}: the Ray cluster has no room for generator rank {cfg.replica_rank}'s replica "
                            f"({short}; its pool takes {REPLICA_BUNDLE} per device, "
-                           "actor_rollout_ref.rollout.tensor_model_parallel_size devices). Start Ray with more "
-                           "CPUs / GPUs (on CPU, logical GPUs: num_gpus)")
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size devices). Give the Ray instance "
+                           "more CPUs / GPUs (on CPU Ray's logical GPUs; a run's own local instance takes them from "
+                           "RAY_OVERRIDE_RESOURCES='{\"GPU\": N, \"CPU\": M}')")
 
 
 def server_facts() -> dict:

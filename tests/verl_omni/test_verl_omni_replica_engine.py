@@ -130,7 +130,7 @@ def test_a_cpu_run_with_vllm_omni_chooses_the_replicas_only_when_asked(monkeypat
     assert name == "verl_omni" and "DIGENRL_GENERATOR_REPLICAS=1 starts verl-omni's replicas instead" in said[-1]
     name, said = _choice(monkeypatch, DIGENRL_GENERATOR_REPLICAS="1", DIGENRL_CPU_RAY_GPUS="1")
     assert name == "verl_omni_replica" and "standalone rollout replicas" in said[-1]
-    with pytest.raises(ValueError, match="DIGENRL_CPU_RAY_GPUS=1 .*num_gpus"):
+    with pytest.raises(ValueError, match="DIGENRL_CPU_RAY_GPUS=1 .*RAY_OVERRIDE_RESOURCES"):
         _choice(monkeypatch, DIGENRL_GENERATOR_REPLICAS="1")
 
 

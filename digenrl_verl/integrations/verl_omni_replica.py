@@ -27,9 +27,9 @@ started with ``num_gpus``) and vLLM-Omni takes one request per batch (``max_num_
 race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and vLLM-Omni's defaults. The Ray instance must have
 room beside the run's pools: {CPU: 2, GPU: 1} per replica device (`check_room`; the package's own local Ray start
 gives no logical GPUs yet). Limits, refused by name in
-`check_replica_policy`: architectures whose prompts are tokenized here without the pipeline (Wan2.2 today:
-Qwen-Image's template lives in its pipeline object, SD3's server request needs per-encoder ids), window timestep
-selection, verl-omni's SDE kinds.
+`check_replica_policy`: architectures whose prompts are tokenized here without the pipeline (`PROMPT_PIPES`: Wan2.2
+and Qwen-Image; SD3's server request needs per-encoder ids, not built yet), window timestep selection, verl-omni's
+SDE kinds.
 """
 
 from __future__ import annotations
@@ -253,8 +253,31 @@ def _wan_prompt_pipe(model_path: str) -> Any:
     return SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model_path, subfolder="tokenizer"))
 
 
+#: the length vLLM-Omni's Qwen-Image pipeline truncates a prompt to, before its template's first tokens are dropped
+QWEN_MAX_TOKENS = 1024
+
+
+class _QwenPromptPipe:
+    """What `verl_omni_rollout._qwen_fields` reads of verl-omni's Qwen-Image pipeline: its text tokenization (the
+    pipeline's prompt template, `models._tiny_tokenizers.QWEN_IMAGE_TEMPLATE`: tests/models holds it to diffusers'
+    pipeline, the replica engine test to vLLM-Omni's; the model's Qwen2 tokenizer; truncated as the pipeline
+    truncates)."""
+
+    def __init__(self, model_path: str) -> None:
+        from transformers import Qwen2Tokenizer
+
+        self.tokenizer = Qwen2Tokenizer.from_pretrained(model_path, subfolder="tokenizer")
+
+    def _tokenize_text_prompt(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
+        from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_DROP, QWEN_IMAGE_TEMPLATE
+
+        tokens = self.tokenizer([QWEN_IMAGE_TEMPLATE.format(text)], max_length=QWEN_MAX_TOKENS + QWEN_IMAGE_DROP,
+                                padding=True, truncation=True, return_tensors="pt")
+        return tokens.input_ids, tokens.attention_mask
+
+
 #: architecture -> the tokenizer(s) the request fields are built with, without loading the pipeline
-PROMPT_PIPES = {"WanPipeline": _wan_prompt_pipe}
+PROMPT_PIPES = {"WanPipeline": _wan_prompt_pipe, "QwenImagePipeline": _QwenPromptPipe}
 
 
 def check_replica_policy(spec: PolicySpec) -> tuple[str, str]:
@@ -263,7 +286,8 @@ def check_replica_policy(spec: PolicySpec) -> tuple[str, str]:
     if architecture not in PROMPT_PIPES:
         raise ValueError(f"actor_rollout_ref.model.path is a {architecture} with {KEY}: this engine builds the "
                          f"server requests of {sorted(PROMPT_PIPES)} only (the others' prompt ids come from their "
-                         "pipeline object); use actor_rollout_ref.rollout.name=verl_omni (CPU) or diffusers")
+                         "pipeline object); unset DIGENRL_GENERATOR_REPLICAS (verl-omni's pipeline in the "
+                         "generator's process) or use actor_rollout_ref.rollout.name=diffusers")
     if spec.rollout.sde_type not in VERL_OMNI_SDE_KINDS:
         raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={spec.rollout.sde_type!r} with {KEY}: verl-omni's "
                          f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}")

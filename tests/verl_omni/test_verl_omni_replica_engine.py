@@ -13,8 +13,11 @@ logical GPUs as the device slots (`_replica_child.py`, engine mode).
   verl's server adapter sends them), the next samples are the in-process engine's with the new weights, and not
   what the old weights sample.
 
-Wan2.2 only: the cheapest replica (~130 s to start on CPU), and the architecture the engine builds requests for
-without a pipeline object (`verl_omni_replica.PROMPT_PIPES`). One replica start for the module.
+* Its server requests, built without a pipeline object (`verl_omni_replica.PROMPT_PIPES`: the tokenizers alone),
+  equal the in-process engine's, which verl-omni's Qwen-Image pipeline tokenizes itself, for Wan2.2 and Qwen-Image.
+
+The replica runs Wan2.2 only: the cheapest (~60-130 s to start on CPU); Qwen-Image's replica (TP 2) serves the same
+requests in test_verl_omni_replica_on_cpu.py. One replica start for the module.
 """
 
 from __future__ import annotations
@@ -147,3 +150,17 @@ def test_no_room_for_the_replica_is_refused_before_verl_waits_for_it(monkeypatch
         check_room(cfg)
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
     check_room(cfg)
+
+
+@pytest.mark.parametrize("arch", ["WanPipeline", "QwenImagePipeline"])
+def test_the_requests_built_without_the_pipeline_are_the_in_process_engines(arch, tmp_path):
+    from digenrl_verl.integrations.verl_omni_replica import PROMPT_PIPES, check_replica_policy
+    from digenrl_verl.integrations.verl_omni_rollout import server_requests
+
+    spec = _spec(arch, str(build_tiny_model_dir(arch, tmp_path / "model")))
+    local = ENGINES.engine_class("verl_omni").from_policy(spec)
+    rows = replace(ROWS, prompts=[ROWS.prompts[0], "x " * 40 + "a very long prompt"])
+    assert check_replica_policy(spec)[0] == arch
+    ours = server_requests(PROMPT_PIPES[arch](spec.model_path), arch, spec, local.sampling, rows)
+    assert ours == local.server_requests(rows)
+    assert all(r["prompt"]["prompt_token_ids"] for r in ours)

@@ -20,6 +20,7 @@ from typing import Callable
 import pytest
 
 from digenrl_verl.bench import BENCHMARKS
+from digenrl_verl.bench import driver as bench_driver
 from digenrl_verl.bench.__main__ import main as bench_main
 
 
@@ -39,9 +40,31 @@ def _check_bts(out: dict) -> None:
 
 
 def _check_driver(out: dict) -> None:
-    assert out["bench"] == "driver" and [r["actors"] for r in out["rows"]] == [4]
-    r = out["rows"][0]
-    assert r["tasks"] == 3 * r["prompts_per_step"] + 2 and r["ray_lane_ceiling_tasks_per_s"] > 0
+    assert out["bench"] == "driver" and [r["actors"] for r in out["rows"]] == [2, 4]
+    assert len(out["load_avg"]) == 3 and out["headline"]["actors"] == 4
+    for key in (*bench_driver.CEILING_KEYS, *bench_driver.RATIOS):
+        assert out["headline"][key] == out["rows"][-1]["medians"][key]
+    assert out["headline"]["target_tasks_per_s"] == 500.0 and isinstance(out["headline"]["meets_target"], bool)
+    for r in out["rows"]:
+        assert r["generators"] + r["trainers"] == r["actors"] and r["steps_measured"] == 1
+        # one measured step: every micro-batch GEN + SCORE + UPDATE, then OPT_STEP and SYNC, all completed
+        assert r["tasks"] == 3 * r["prompts_per_step"] + 2
+        assert r["actor_calls"] >= r["tasks"] and r["decisions"] >= r["tasks"]
+        assert r["tasks_per_s"] == pytest.approx(r["tasks"] / r["wall_s"])
+        assert r["calls_per_task"] == pytest.approx(r["actor_calls"] / r["tasks"])
+        # the ceilings were measured on the same actors: bare round trips, lanes of calls, compiled graphs
+        assert min(r[k] for k in bench_driver.CEILING_KEYS) > 0
+        # each ratio is taken within one run; the row is the run of median rate, `medians` over both runs
+        assert len(r["runs"]) == 2 and r["repeat"] == 2
+        for run in r["runs"]:
+            for key, (rate, ceiling) in bench_driver.RATIOS.items():
+                assert run[key] == pytest.approx(run[rate] / run[ceiling])
+        assert r["medians"]["tasks_per_s"] == pytest.approx(sum(x["tasks_per_s"] for x in r["runs"]) / 2)
+        assert r["tasks_per_s"] == min(x["tasks_per_s"] for x in r["runs"])  # the lower middle of two
+        # the time accounting covers the wall time: its parts are non-negative and add up to it
+        parts = [r[k] for k in bench_driver.TIME_KEYS]
+        assert min(parts) >= 0 and sum(parts) == pytest.approx(r["wall_s"], rel=1e-6)
+        assert set(r["shares"]) == set(bench_driver.TIME_KEYS)
 
 
 def _check_e2e(out: dict) -> None:
@@ -74,7 +97,8 @@ def _check_global_std(out: dict) -> None:
 SMOKE: dict[str, Smoke] = {
     "tsp": Smoke(("--repeats", "1", "--no-memory"), _check_tsp),
     "bts": Smoke(("--repeat", "1"), _check_bts, timeout_s=120),
-    "driver": Smoke(("--actors", "4", "--steps", "2", "--n", "2", "--ceiling-s", "0.2"), _check_driver),
+    "driver": Smoke(("--actors", "2,4", "--steps", "2", "--n", "2", "--ceiling-s", "0.2", "--cgraph", "--repeat", "2"),
+                    _check_driver),
     "e2e": Smoke(("--repeat", "1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--num-inference-steps", "2",
                   "--only", "colocated-best", "digenrl", "--startup-repeat", "1"), _check_e2e, timeout_s=900),
     "tcss": Smoke(("--pairs", "2x2:0", "--arms", "on,clip", "--steps", "6"), _check_tcss, timeout_s=900),

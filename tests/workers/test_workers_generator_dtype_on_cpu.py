@@ -33,32 +33,44 @@ def _policy(model_dir: str, rollout_dtype: str, lora_rank: int):
     return spec.policy
 
 
-@pytest.mark.slow  # two processes
-@pytest.mark.parametrize("lora_rank", [0, 4])
-def test_a_bf16_generator_receives_the_fp32_trainers_weights_cast(tmp_path, lora_rank):
-    """Full fine-tune: every trainable weight is bf16 on the generator, received through an fp32 buffer and cast.
-    LoRA: the frozen base is bf16, the adapters stay fp32 (PEFT keeps adapter weights in fp32), received as sent."""
-    model_dir = str(build_tiny_model_dir("FluxPipeline", tmp_path / "model", seed=0))
-    policy = _policy(model_dir, "bfloat16", lora_rank)
-    assert policy.dtype == "float32" and policy.engine.dtype == "bfloat16"
-    params = list(DiffusersEngine.from_policy(policy).adapter.transformer.parameters())
-    assert {p.dtype for p in params if not p.requires_grad} <= {torch.bfloat16}
-    trained = {p.dtype for p in params if p.requires_grad}
-    assert trained == ({torch.bfloat16} if lora_rank == 0 else {torch.float32})
-    ctx = mp.get_context("spawn")  # not fork: the pytest process holds threads (a forked child could hang)
+LORA_RANKS = (0, 4)
+
+
+@pytest.fixture(scope="module")
+def exchanged(tmp_path_factory) -> dict[int, tuple[object, dict, dict]]:
+    """lora rank -> (policy, what the trainer sent, what the generator holds), every case through one trainer and one
+    generator process (spawned: the pytest process holds threads, a forked child could hang), each its own gloo
+    rendezvous."""
+    model_dir = str(build_tiny_model_dir("FluxPipeline", tmp_path_factory.mktemp("dtype") / "model", seed=0))
+    policies = {r: _policy(model_dir, "bfloat16", r) for r in LORA_RANKS}
+    cases = [(CollectiveSpec("127.0.0.1", free_port(), 1, 1, timeout_s=60.0), policies[r]) for r in LORA_RANKS]
+    ctx = mp.get_context("spawn")
     out_t, out_g = ctx.Queue(), ctx.Queue()
-    spec = CollectiveSpec("127.0.0.1", free_port(), 1, 1, timeout_s=60.0)
-    procs = [ctx.Process(target=ranks.trainer, args=(spec, policy, out_t)),
-             ctx.Process(target=ranks.generator, args=(spec, policy, out_g))]
+    procs = [ctx.Process(target=ranks.trainer, args=(cases, out_t)),
+             ctx.Process(target=ranks.generator, args=(cases, out_g))]
     for p in procs:
         p.start()
     try:
-        sent, got = (torch.load(io.BytesIO(q.get(timeout=240))) for q in (out_t, out_g))
+        got = {r: tuple(torch.load(io.BytesIO(q.get(timeout=240))) for q in (out_t, out_g)) for r in LORA_RANKS}
     finally:
         for p in procs:
             p.join(30)
             if p.is_alive():
                 p.kill()
+    return {r: (policies[r], *got[r]) for r in LORA_RANKS}
+
+
+@pytest.mark.slow  # two processes
+@pytest.mark.parametrize("lora_rank", LORA_RANKS)
+def test_a_bf16_generator_receives_the_fp32_trainers_weights_cast(exchanged, lora_rank):
+    """Full fine-tune: every trainable weight is bf16 on the generator, received through an fp32 buffer and cast.
+    LoRA: the frozen base is bf16, the adapters stay fp32 (PEFT keeps adapter weights in fp32), received as sent."""
+    policy, sent, got = exchanged[lora_rank]
+    assert policy.dtype == "float32" and policy.engine.dtype == "bfloat16"
+    params = list(DiffusersEngine.from_policy(policy).adapter.transformer.parameters())
+    assert {p.dtype for p in params if not p.requires_grad} <= {torch.bfloat16}
+    trained = {p.dtype for p in params if p.requires_grad}
+    assert trained == ({torch.bfloat16} if lora_rank == 0 else {torch.float32})
     assert sorted(sent) == sorted(got) and sent
     for k in sent:
         assert got[k].dtype in trained

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from digenrl_verl.platform.torchvision_stub import stub_torchvision  # noqa: F401  (re-exported: the tests' entry)
+from digenrl_verl.weights.sync import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +75,6 @@ def install_cpu_platform() -> None:
                            f"{type(current).__name__}, not digenrl_verl's CpuOmniPlatform: install the package (its "
                            "vllm_omni.platform_plugins entry point) and leave DIGENRL_CPU_PLATFORM unset")
     patch_sdpa_forward()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_vllm_config(od_config: Any) -> Any:
@@ -132,7 +126,7 @@ def cpu_omni_world() -> None:
     od_config = OmniDiffusionConfig()
     with omni_model_context(od_config):
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
         initialize_model_parallel(backend="gloo")
     _state["world"] = {"owns_process_group": owned}
 
@@ -158,7 +152,7 @@ def build_od_config(model_dir: str, pipeline_class: str, *, dtype: str = "float3
     from vllm_omni.diffusion.data import OmniDiffusionConfig
 
     args = {"model": str(model_dir), "dtype": dtype, "custom_pipeline_args": {"pipeline_class": pipeline_class},
-            "master_port": _free_port(), **kwargs}
+            "master_port": free_port(), **kwargs}
     od_config = OmniDiffusionConfig.from_kwargs(**args)
     od_config.enrich_config()
     return od_config

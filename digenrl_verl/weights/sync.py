@@ -27,8 +27,10 @@ import datetime
 import hashlib
 import ipaddress
 import os
+import random
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 import torch
@@ -180,8 +182,35 @@ def state_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+#: where the OS draws ephemeral ports when Linux does not say (/proc/sys/net/ipv4/ip_local_port_range)
+EPHEMERAL_LOW = 32768
+
+
+def ephemeral_low() -> int:
+    """The lowest port of this machine's ephemeral range: the local ports of outgoing connections come from it."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the OS picks it)."""
+    """A TCP port free on `host` now, for a listener that another process binds later (a rendezvous).
+
+    Drawn below the ephemeral range, in [low / 2, low): a port the OS hands out (``bind(0)``) is one of its ephemeral
+    ports, which every outgoing connection of the machine (Ray's gRPC clients among them) may take as its local port
+    before the listener binds it (``EADDRINUSE``, seen in the suite). Falls back to the OS's pick when none of 200
+    draws binds."""
+    low = ephemeral_low()
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.randrange(max(1024, low // 2), low)
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -108,3 +108,15 @@ def test_a_loopback_store_listens_on_loopback_only(host):
 def test_only_loopback_hosts_are_loopback():
     assert loopback_address("127.0.0.1") == (socket.AF_INET, "127.0.0.1")
     assert loopback_address("192.0.2.7") is None and loopback_address("no-such-host.invalid") is None
+
+
+def test_a_rendezvous_port_is_drawn_below_the_ephemeral_range():
+    """The OS's own pick (bind to port 0) is an ephemeral port, which an outgoing connection (Ray's gRPC clients)
+    can take as its local port before the rendezvous binds it: the suite once failed so (EADDRINUSE on 44247)."""
+    from digenrl_verl.weights.sync import ephemeral_low
+
+    low = ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(low // 2 <= p < low for p in ports) and len(ports) > 1, (low, ports)
+    with socket.create_server(("127.0.0.1", ports.pop())):  # free when drawn
+        pass

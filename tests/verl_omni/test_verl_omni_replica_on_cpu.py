@@ -7,10 +7,10 @@ Its samples equal the in-process pipeline's for the same requests (trajectory la
 weights go through verl-omni's checkpoint-engine manager over the package's gloo backend into the replica's own
 `CheckpointEngineWorker`, its next samples are the in-process pipeline's with those weights, not the old ones'.
 
-Wan2.2 (one worker) and Qwen-Image with ``rollout.tensor_model_parallel_size=2`` (two vLLM-Omni workers over gloo,
-on two of Ray's logical GPUs); their requests are token ids, as the server takes them. SD3.5 is
-not here: verl-omni's agent loop sends it per-encoder ids (`extra_prompt_ids`), which the rollout engine does not
-build yet (it sends SD3 the prompt text, which only the in-process request carries).
+Qwen-Image with ``rollout.tensor_model_parallel_size=2`` (two vLLM-Omni workers over gloo, on two of Ray's logical
+GPUs), and on CUDA Wan2.2 and Qwen-Image with one worker; their requests are token ids, as the server takes them.
+SD3.5 is not here: verl-omni's agent loop sends it per-encoder ids (`extra_prompt_ids`), which the rollout engine does
+not build yet (it sends SD3 the prompt text, which only the in-process request carries).
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ from digenrl_verl.models import build_tiny_model_dir  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 # (architecture, rollout.tensor_model_parallel_size): TP 2 is two vLLM-Omni workers over gloo on two logical GPUs.
-# Qwen-Image at TP 1 is not a case of its own: its TP 2 case takes the same path with a second worker, and Wan2.2
-# holds the one-worker replica (~130 s a replica start on CPU; on CUDA, tests/gpu/run_replica_check.sh, it is a case)
-CASES = (("WanPipeline", 1), ("QwenImagePipeline", 2), *((("QwenImagePipeline", 1),) if torch.cuda.is_available()
-                                                         else ()))
+# On CPU (~60-130 s a replica start) the TP 2 case alone: a one-worker Wan2.2 replica starts in
+# test_verl_omni_replica_engine.py (the same server, its samples against the in-process pipeline's, new weights
+# followed, through the rollout engine), and the TP 2 case takes this test's checkpoint-engine path with two workers.
+# On CUDA (tests/gpu/run_replica_check.sh) each is a case here, Qwen-Image at TP 1 too.
+CASES = (("QwenImagePipeline", 2), *((("WanPipeline", 1), ("QwenImagePipeline", 1)) if torch.cuda.is_available()
+                                     else ()))
 
 
 def _unbatched(value) -> torch.Tensor:

@@ -41,11 +41,11 @@ def train_run(ray_session, tiny_flux_dir, tmp_path):
 
 
 #: the uninterrupted reference of the resume tests (reliability: after a trainer failure; elastic: with another
-#: generator count): disaggregated, TAG off (one generator lane, so the schedule's order is fixed), 4 steps, a
-#: checkpoint every 2; each sample drawn alone (`trainer.digenrl.rows_alone`), so a resumed run with two generators
-#: (a group split over both) draws the same samples bit for bit. Batched, the same 4 steps with two generators end
-#: 0.9 % (relative, worst tensor) from these weights: a uint8 pixel flip of a differently batched sample moves the
-#: group's advantages (tests/trainer/test_trainer_sample_placement_on_cpu.py)
+#: generator count) and of the run whose killed generator rejoins: disaggregated, TAG off (one generator lane, so the
+#: schedule's order is fixed), 4 steps, a checkpoint every 2; each sample drawn alone (`trainer.digenrl.rows_alone`),
+#: so a run with two generators (a group split over both) draws the same samples bit for bit. Batched, the same 4
+#: steps with two generators end 0.9 % (relative, worst tensor) from these weights: a uint8 pixel flip of a
+#: differently batched sample moves the group's advantages (tests/trainer/test_trainer_sample_placement_on_cpu.py)
 UNINTERRUPTED = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.optim.lr=3e-3",
                  "trainer.digenrl.mode=disaggregated", "trainer.digenrl.tag.policy=off",
                  "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.digenrl.rows_alone=true"]

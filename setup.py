@@ -30,7 +30,7 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8", "pytest-asyncio", "hypothesis", "ruff>=0.6"],
+    "test": ["pytest>=8", "pytest-asyncio", "pytest-xdist", "hypothesis", "ruff>=0.6"],
     "ocr": ["rapidocr-onnxruntime"],
     # GPU only: a matching vllm / vllm-omni pair. Never imported on CPU.
     "vllm": ["vllm==0.28.0", "vllm-omni==0.28.0"],

@@ -76,19 +76,6 @@ def _fail_undeclared(report) -> None:
                            f"A skip is a failure unless its reason is declared in tests/conftest.py DECLARED_SKIPS.")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
-def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist's ``--dist loadgroup`` (scripts/test.sh), the tests marked `slow` (Ray runs, fresh
-    interpreters) form one group and run one after another on one worker while the others share the rest: their
-    start-ups are CPU-bound, two at once gain nothing on a small machine and double the load of the timing-sensitive
-    ones (elastic, SIGTERM); the quick tests fill the other core beside them."""
-    if getattr(config.option, "dist", "no") != "loadgroup":
-        return
-    for item in items:
-        if item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group("slow"))
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

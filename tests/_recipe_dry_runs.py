@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,24 +124,23 @@ def _replay_module():
     return module
 
 
+def _outcome(child) -> dict:
+    p = child.result()
+    return {"returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+
 def main(jobs_file: str, results_file: str) -> None:
     """The fork runner: import the entry point once, then each job forked, JOBS at once, in the jobs' order."""
     forked = _replay_module().Forked
     jobs = json.loads(Path(jobs_file).read_text())
     os.environ.update(jobs[0]["env"])  # the recipes' exports (offline hub, no compile) before the import, as bash had
     __import__(ENTRY)
-    pending, running, results = list(enumerate(jobs)), [], [None] * len(jobs)
-    while pending or running:
-        while pending and len(running) < JOBS:
-            i, job = pending.pop(0)
-            running.append((i, forked(ENTRY, job["argv"], Path(job["cwd"]), Path(job["logs"]), env=job["env"])))
-        finished = [r for r in running if r[1].done()]
-        if not finished:
-            time.sleep(0.05)
-        for i, child in finished:
-            running.remove((i, child))
-            p = child.result()
-            results[i] = {"returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+    running, results = [], []
+    for job in jobs:
+        if len(running) >= JOBS:  # the oldest first, as the replay does: the results keep the jobs' order
+            results.append(_outcome(running.pop(0)))
+        running.append(forked(ENTRY, job["argv"], Path(job["cwd"]), Path(job["logs"]), env=job["env"]))
+    results.extend(_outcome(child) for child in running)
     Path(results_file).write_text(json.dumps(results))
 
 

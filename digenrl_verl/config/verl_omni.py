@@ -39,7 +39,7 @@ from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.diffusion.selection import auto_selection
-from digenrl_verl.engines.base import ENGINES
+from digenrl_verl.engines.base import ENGINES, VERL_OMNI_REPLICA
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.lora import AdapterLoraConfig, read_lora_adapter
@@ -962,45 +962,55 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
                          "ranks would never get a sample: shrink the pool or raise data.train_batch_size")
 
 
-#: opt-in (``1``) for the generators of a CPU run with ``rollout.name=vllm_omni`` to sample on verl-omni's own
-#: standalone rollout replicas (rollout engine ``verl_omni_replica``) instead of its pipeline in their process; an
-#: environment variable until ``trainer.digenrl`` has a key for it
-REPLICAS_VAR = "DIGENRL_GENERATOR_REPLICAS"
+#: the opt-in for verl-omni's standalone rollout replicas as the generators of a CPU run (`DigenRLConfig`)
+REPLICAS_KEY = "trainer.digenrl.generator_replicas"
 
 
 def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str) -> str:
     """`rollout.name`, but ``vllm_omni`` on a CPU run where verl-omni is installed: verl-omni's registered rollout
     pipeline then samples in each generator's process (rollout engine ``verl_omni``), the code its GPU replicas run,
-    instead of a refusal for the missing GPU; with ``DIGENRL_GENERATOR_REPLICAS=1`` (`REPLICAS_VAR`) each generator
-    rank starts one of verl-omni's standalone replicas and samples through it (``verl_omni_replica``)."""
+    instead of a refusal for the missing GPU; with ``trainer.digenrl.generator_replicas=true`` (`REPLICAS_KEY`) each
+    generator rank starts one of verl-omni's standalone replicas and samples through it (``verl_omni_replica``).
+    Elsewhere that key has no effect (warned, said in the plan)."""
     name = keys(f"{A}.rollout.name")
-    if (name != "vllm_omni" or digenrl.dry_run or device != "cpu" or ENGINES.entry(name).unavailable_reason() is None
-            or ENGINES.entry("verl_omni").unavailable_reason() is not None):
+    why = _cpu_choice_blocked(name, digenrl, device)
+    if why is not None:
+        if digenrl.generator_replicas:
+            note = f"{REPLICAS_KEY}=true has no effect: {why}"
+            warnings.warn(note, UserWarning, stacklevel=3)
+            keys.decide(f"{note} (warned)")
         return name
-    if os.environ.get(REPLICAS_VAR, "0") == "1":
-        return _replica_engine_name(keys)
+    if digenrl.generator_replicas:
+        keys.decide(f"{REPLICAS_KEY}=true with {A}.rollout.name=vllm_omni on CPU: each generator rank starts one of "
+                    "verl-omni's standalone rollout replicas (vLLMOmniReplica.init_standalone: its server, AsyncOmni "
+                    "and diffusion worker, on one of Ray's logical GPUs) and samples through its server API (rollout "
+                    "engine verl_omni_replica); new weights reach it as verl's server adapter sends them. The run's "
+                    "own local Ray instance gets one logical GPU and 2 more CPUs per generator rank for them (a "
+                    "cluster given by RAY_ADDRESS must have them free)")
+        return VERL_OMNI_REPLICA.name
     keys.decide(f"{A}.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own registered rollout "
                 "pipeline for the model, built by vLLM-Omni's loader in each generator's process (rollout engine "
-                f"verl_omni; vLLM-Omni's servers need a GPU; {REPLICAS_VAR}=1 starts verl-omni's replicas instead)")
+                f"verl_omni; vLLM-Omni's servers need a GPU; {REPLICAS_KEY}=true starts verl-omni's replicas "
+                "instead)")
     return "verl_omni"
 
 
-def _replica_engine_name(keys: RecipeKeys) -> str:
-    """``verl_omni_replica`` (said in the plan); ValueError naming what to set when the replicas' devices, Ray's
-    logical GPUs, are not given to the run."""
-    from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR, logical_gpus
-
-    if not logical_gpus():
-        raise ValueError(f"{REPLICAS_VAR}=1 with {A}.rollout.name=vllm_omni on CPU: verl-omni's replicas take Ray's "
-                         f"logical GPUs as their devices; set {LOGICAL_GPUS_VAR}=1 in the environment and give the "
-                         "run's Ray instance one GPU per generator rank and 2 CPUs per replica beside its pools (the "
-                         "run's own local instance has no GPUs: RAY_OVERRIDE_RESOURCES='{\"GPU\": N, \"CPU\": M}'),"
-                         f" or unset {REPLICAS_VAR} (verl-omni's pipeline in each generator's process)")
-    keys.decide(f"{A}.rollout.name=vllm_omni on CPU with {REPLICAS_VAR}=1: each generator rank starts one of "
-                "verl-omni's standalone rollout replicas (vLLMOmniReplica.init_standalone: its server, AsyncOmni and "
-                "diffusion worker, on one of Ray's logical GPUs) and samples through its server API (rollout engine "
-                "verl_omni_replica); new weights reach it as verl's server adapter sends them")
-    return "verl_omni_replica"
+def _cpu_choice_blocked(name: str, digenrl: DigenRLConfig, device: str) -> str | None:
+    """Why `rollout.name` stays as written (the CPU choice between verl-omni's pipeline and its replicas does not
+    apply), or None where it applies: ``vllm_omni`` on a CPU run that verl-omni can serve."""
+    if name != "vllm_omni":
+        return (f"{A}.rollout.name={name} (the replicas are verl-omni's vLLM-Omni rollout: set "
+                f"{A}.rollout.name=vllm_omni, or drop the key)")
+    if digenrl.dry_run:
+        return "a dry run starts no worker (the plan is the cluster's)"
+    if device != "cpu":
+        return f"trainer.device={device} (the key chooses the generators of a CPU run; drop it)"
+    if ENGINES.entry(name).unavailable_reason() is None:
+        return f"vLLM-Omni's own engine runs here ({A}.rollout.name=vllm_omni takes it); drop the key"
+    missing = ENGINES.entry("verl_omni").unavailable_reason()
+    if missing is not None:
+        return f"verl-omni's replicas need verl-omni here ({missing})"
+    return None
 
 
 def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig, device: str = "cpu") -> RolloutEngineSpec:

@@ -21,12 +21,13 @@ server's step is not set. Not verl's checkpoint engine yet (tests/verl_omni/test
 through it with the package's gloo backend); the weights cross this process once per update.
 
 A run chooses this engine on CPU with ``actor_rollout_ref.rollout.name=vllm_omni`` and
-``DIGENRL_GENERATOR_REPLICAS=1`` (`config.verl_omni.generator_engine_name`; the default stays ``verl_omni``). On CPU
-the replica's devices are Ray's logical GPUs (``DIGENRL_CPU_RAY_GPUS=1``, `platform.cpu.logical_gpus`; Ray
-started with ``num_gpus``) and vLLM-Omni takes one request per batch (``max_num_seqs=1``: its 0.27 request-batch
-race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and vLLM-Omni's defaults. The Ray instance must have
-room beside the run's pools: {CPU: 2, GPU: 1} per replica device (`check_room`; the package's own local Ray start
-gives no logical GPUs yet). Limits, refused by name in
+``trainer.digenrl.generator_replicas=true`` (`config.verl_omni.generator_engine_name`; the default stays
+``verl_omni``). On CPU the replica's devices are Ray's logical GPUs (`platform.cpu.logical_gpus`, which the run turns
+on in its generators' environment: `trainer.runner.worker_env`) and vLLM-Omni takes one request per batch
+(``max_num_seqs=1``: its 0.27 request-batch race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and
+vLLM-Omni's defaults. The Ray instance must have room beside the run's pools: {CPU: 2, GPU: 1} per replica device
+(`REPLICA_BUNDLE`; the run's own local Ray start adds them, `trainer.runner.local_ray_resources`; a cluster joined
+through ``RAY_ADDRESS`` is checked, `check_room`). Limits, refused by name in
 `check_replica_policy`: architectures whose prompts are tokenized here without the pipeline (`PROMPT_PIPES`: Wan2.2
 and Qwen-Image; SD3's server request needs per-encoder ids, not built yet), window timestep selection, verl-omni's
 SDE kinds.
@@ -45,6 +46,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from digenrl_verl.config.verl_omni import REPLICAS_KEY
 from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
 from digenrl_verl.engines.spec import VERL_OMNI_SDE_KINDS, PolicySpec
 from digenrl_verl.integrations.verl_omni_rollout import (
@@ -148,9 +150,9 @@ def start_replica(cfg: ReplicaConfig) -> Any:
         raise RuntimeError(f"{KEY} starts verl-omni's replica on the Ray cluster of this process; none is connected "
                            "(the generator workers run inside one)")
     if not cuda_host() and not logical_gpus():
-        raise RuntimeError(f"{KEY} on CPU: the replica's devices are Ray's logical GPUs; set {LOGICAL_GPUS_VAR}=1 "
-                           "in the generators' environment and start Ray with num_gpus >= "
-                           "actor_rollout_ref.rollout.tensor_model_parallel_size")
+        raise RuntimeError(f"{KEY} on CPU: the replica's devices are Ray's logical GPUs, and this process is not in "
+                           f"their mode ({LOGICAL_GPUS_VAR}=1, which a run sets in its generators' environment when "
+                           f"{REPLICAS_KEY}=true); start the generators through the run")
     check_room(cfg)
     rollout, model = replica_configs(cfg)
     replica = vLLMOmniReplica(cfg.replica_rank, rollout, model, gpus_per_node=cfg.tp)
@@ -170,8 +172,8 @@ def check_room(cfg: ReplicaConfig) -> None:
         raise RuntimeError(f"{KEY}: the Ray cluster has no room for generator rank {cfg.replica_rank}'s replica "
                            f"({short}; its pool takes {REPLICA_BUNDLE} per device, "
                            "actor_rollout_ref.rollout.tensor_model_parallel_size devices). Give the Ray instance "
-                           "more CPUs / GPUs (on CPU Ray's logical GPUs; a run's own local instance takes them from "
-                           "RAY_OVERRIDE_RESOURCES='{\"GPU\": N, \"CPU\": M}')")
+                           "more CPUs / GPUs (on CPU Ray's logical GPUs: `ray start --num-gpus N --num-cpus M` for a "
+                           f"cluster given by RAY_ADDRESS; a run's own local instance gets them from {REPLICAS_KEY})")
 
 
 def server_facts() -> dict:
@@ -286,7 +288,7 @@ def check_replica_policy(spec: PolicySpec) -> tuple[str, str]:
     if architecture not in PROMPT_PIPES:
         raise ValueError(f"actor_rollout_ref.model.path is a {architecture} with {KEY}: this engine builds the "
                          f"server requests of {sorted(PROMPT_PIPES)} only (the others' prompt ids come from their "
-                         "pipeline object); unset DIGENRL_GENERATOR_REPLICAS (verl-omni's pipeline in the "
+                         f"pipeline object); set {REPLICAS_KEY}=false (verl-omni's pipeline in the "
                          "generator's process) or use actor_rollout_ref.rollout.name=diffusers")
     if spec.rollout.sde_type not in VERL_OMNI_SDE_KINDS:
         raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={spec.rollout.sde_type!r} with {KEY}: verl-omni's "

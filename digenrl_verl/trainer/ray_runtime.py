@@ -46,13 +46,15 @@ RAY_TOKEN_NOTICE = ("ray._private.authentication.authentication_token_setup",
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
-def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torch_threads: int = 1,
-                   resources: dict[str, float] | None = None, cpu_only: bool = False,
+def init_local_ray(num_cpus: int | None = None, *, num_gpus: int | None = None, dashboard: bool = False,
+                   torch_threads: int = 1, resources: dict[str, float] | None = None, cpu_only: bool = False,
                    extra_env: Mapping[str, str] | None = None) -> None:
     """Start a local Ray instance that listens on 127.0.0.1 only.
 
     Args:
         num_cpus: logical CPUs Ray may hand out. Worker bundles take 1 each, so tests over-subscribe.
+        num_gpus: GPUs Ray may hand out (None: the host's); on a CPU host, Ray's logical GPUs (the devices of
+            verl-omni's replicas, `trainer.runner.local_ray_resources`).
         dashboard: start the dashboard (off by default: it opens another port).
         torch_threads: intra-op threads per worker process (OMP_NUM_THREADS), so workers do not fight
             over the cores of a small machine.
@@ -81,6 +83,7 @@ def init_local_ray(num_cpus: int | None = None, *, dashboard: bool = False, torc
     ray.init(
         address="local",
         num_cpus=num_cpus,
+        num_gpus=num_gpus,
         resources=resources,
         include_dashboard=dashboard,
         _node_ip_address=LOCAL_NODE_IP,

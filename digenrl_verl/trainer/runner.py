@@ -34,6 +34,7 @@ from verl.trainer.ppo.metric_utils import process_validation_metrics
 
 from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.diffusion.rollout import RolloutConfig
+from digenrl_verl.engines.base import VERL_OMNI_REPLICA
 from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.platform import process_env, select_cpu_platform
 from digenrl_verl.schedule.cost import CostProfiler
@@ -110,6 +111,46 @@ def _at(metric: str) -> int:
     return int(metric.split("@")[-1].split("/")[0])
 
 
+def replica_devices(run: RunSpec) -> int:
+    """Ray's logical GPUs the generators of a CPU run take for verl-omni's standalone replicas
+    (`trainer.digenrl.generator_replicas`: rollout engine ``verl_omni_replica``, one replica of TP 1 per generator
+    rank); 0 for every other run."""
+    if run.policy.engine.name != VERL_OMNI_REPLICA.name or run.policy.device != "cpu":
+        return 0
+    return run.digenrl.pools[run.digenrl.generator_role].size
+
+
+def local_ray_resources(run: RunSpec) -> tuple[int, int | None]:
+    """(num_cpus, num_gpus) of the run's own local Ray instance: one CPU per pool worker and per replica of a judge
+    on its own pool (colocated replicas reserve none), at least 2; with verl-omni's replicas as the generators
+    (`replica_devices`), each adds verl's standalone pool bundle (`REPLICA_BUNDLE`: 2 CPUs and one logical GPU).
+    num_gpus None: Ray counts the host's GPUs."""
+    d = run.digenrl
+    cpus = sum(d.pools[r].size for r in d.roles)
+    judge = run.reward.reward_model
+    if judge is not None and judge.pool is not None and not judge.pool.colocated:
+        cpus += judge.pool.replicas
+    devices = replica_devices(run)
+    if not devices:
+        return max(cpus, 2), None
+    from digenrl_verl.integrations.verl_omni_replica import REPLICA_BUNDLE
+
+    return max(cpus, 2) + int(REPLICA_BUNDLE["CPU"]) * devices, int(REPLICA_BUNDLE["GPU"]) * devices
+
+
+def worker_env(run: RunSpec, role: str) -> dict[str, str]:
+    """Environment of a pool's worker processes: verl's platform for their device (`process_env`); the generators
+    of `replica_devices` also in Ray's logical-GPU mode (`platform.cpu.LOGICAL_GPUS_VAR`), which the replica actors
+    they start inherit (Ray merges a parent's ``env_vars`` into its children's): verl's CPU platform then names
+    ``GPU`` as the replicas' Ray resource."""
+    env = process_env(cpu=not run.digenrl.pools[role].use_gpu)
+    if role == run.digenrl.generator_role and replica_devices(run):
+        from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR  # registers verl's CPU platform: CPU runs only
+
+        env[LOGICAL_GPUS_VAR] = "1"
+    return env
+
+
 class DigenRLTrainer:
     """One run of `python -m digenrl_verl.main`. Subclass and override a step to change one behaviour."""
 
@@ -175,11 +216,8 @@ class DigenRLTrainer:
     # ----------------------------------------------------------------------------------- workers
     def start_ray(self) -> None:
         if not ray.is_initialized():
-            total = sum(self.run.digenrl.pools[r].size for r in self.run.digenrl.roles)
-            judge = self.run.reward.reward_model
-            own = judge is not None and judge.pool is not None and not judge.pool.colocated
-            total += judge.pool.replicas if own else 0  # colocated replicas reserve no CPU
-            init_local_ray(num_cpus=max(total, 2), torch_threads=self.run.digenrl.torch_threads,
+            num_cpus, num_gpus = local_ray_resources(self.run)
+            init_local_ray(num_cpus=num_cpus, num_gpus=num_gpus, torch_threads=self.run.digenrl.torch_threads,
                            cpu_only=self.cpu_only())
         if self.cpu_only():  # this driver's verl asks its platform for the pools' placement groups
             select_cpu_platform()
@@ -231,7 +269,7 @@ class DigenRLTrainer:
             wg = make_worker_group(manager.pool_for("trainer" if role == "colocated" else role, role), cls,
                                    name_prefix=f"digenrl_{role}_{run_id}",
                                    device_name="cuda" if d.pools[role].use_gpu else "cpu", rendezvous=self.rendezvous(),
-                                   worker_env=process_env(cpu=not d.pools[role].use_gpu))
+                                   worker_env=worker_env(self.run, role))
             self.worker_groups[role] = wg
             self.mark(f"submitted_{role}")
             for i, actor in enumerate(wg.workers):
@@ -317,7 +355,7 @@ class DigenRLTrainer:
         env = {"WORLD_SIZE": str(max(wg.world_size, rank + 1)), "RANK": str(rank), "WG_BACKEND": "ray",
                "WG_PREFIX": f"digenrl_generator_{self.run_id}", "RAY_LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": str(wg.master_address), "MASTER_PORT": str(wg.master_port),
-               **process_env(cpu=not pool_cfg.use_gpu)}
+               **worker_env(self.run, "generator")}
         cls.update_options({"runtime_env": {"env_vars": env},
                             "name": f"digenrl_generator_{self.run_id}_r{rank}_{uuid.uuid4().hex[:4]}"})
         return cls(placement_group=pg, placement_group_bundle_idx=bundle, use_gpu=pool_cfg.use_gpu,

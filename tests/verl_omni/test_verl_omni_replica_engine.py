@@ -110,31 +110,32 @@ def test_a_hand_over_changes_the_replicas_next_samples_to_the_new_weights(run):
     assert rollout.tensors["policy_version"].tolist() == [1] * len(ROWS)
 
 
-def _choice(monkeypatch, **env: str) -> tuple[str, list[str]]:
-    """The generators' engine a CPU run with ``rollout.name=vllm_omni`` gets under `env`, and the plan's decisions."""
+def _choice(**digenrl) -> tuple[str, list[str]]:
+    """The generators' engine a CPU run with ``rollout.name=vllm_omni`` gets with the `trainer.digenrl` settings
+    `digenrl`, and the plan's decisions."""
     from omegaconf import OmegaConf
 
     from digenrl_verl.config.digenrl import DigenRLConfig
     from digenrl_verl.config.verl_omni import RecipeKeys, generator_engine_name
 
-    for name in ("DIGENRL_GENERATOR_REPLICAS", "DIGENRL_CPU_RAY_GPUS"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     keys = RecipeKeys(OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm_omni"}}}))
-    return generator_engine_name(keys, DigenRLConfig(), "cpu"), keys.decisions
+    return generator_engine_name(keys, DigenRLConfig(**digenrl), "cpu"), keys.decisions
 
 
 def test_a_cpu_run_with_vllm_omni_chooses_the_replicas_only_when_asked(monkeypatch):
-    """Default: verl-omni's pipeline in the generator's process (``verl_omni``); ``DIGENRL_GENERATOR_REPLICAS=1``
-    with Ray's logical GPUs: ``verl_omni_replica``, said in the plan; without the logical GPUs: refused, naming
-    what to set."""
-    name, said = _choice(monkeypatch)
-    assert name == "verl_omni" and "DIGENRL_GENERATOR_REPLICAS=1 starts verl-omni's replicas instead" in said[-1]
-    name, said = _choice(monkeypatch, DIGENRL_GENERATOR_REPLICAS="1", DIGENRL_CPU_RAY_GPUS="1")
+    """Default: verl-omni's pipeline in the generator's process (``verl_omni``); ``trainer.digenrl.generator_replicas
+    =true`` alone (no environment: the run gives the replicas Ray's logical GPUs itself): ``verl_omni_replica``,
+    said in the plan; in a dry run the key has no effect, warned by name."""
+    from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR
+
+    monkeypatch.delenv(LOGICAL_GPUS_VAR, raising=False)
+    name, said = _choice()
+    assert name == "verl_omni" and "trainer.digenrl.generator_replicas=true starts verl-omni's replicas" in said[-1]
+    name, said = _choice(generator_replicas=True)
     assert name == "verl_omni_replica" and "standalone rollout replicas" in said[-1]
-    with pytest.raises(ValueError, match="DIGENRL_CPU_RAY_GPUS=1 .*RAY_OVERRIDE_RESOURCES"):
-        _choice(monkeypatch, DIGENRL_GENERATOR_REPLICAS="1")
+    with pytest.warns(UserWarning, match="trainer.digenrl.generator_replicas=true has no effect: a dry run"):
+        name, said = _choice(generator_replicas=True, dry_run=True)
+    assert name == "vllm_omni" and said[-1].endswith("(warned)")
 
 
 def test_no_room_for_the_replica_is_refused_before_verl_waits_for_it(monkeypatch):

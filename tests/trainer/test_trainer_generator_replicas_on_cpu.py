@@ -1,0 +1,92 @@
+"""`trainer.digenrl.generator_replicas`: a CPU run with `rollout.name=vllm_omni` opts in to verl-omni's standalone
+rollout replicas as its generators (rollout engine ``verl_omni_replica``) with the key alone.
+
+* The run plans it: the engine, the key in plan.json, a decision saying what it chose.
+* The run gives the replicas their resources itself: its local Ray instance one logical GPU and 2 more CPUs per
+  generator rank (`local_ray_resources`), its generators' processes Ray's logical-GPU mode (`worker_env`); nothing
+  for a run without the key.
+* Set where it has no effect (another rollout engine, a dry run): warned by name and said in the plan.
+
+verl-omni itself is not needed here: its packages' presence is stood in for (`find_spec`, which is all the engine
+registry asks), and no worker starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+
+from digenrl_verl.config.digenrl import DigenRLConfig
+from digenrl_verl.main import TINY_CPU, compose
+from digenrl_verl.models import build_tiny_model_dir
+from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR
+from digenrl_verl.trainer.config import build_run
+from digenrl_verl.trainer.runner import local_ray_resources, worker_env
+
+A = "actor_rollout_ref"
+KEY = "trainer.digenrl.generator_replicas"
+DISAGGREGATED = ("trainer.digenrl.mode=disaggregated", "trainer.digenrl.pools.generator.workers_per_node=2",
+                 "trainer.digenrl.tag.policy=off", f"{A}.rollout.algo.sde_window_size=2")
+
+
+@pytest.fixture(scope="module")
+def wan_dir(tmp_path_factory) -> str:
+    """A tiny Wan2.2 (an architecture both verl-omni engines serve)."""
+    return str(build_tiny_model_dir("WanPipeline", tmp_path_factory.mktemp("models") / "tiny_wan"))
+
+
+@pytest.fixture
+def verl_omni_present(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: object()
+                        if name in ("verl_omni", "vllm_omni") else real(name, *a, **k))
+
+
+def _build(model_dir, *overrides):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = build_run(compose([TINY_CPU, f"{A}.model.path={model_dir}", *overrides]))
+    return spec, [str(w.message) for w in caught]
+
+
+def test_the_key_plans_the_replicas_and_gives_them_ray_resources(wan_dir, verl_omni_present):
+    spec, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, f"{KEY}=true")
+    assert spec.policy.engine.name == "verl_omni_replica"
+    assert spec.plan()["config"][KEY] is True
+    said = [d for d in spec.decisions if d.startswith(f"{KEY}=true with {A}.rollout.name=vllm_omni on CPU")]
+    assert len(said) == 1 and "one logical GPU and 2 more CPUs per generator rank" in said[0], spec.decisions
+    assert "engines: generation verl_omni_replica" in spec.describe()
+    # 1 trainer + 2 generator workers, and per generator rank verl's standalone replica bundle {CPU: 2, GPU: 1}
+    assert local_ray_resources(spec) == (3 + 2 * 2, 2)
+    assert worker_env(spec, "generator")[LOGICAL_GPUS_VAR] == "1"
+    assert LOGICAL_GPUS_VAR not in worker_env(spec, "trainer")
+
+
+def test_without_the_key_the_run_keeps_verl_omnis_pipeline_and_ray_gets_no_gpus(wan_dir, verl_omni_present):
+    spec, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED)
+    assert spec.policy.engine.name == "verl_omni" and spec.plan()["config"][KEY] is False
+    assert any(f"{KEY}=true starts verl-omni's replicas instead" in d for d in spec.decisions), spec.decisions
+    assert local_ray_resources(spec) == (3, None)
+    assert LOGICAL_GPUS_VAR not in worker_env(spec, "generator")
+
+
+@pytest.mark.parametrize("overrides,why", [
+    ((f"{A}.rollout.name=diffusers",), f"{A}.rollout.name=diffusers"),
+    ((f"{A}.rollout.name=vllm_omni", "trainer.digenrl.dry_run=true"), "a dry run starts no worker"),
+])
+def test_the_key_where_it_has_no_effect_is_warned_by_name(wan_dir, verl_omni_present, overrides, why):
+    spec, warned = _build(wan_dir, *overrides, *DISAGGREGATED, f"{KEY}=true")
+    assert spec.policy.engine.name != "verl_omni_replica" and local_ray_resources(spec)[1] is None
+    note = f"{KEY}=true has no effect: {why}"
+    assert any(m.startswith(note) for m in warned), warned
+    assert any(d.startswith(note) and d.endswith("(warned)") for d in spec.decisions), spec.decisions
+
+
+def test_a_value_that_is_not_a_bool_names_the_key(wan_dir):
+    """Hydra's typed node refuses it while composing; the section's own check where it is built from a mapping."""
+    with pytest.raises(Exception, match=KEY.replace(".", r"\.")):
+        _build(wan_dir, f"{KEY}=sometimes")
+    with pytest.raises(ValueError, match=rf"{KEY.replace('.', '[.]')}='yes' is invalid: use true or false"):
+        DigenRLConfig.from_node({"generator_replicas": "yes"})

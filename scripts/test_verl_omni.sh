@@ -41,4 +41,10 @@ if [[ $# -eq 0 ]]; then set -- tests/verl_omni; fi
 "$VERL_OMNI_PY" scripts/tier_preflight.py "--banner=verl-omni venv: verl {verl.__version__}, verl-omni a1139baf + \
 patches/verl-omni-a1139baf, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}" "$@"
 # -rs: every skip with its reason; tests/conftest.py fails any skip whose reason DECLARED_SKIPS["verl_omni"] lacks
-exec "$VERL_OMNI_PY" -m pytest -q -rs -p no:randomly -s --durations=10 "$@"
+# Two pytest-xdist workers where the machine has two cores or more, each test file on one worker (--dist loadfile: a
+# module's fixtures run once), as scripts/test.sh; DIGENRL_TEST_WORKERS=N sets how many, 0 runs in this process (and
+# with -s, so a hung replica's output shows). Measured in docs/benchmarks.md ("CI time").
+workers="${DIGENRL_TEST_WORKERS:-$("$VERL_OMNI_PY" -c 'import os; print(2 if (os.cpu_count() or 1) >= 2 else 0)')}"
+dist=(-s)
+if (( workers > 0 )); then dist=(-n "$workers" --dist loadfile); fi
+exec "$VERL_OMNI_PY" -m pytest -q -rs -p no:randomly --durations=10 "${dist[@]}" "$@"

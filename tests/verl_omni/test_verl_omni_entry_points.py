@@ -24,14 +24,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import multiprocessing
 import os
 import re
-import runpy
 import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -132,51 +128,6 @@ def test_import_verl_registers_the_v1_trainer_mode_in_a_fresh_process():
 
 
 # ------------------------------------------------------------------------------------------ entry points, forked
-def _child(entry: str, argv: list[str], log: str, cwd: str) -> None:
-    os.chdir(cwd)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = sys.stdout
-    try:
-        sys.argv = [entry, *argv]
-        runpy.run_module(entry, run_name="__main__", alter_sys=True)  # what `python -m entry argv` runs
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # noqa: BLE001 - reported as the traceback it is
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    os._exit(code)
-
-
-def start_entry_point(entry: str, argv: list[str], log: Path, cwd: Path, timeout: float = 900):
-    """verl-omni's entry point `entry` with `argv`, as `python -m entry argv` runs it in `cwd` (its Hydra `main`),
-    started in a process forked from this one (verl-omni imported once); `finish_entry_point` waits for it."""
-    proc = multiprocessing.get_context("fork").Process(target=_child, args=(entry, argv, str(log), str(cwd)))
-    proc.start()
-    return proc, [entry, *argv], log, time.monotonic() + timeout
-
-
-def finish_entry_point(started) -> subprocess.CompletedProcess:
-    """The exit status and output of a `start_entry_point` run (killed at its timeout)."""
-    proc, args, log, deadline = started
-    proc.join(max(0.0, deadline - time.monotonic()))
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-    return subprocess.CompletedProcess(args, proc.exitcode, stdout=log.read_text(), stderr="")
-
-
-def run_entry_point(entry: str, argv: list[str], log: Path, cwd: Path, timeout: float = 900) \
-        -> subprocess.CompletedProcess:
-    """verl-omni's entry point `entry` with `argv`, as `python -m entry argv` runs it in `cwd`, in a forked process:
-    exit status and output."""
-    return finish_entry_point(start_entry_point(entry, argv, log, cwd, timeout))
-
-
 #: v1 scripts run through our v1 main: verl-omni's composition and run_diffusion_v1, the config checked before Ray
 V1_MAIN = "digenrl_verl.integrations.verl_omni"
 
@@ -206,12 +157,12 @@ def replayed(tmp_path_factory):
     prompts.write_text("".join(f'a photo of the word "hello {i}"\n' for i in range(1024)))
     scripts = sorted(p for t in replay.TRAINERS for p in (repo / "examples" / t).rglob("*.sh"))
     rows = {"as shipped": [], "unsupported dropped": []}
-    running = []  # (row, started): ENTRY_POINT_JOBS at once, each a forked child (the rows keep the scripts' order)
+    running = []  # (row, forked): ENTRY_POINT_JOBS at once, each a forked child (the rows keep the scripts' order)
 
-    def finish(row, started):
-        proc = finish_entry_point(started)
+    def finish(row, forked):
+        proc = forked.result()
         row["result"], row["detail"] = replay.classify(proc)
-        row["handed_over"] = HANDED in proc.stdout
+        row["handed_over"] = HANDED in proc.stdout + proc.stderr
 
     for i, script in enumerate(scripts):
         rel = str(script.relative_to(repo / "examples"))
@@ -237,8 +188,8 @@ def replayed(tmp_path_factory):
                 finish(*running.pop(0))
             row = {"script": rel, "entry": entry.rsplit(".", 1)[-1]}
             rows[variant].append(row)
-            running.append((row, start_entry_point(runs, argv, work / f"{script.stem}-{variant[:2]}.log",
-                                                   cwd=repo)))  # as a user
+            running.append((row, replay.Forked(runs, argv, repo, work / f"{script.stem}-{variant[:2]}",
+                                               timeout=900)))  # as a user runs it, in the archive's tree
     while running:
         finish(*running.pop(0))
     return rows

@@ -12,11 +12,15 @@ and it is active only when all three hold:
 - (vLLM only) vLLM is not itself a CPU build (its version carries ``+cpu``): then its own `CpuPlatform` activates.
 
 `cpu_worker_plugin` (entry point of ``vllm_omni.general_plugins``, which every diffusion worker process loads before
-it builds its `WorkerProc`) applies, on CPU and in a diffusion worker process only, the two patches no hook covers:
+it builds its `WorkerProc`) applies, on CPU and in a diffusion worker process only, the three patches no hook covers:
 - `WorkerProc._async_output_loop` (the thread that moves a result to shared memory) builds a side stream from
   ``torch.accelerator.current_accelerator().type``, None on a host without an accelerator, so the thread dies and
   every request waits forever; and a stream handed to `pack_diffusion_output_shm` means a pinned, stream-ordered
   copy. That thread is answered the CPU device, and a CPU stream is not handed on (the plain copy path);
+- the worker's main thread (COMPUTE_DONE, RPC replies) and that output thread (OUTPUT_READY) both write the one
+  result `MessageQueue`, whose `enqueue` is not thread-safe (its ring-buffer slot and its zmq socket); on CPU the
+  output thread writes at once, so a reply can race it: libzmq aborts the worker (``Assertion failed: check ()
+  (src/msg.cpp:387)``) and the request waits forever. Writes to one queue are serialized (`_serialized_enqueue`);
 - float32 attention always goes through vLLM-Omni's stock `SDPAImpl`, whose `forward` refuses an out-of-tree
   platform (`digenrl_verl.platform.omni_cpu_attention.patch_sdpa_forward`);
 and, where torchvision is not installed, empty torchvision modules (`digenrl_verl.platform.torchvision_stub`).
@@ -106,9 +110,25 @@ def _no_cpu_stream(pack: Any) -> Any:
     return pack_diffusion_output_shm
 
 
+def _serialized_enqueue(enqueue: Any) -> Any:
+    """`MessageQueue.enqueue` that one thread at a time runs for a given queue (a lock per queue, made under one)."""
+    made = threading.Lock()
+
+    def serialized(self: Any, *args: Any, **kwargs: Any) -> Any:
+        lock = self.__dict__.get("_digenrl_enqueue_lock")
+        if lock is None:
+            with made:
+                lock = self.__dict__.setdefault("_digenrl_enqueue_lock", threading.Lock())
+        with lock:
+            return enqueue(self, *args, **kwargs)
+
+    serialized.digenrl_serialized = True
+    return serialized
+
+
 def cpu_worker_plugin() -> None:
-    """vLLM-Omni general plugin (every process; idempotent): on CPU, a diffusion worker's output thread and float32
-    attention run."""
+    """vLLM-Omni general plugin (every process; idempotent): on CPU, a diffusion worker's output thread, its result
+    queue's writes from two threads, and float32 attention run."""
     import sys
 
     worker = sys.modules.get("vllm_omni.diffusion.worker.diffusion_worker")
@@ -120,6 +140,8 @@ def cpu_worker_plugin() -> None:
         torch.accelerator.current_accelerator = _cpu_for_output_thread(torch.accelerator.current_accelerator)
     if not getattr(worker.pack_diffusion_output_shm, "digenrl_cpu_output_thread", False):
         worker.pack_diffusion_output_shm = _no_cpu_stream(worker.pack_diffusion_output_shm)
+    if not getattr(worker.MessageQueue.enqueue, "digenrl_serialized", False):
+        worker.MessageQueue.enqueue = _serialized_enqueue(worker.MessageQueue.enqueue)
     from digenrl_verl.platform.omni_cpu_attention import patch_sdpa_forward
     from digenrl_verl.platform.torchvision_stub import stub_torchvision
 

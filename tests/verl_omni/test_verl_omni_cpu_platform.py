@@ -36,6 +36,10 @@ from digenrl_verl.integrations.verl_omni_rollout import pipeline_weights  # noqa
 from digenrl_verl.models import build_tiny_model_dir  # noqa: E402
 from digenrl_verl.models.config import LoraConfig, PipelineConfig  # noqa: E402
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
+    sys.path.append(str(Path(__file__).resolve().parent))
+from _engine_harness import run_code  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 TOL = 1e-5
 PROBE = """
@@ -183,3 +187,44 @@ def test_weights_sent_as_verls_server_adapter_sends_them_change_the_next_samples
           f"sample by {moved:.2e})")
     assert err <= TOL and levels <= 1
     assert stale > 1e-2 and moved > 1e-2  # not what the old weights sample
+
+
+_TWO_WRITERS = """
+import threading, torch
+import vllm_omni.diffusion.worker.diffusion_worker as worker
+from digenrl_verl.platform.vllm_plugins import cpu_worker_plugin
+cpu_worker_plugin()  # what a diffusion worker process runs before it builds its WorkerProc
+assert getattr(worker.MessageQueue.enqueue, "digenrl_serialized", False)
+writer = worker.MessageQueue(n_reader=1, n_local_reader=1, local_reader_ranks=[0])
+handle, got, N = writer.export_handle(), [], 200
+
+def read():
+    reader = worker.MessageQueue.create_from_handle(handle, 0)
+    reader.wait_until_ready()
+    for _ in range(2 * N):
+        got.append(reader.dequeue(timeout=60))
+
+def write(tag, big):  # every other message over the ring's chunk size: the zmq path
+    for i in range(N):
+        writer.enqueue((tag, i, big if i % 2 else None))
+
+r = threading.Thread(target=read)
+r.start()
+writer.wait_until_ready()
+ts = [threading.Thread(target=write, args=(t, torch.zeros(5_000_000))) for t in "ab"]
+[t.start() for t in ts]
+[t.join() for t in ts]
+r.join(120)
+print("IN ORDER", len(got), all([m[1] for m in got if m[0] == t] == list(range(N)) for t in "ab"))
+"""
+
+
+@pytest.mark.slow  # a fresh process with vLLM-Omni's worker module
+def test_the_worker_result_queue_takes_writes_from_two_threads():
+    """A diffusion worker's main thread (COMPUTE_DONE, RPC replies) and its output thread (OUTPUT_READY) both write
+    its one result `MessageQueue`, whose `enqueue` is not thread-safe: on CPU the output thread writes at once, and
+    CI saw the worker abort in libzmq (``Assertion failed: check () (src/msg.cpp:387)``) while the replica's next RPC
+    was answered, the request then waiting out its 900 s. With the package's worker plugin two threads' writes all
+    arrive, in each thread's order. Without its serialization (by hand, 2026-12-07: the same script with the plugin's
+    enqueue wrapper left out) the reader timed out after losing messages."""
+    assert "IN ORDER 400 True" in run_code(_TWO_WRITERS, timeout=300)

@@ -47,7 +47,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from digenrl_verl.config.verl_omni import REPLICAS_KEY
-from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
+from digenrl_verl.engines.base import ENGINES, REPLICA_BUNDLE, InPlaceWeights, Rollout, RolloutRows
 from digenrl_verl.engines.spec import VERL_OMNI_SDE_KINDS, PolicySpec
 from digenrl_verl.integrations.verl_omni_rollout import (
     pipeline_weights, sampling_dict, server_requests, shadow_transformer, stack_rollout, trajectory_rows)
@@ -56,9 +56,6 @@ from digenrl_verl.models.registry import read_model_index
 
 ENGINE_NAME = "verl_omni_replica"
 KEY = f"actor_rollout_ref.rollout.name={ENGINE_NAME}"
-#: what verl's standalone replica pool asks per device (`init_standalone`: max_colocate_count 2 CPUs and the device;
-#: ``GPU`` is Ray's logical GPU on CPU)
-REPLICA_BUNDLE = {"CPU": 2.0, "GPU": 1.0}
 #: the ZMQ bucket of a weight update, MiB (verl's ``checkpoint_engine.update_weights_bucket_megabytes`` default)
 BUCKET_MB = 512
 

@@ -34,7 +34,7 @@ from verl.trainer.ppo.metric_utils import process_validation_metrics
 
 from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.diffusion.rollout import RolloutConfig
-from digenrl_verl.engines.base import VERL_OMNI_REPLICA
+from digenrl_verl.engines.base import REPLICA_BUNDLE, VERL_OMNI_REPLICA
 from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.platform import process_env, select_cpu_platform
 from digenrl_verl.schedule.cost import CostProfiler
@@ -133,8 +133,6 @@ def local_ray_resources(run: RunSpec) -> tuple[int, int | None]:
     devices = replica_devices(run)
     if not devices:
         return max(cpus, 2), None
-    from digenrl_verl.integrations.verl_omni_replica import REPLICA_BUNDLE
-
     return max(cpus, 2) + int(REPLICA_BUNDLE["CPU"]) * devices, int(REPLICA_BUNDLE["GPU"]) * devices
 
 

@@ -219,14 +219,27 @@ def send_weights(server: Any, weights: Iterable[tuple[str, torch.Tensor]], *, re
         except BaseException as e:  # noqa: BLE001 - re-raised below, after the RPC
             errors.append(e)
 
-    threads = [threading.Thread(target=push, args=(rank,)) for rank in range(tp)]
+    threads = [threading.Thread(target=push, args=(rank,), daemon=True) for rank in range(tp)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    _join_unless_the_rpc_fails(threads, receiving)
     ray.get(receiving)
     if errors:
         raise errors[0]
+
+
+def _join_unless_the_rpc_fails(threads: list[threading.Thread], receiving: Any, poll_s: float = 1.0) -> None:
+    """Wait for the sending threads; if the receiving RPC ends first with an error (a diffusion worker died: its
+    sender would wait for its reply forever), raise that error now (the daemon threads are left behind)."""
+    import ray
+
+    while any(t.is_alive() for t in threads):
+        done, _ = ray.wait([receiving], timeout=poll_s)
+        if done:
+            ray.get(receiving)  # raises the worker's failure; a success lets the senders finish
+            for t in threads:
+                t.join()
+            return
 
 
 def served_media(output: Any) -> torch.Tensor:

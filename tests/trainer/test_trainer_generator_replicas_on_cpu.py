@@ -90,3 +90,31 @@ def test_a_value_that_is_not_a_bool_names_the_key(wan_dir):
         _build(wan_dir, f"{KEY}=sometimes")
     with pytest.raises(ValueError, match=rf"{KEY.replace('.', '[.]')}='yes' is invalid: use true or false"):
         DigenRLConfig.from_node({"generator_replicas": "yes"})
+
+
+def test_a_weight_update_to_a_dead_worker_fails_instead_of_waiting_forever(ray_session):
+    """`send_weights` streams to each diffusion worker over ZMQ while the server's RPC receives them there; when the
+    worker dies (CI: a libzmq abort) the RPC fails and the sender would wait for its reply forever (the replica test
+    then waited out 900 s). The wait ends with the RPC's error; with a good RPC the senders are joined."""
+    import threading
+    import time
+
+    from digenrl_verl.integrations.verl_omni_replica import _join_unless_the_rpc_fails
+
+    @ray_session.remote
+    def rpc(fail: bool) -> str:
+        time.sleep(0.5)
+        if fail:
+            raise RuntimeError("EngineCore encountered an issue")
+        return "ok"
+
+    stuck = threading.Thread(target=threading.Event().wait, daemon=True)  # a sender waiting for a reply
+    stuck.start()
+    start = time.monotonic()
+    with pytest.raises(ray_session.exceptions.RayTaskError, match="EngineCore"):
+        _join_unless_the_rpc_fails([stuck], rpc.remote(True), poll_s=0.1)
+    assert time.monotonic() - start < 30 and stuck.is_alive()
+    done = threading.Thread(target=time.sleep, args=(1.0,))
+    done.start()
+    _join_unless_the_rpc_fails([done], rpc.remote(False), poll_s=0.1)
+    assert not done.is_alive()

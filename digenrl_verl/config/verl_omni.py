@@ -40,6 +40,7 @@ from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.diffusion.selection import auto_selection
 from digenrl_verl.engines.base import ENGINES, VERL_OMNI_REPLICA
+from digenrl_verl.engines.spec import REPLICAS_KEY
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
 from digenrl_verl.models.lora import AdapterLoraConfig, read_lora_adapter
@@ -962,8 +963,6 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
                          "ranks would never get a sample: shrink the pool or raise data.train_batch_size")
 
 
-#: the opt-in for verl-omni's standalone rollout replicas as the generators of a CPU run (`DigenRLConfig`)
-REPLICAS_KEY = "trainer.digenrl.generator_replicas"
 
 
 def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str) -> str:

@@ -15,6 +15,11 @@ VERL_OMNI_SDE_KINDS = {"sde": ("flow_grpo", "sde"), "cps": ("flow_grpo", "cps"),
 #: the architectures whose prompts the ``verl_omni`` engine maps to verl-omni's request fields (verl-omni registers
 #: rollout pipelines for these with flow_grpo / dance_grpo; `integrations.verl_omni_rollout.PROMPT_FIELDS`)
 VERL_OMNI_ARCHITECTURES = ("QwenImagePipeline", "StableDiffusion3Pipeline", "WanPipeline")
+#: the architectures whose server requests the ``verl_omni_replica`` engine builds from tokenizers alone, without the
+#: pipeline object (`integrations.verl_omni_replica.PROMPT_PIPES`); SD3's request needs per-encoder ids, not built yet
+REPLICA_ARCHITECTURES = ("QwenImagePipeline", "WanPipeline")
+#: the key that chooses verl-omni's replicas as the generators of a CPU run (`DigenRLConfig.generator_replicas`)
+REPLICAS_KEY = "trainer.digenrl.generator_replicas"
 
 #: how a vLLM-Omni engine is reached: `async_omni` (vLLM-Omni's AsyncOmni, GPU; what the config builds) or
 #: `inprocess` (`engines.vllm_omni.InProcessOmniEngine`, the vLLM-free reference the CPU tests use)
@@ -90,6 +95,8 @@ class PolicySpec:
     def __post_init__(self) -> None:
         if self.engine.name == "verl_omni" and self.engine.runs_here:
             check_verl_omni_policy(self)
+        if self.engine.name == "verl_omni_replica":  # refused when the run is planned, before any worker starts
+            check_replica_policy(self)
 
 
 def check_verl_omni_policy(spec: PolicySpec) -> tuple[str, str]:
@@ -114,3 +121,22 @@ def check_verl_omni_policy(spec: PolicySpec) -> tuple[str, str]:
                          "rollout replicas are not started by this version. Fix: actor_rollout_ref.rollout.name="
                          "diffusers or vllm_omni")
     return VERL_OMNI_SDE_KINDS[rollout.sde_type]
+
+
+def check_replica_policy(spec: PolicySpec) -> tuple[str, str]:
+    """(architecture, verl-omni algorithm) of `spec` for the rollout engine ``verl_omni_replica`` (verl-omni's
+    standalone rollout replicas); ValueError naming the key of what that engine cannot do."""
+    key = "actor_rollout_ref.rollout.name=verl_omni_replica"
+    architecture = read_model_index(spec.model_path)["_class_name"]
+    if architecture not in REPLICA_ARCHITECTURES:
+        raise ValueError(f"actor_rollout_ref.model.path is a {architecture} with {key}: this engine builds the "
+                         f"server requests of {list(REPLICA_ARCHITECTURES)} only (the others' prompt ids come from "
+                         f"their pipeline object); set {REPLICAS_KEY}=false (verl-omni's pipeline in the "
+                         "generator's process) or use actor_rollout_ref.rollout.name=diffusers")
+    if spec.rollout.sde_type not in VERL_OMNI_SDE_KINDS:
+        raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={spec.rollout.sde_type!r} with {key}: verl-omni's "
+                         f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}")
+    if spec.rollout.timestep_selection != "window":
+        raise ValueError(f"actor_rollout_ref.rollout.algo.timestep_selection={spec.rollout.timestep_selection!r} "
+                         f"with {key}: verl-omni's rollout samples one SDE window per row; use window")
+    return architecture, VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][0]

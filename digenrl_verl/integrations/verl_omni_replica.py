@@ -27,10 +27,10 @@ on in its generators' environment: `trainer.runner.worker_env`) and vLLM-Omni ta
 (``max_num_seqs=1``: its 0.27 request-batch race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and
 vLLM-Omni's defaults. The Ray instance must have room beside the run's pools: {CPU: 2, GPU: 1} per replica device
 (`REPLICA_BUNDLE`; the run's own local Ray start adds them, `trainer.runner.local_ray_resources`; a cluster joined
-through ``RAY_ADDRESS`` is checked, `check_room`). Limits, refused by name in
-`check_replica_policy`: architectures whose prompts are tokenized here without the pipeline (`PROMPT_PIPES`: Wan2.2
-and Qwen-Image; SD3's server request needs per-encoder ids, not built yet), window timestep selection, verl-omni's
-SDE kinds.
+through ``RAY_ADDRESS`` is checked, `check_room`). Limits, refused by name when the run is planned
+(`engines.spec.check_replica_policy`, from `PolicySpec`): architectures whose prompts are tokenized here without the
+pipeline (`PROMPT_PIPES`: Wan2.2 and Qwen-Image; SD3's server request needs per-encoder ids, not built yet), window
+timestep selection, verl-omni's SDE kinds.
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from digenrl_verl.config.verl_omni import REPLICAS_KEY
 from digenrl_verl.engines.base import ENGINES, REPLICA_BUNDLE, InPlaceWeights, Rollout, RolloutRows
-from digenrl_verl.engines.spec import VERL_OMNI_SDE_KINDS, PolicySpec
+from digenrl_verl.engines.spec import REPLICAS_KEY, VERL_OMNI_SDE_KINDS, PolicySpec, check_replica_policy
 from digenrl_verl.integrations.verl_omni_rollout import (
     pipeline_weights, sampling_dict, server_requests, shadow_transformer, stack_rollout, trajectory_rows)
 from digenrl_verl.models.pipeline_adapter import to_uint8
@@ -290,23 +289,6 @@ class _QwenPromptPipe:
 
 #: architecture -> the tokenizer(s) the request fields are built with, without loading the pipeline
 PROMPT_PIPES = {"WanPipeline": _wan_prompt_pipe, "QwenImagePipeline": _QwenPromptPipe}
-
-
-def check_replica_policy(spec: PolicySpec) -> tuple[str, str]:
-    """(architecture, verl-omni algorithm) for this engine; ValueError naming the key of what it cannot do."""
-    architecture = read_model_index(spec.model_path)["_class_name"]
-    if architecture not in PROMPT_PIPES:
-        raise ValueError(f"actor_rollout_ref.model.path is a {architecture} with {KEY}: this engine builds the "
-                         f"server requests of {sorted(PROMPT_PIPES)} only (the others' prompt ids come from their "
-                         f"pipeline object); set {REPLICAS_KEY}=false (verl-omni's pipeline in the "
-                         "generator's process) or use actor_rollout_ref.rollout.name=diffusers")
-    if spec.rollout.sde_type not in VERL_OMNI_SDE_KINDS:
-        raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={spec.rollout.sde_type!r} with {KEY}: verl-omni's "
-                         f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}")
-    if spec.rollout.timestep_selection != "window":
-        raise ValueError(f"actor_rollout_ref.rollout.algo.timestep_selection={spec.rollout.timestep_selection!r} "
-                         f"with {KEY}: verl-omni's rollout samples one SDE window per row; use window")
-    return architecture, VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][0]
 
 
 def training_schedule(model_config: Any, architecture: str, algorithm: str) -> torch.Tensor:

@@ -92,6 +92,18 @@ def test_a_value_that_is_not_a_bool_names_the_key(wan_dir):
         DigenRLConfig.from_node({"generator_replicas": "yes"})
 
 
+def test_a_model_the_replicas_cannot_serve_is_refused_when_the_run_is_planned(tmp_path, verl_omni_present):
+    """SD3 (its server request needs per-encoder ids, not built) is refused by name while the config is built, before
+    Ray or any worker starts; the architectures planned are the ones the engine builds requests for."""
+    from digenrl_verl.engines.spec import REPLICA_ARCHITECTURES
+    from digenrl_verl.integrations.verl_omni_replica import PROMPT_PIPES
+
+    assert sorted(PROMPT_PIPES) == sorted(REPLICA_ARCHITECTURES)
+    sd3 = str(build_tiny_model_dir("StableDiffusion3Pipeline", tmp_path / "tiny_sd3"))
+    with pytest.raises(ValueError, match=f"StableDiffusion3Pipeline with .*verl_omni_replica.*{KEY}=false"):
+        _build(sd3, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, f"{KEY}=true")
+
+
 def test_a_weight_update_to_a_dead_worker_fails_instead_of_waiting_forever(ray_session):
     """`send_weights` streams to each diffusion worker over ZMQ while the server's RPC receives them there; when the
     worker dies (CI: a libzmq abort) the RPC fails and the sender would wait for its reply forever (the replica test

@@ -1,5 +1,9 @@
 """`python -m digenrl_verl.bench e2e [--json] [--repeat R]`: colocated baselines and the DigenRL ladder on Ray (CPU).
 
+`--baseline verl_omni` runs another bench instead: verl-omni's own stock trainer against the same command line
+with the flag (`digenrl_verl.bench.e2e_verl_omni`; its options: `e2e --baseline verl_omni --help`). Without
+`--baseline` (or `--baseline ladder`) it runs the ladder below.
+
 Same tiny FLUX model ("bench" size: 2+2 blocks, 64 latent tokens at 128 px), same batch, the same two CPU worker
 processes (colocated: 2 workers that generate, score, then train; disaggregated: 1 generator + 1 trainer), the same
 `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu` in every row. Each row runs `--steps` global steps, R times
@@ -63,6 +67,8 @@ RECOMPUTE = "actor_rollout_ref.rollout.recompute_old_log_probs=true"
 NO_RECOMPUTE = "actor_rollout_ref.rollout.recompute_old_log_probs=false"
 PIPE = ["trainer.digenrl.gap=true", "trainer.digenrl.pipeline=true"]
 ON_POLICY = ["trainer.digenrl.tcss.staleness=0"]
+#: `--baseline`: this module's ladder, or verl-omni's own trainer (`digenrl_verl.bench.e2e_verl_omni`)
+BASELINES = ("ladder", "verl_omni")
 
 LADDER: list[tuple[str, list[str]]] = [
     ("colocated-verl-omni", [*COLOCATED, "trainer.digenrl.tsp.enabled=false", RECOMPUTE]),
@@ -270,6 +276,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-startup", action="store_true", help="skip the start-up measurement")
     p.add_argument("--startup-only", action="store_true", help="only the start-up measurement (no ladder)")
     p.add_argument("--one-process-reference", metavar="MODEL", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--baseline", choices=BASELINES, default="ladder",
+                   help="ladder (default): the rows of this bench's docstring, on the package's own trainer; "
+                        "verl_omni: verl-omni's stock trainer against the flag on its command line (its options: "
+                        "e2e --baseline verl_omni --help)")
     return p
 
 
@@ -350,7 +360,20 @@ def _report_ladder(out: dict, runs: dict[str, list[dict]], args: argparse.Namesp
                   f"their median {out[f'{k}_paired_median']:.3f}")
 
 
+def _baseline(argv: list[str]) -> tuple[str, list[str]]:
+    """`--baseline` (default "ladder") and the rest of `argv`."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--baseline", choices=BASELINES, default="ladder")
+    known, rest = pre.parse_known_args(argv)
+    return known.baseline, rest
+
+
 def main(argv: list[str]) -> int:
+    baseline, rest = _baseline(argv)
+    if baseline == "verl_omni":  # another bench, its own options (imports nothing of verl-omni until it runs)
+        from digenrl_verl.bench import e2e_verl_omni
+
+        return e2e_verl_omni.main(rest)
     p = _parser()
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

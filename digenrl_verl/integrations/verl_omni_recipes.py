@@ -26,6 +26,13 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 A = "actor_rollout_ref"
+#: a custom reward file with verl-omni's reward signature (`.format(name=...)`): mean intensity in [0, 1], the stand-in
+#: for a recipe's `reward_files` in tiny runs (verl-omni's own need a served VLM or the HPSv3 model)
+STAND_IN_REWARD = '''
+def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
+    """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""
+    return float(solution_image.float().mean() / 255.0)
+'''
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from digenrl_verl.integrations.verl_omni_recipes import STAND_IN_REWARD  # noqa: F401  (the tests import it here)
+
 ROOT = Path(__file__).resolve().parents[2]
-#: a custom reward file with verl-omni's reward signature (`.format(name=...)`): mean intensity in [0, 1]
-STAND_IN_REWARD = '''
-def {name}(data_source=None, solution_image=None, ground_truth=None, extra_info=None, **kwargs):
-    """Stand-in with verl-omni's reward signature: mean intensity in [0, 1]."""
-    return float(solution_image.float().mean() / 255.0)
-'''
 
 
 def free_port() -> int:

@@ -963,8 +963,6 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
                          "ranks would never get a sample: shrink the pool or raise data.train_batch_size")
 
 
-
-
 def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str) -> str:
     """`rollout.name`, but ``vllm_omni`` on a CPU run where verl-omni is installed: verl-omni's registered rollout
     pipeline then samples in each generator's process (rollout engine ``verl_omni``), the code its GPU replicas run,

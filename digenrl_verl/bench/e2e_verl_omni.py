@@ -317,9 +317,10 @@ def run_pair(stock: list[str], root: Path, steps: int, pythonpath: str | None = 
 def actor_file(root: Path, step: int, kind: str) -> dict:
     """verl's actor checkpoint file `kind` ("model", "optim") of world size 1 at `step` under `root`."""
     import torch
+    import torch.distributed.tensor  # noqa: F401  (registers DTensor for the weights-only unpickler)
 
-    return torch.load(root / f"global_step_{step}" / "actor" / f"{kind}_world_size_1_rank_0.pt", map_location="cpu",
-                      weights_only=False)
+    path = root / f"global_step_{step}" / "actor" / f"{kind}_world_size_1_rank_0.pt"
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _local(t):

@@ -69,6 +69,7 @@ from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig, TagConfig
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.plan import GapPlanner
 from digenrl_verl.schedule.types import worker_pool
+from digenrl_verl.trainer.lane_leaders import LeaderRayExecutor, start_leaders
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import init_local_ray
 from digenrl_verl.workers.calls import pack
@@ -80,11 +81,15 @@ CEILING_S = 3.0  # seconds of each ceiling measurement per row (after a warm-up)
 CGRAPH_WARMUP_TIMEOUT_S = 120.0
 CEILING_KEYS = ("ray_ceiling_calls_per_s", "ray_lane_ceiling_tasks_per_s", "ray_call_lane_ceiling_tasks_per_s",
                 "ray_lane_ceiling_calls_per_s", "ray_call_lane_ceiling_calls_per_s",
+                "ray_leader_lane_ceiling_tasks_per_s", "ray_leader_call_lane_ceiling_tasks_per_s",
                 "plain_fanout_tasks_per_s", "cgraph_lane_executions_per_s", "lane_ceiling_idle_cgraph_tasks_per_s")
 RATIOS = {"vs_lane_ceiling": ("tasks_per_s", "ray_lane_ceiling_tasks_per_s"),
           "vs_call_lane_ceiling": ("tasks_per_s", "ray_call_lane_ceiling_tasks_per_s"),
           "vs_lane_ceiling_calls": ("calls_per_s", "ray_lane_ceiling_calls_per_s"),
-          "vs_call_lane_ceiling_calls": ("calls_per_s", "ray_call_lane_ceiling_calls_per_s")}
+          "vs_call_lane_ceiling_calls": ("calls_per_s", "ray_call_lane_ceiling_calls_per_s"),
+          "leaders_vs_lane_ceiling": ("leaders_tasks_per_s", "ray_lane_ceiling_tasks_per_s"),
+          "leaders_vs_leader_lane_ceiling": ("leaders_tasks_per_s", "ray_leader_lane_ceiling_tasks_per_s"),
+          "leaders_vs_leader_call_lane_ceiling": ("leaders_tasks_per_s", "ray_leader_call_lane_ceiling_tasks_per_s")}
 """ratio -> (the driver's rate, the ceiling it is divided by), both from the same run. The `_calls` ratios count actor
 calls, not tasks: the ceilings' groups finish tasks of different sizes at different rates (at 8 actors a lane of 7
 ranks beside one trainer rank, whose one-call tasks are most of the ceiling's), so their tasks/s holds a task mix other
@@ -185,6 +190,45 @@ class DriverCalls:
         return refs
 
 
+class LeaderDriverCalls(DriverCalls):
+    """`DriverCalls` made as `LeaderRayExecutor` makes them: one call per group and task to the group's lane leader
+    (`heads[g]`, its workers `names[g]`), which makes the rank calls (a GEN's shards cut by the leader from the step
+    batch, put once), no driver: Ray's own rate for the driver's calls through the same leaders. A lane's SCORE reads
+    the decoded-sample refs of its GEN's answer (ready by then); the UPDATEs read lane 0's latest trajectories."""
+
+    def __init__(self, lanes: int, batch: StepBatch, heads: list, names: list[list[str]]) -> None:
+        super().__init__(lanes, batch)
+        self.heads, self.names = heads, names
+        self.box = [ray.put(batch)]
+        self.answers: dict[int, Any] = {}  # lane -> its last GEN's answer (ref)
+        self.traj_list: list = []
+
+    def __call__(self, g: int, ranks: list) -> list:
+        names, head = self.names[g], self.heads[g]
+        if g >= self.lanes:  # the trainer ranks: UPDATE, lane 0's trajectories by reference
+            if not self.traj_list:
+                self.traj_list = [a[0] for a in ray.get(self.answers[0])]
+            calls = [(w, "update_call", (pack([r], [0.0], float(len(names)), False, 0, 1),
+                                         self.traj_list[r % len(self.traj_list)])) for r, w in enumerate(names)]
+            return [head.fan.remote(calls)]
+        self.turns[g] += 1
+        if self.turns[g] % 2 == 0:  # SCORE of the lane's last GEN (answered: the lane's task is done)
+            answer = ray.get(self.answers[g])
+            if g == 0:
+                self.traj_list = [a[0] for a in answer]
+            return [head.fan.remote([(w, "score_call", (pack([r]), a[1]))
+                                     for r, (w, a) in enumerate(zip(names, answer))])]
+        ref = head.generate.remote(0, self.box, [(w, [r], pack([r], 0)) for r, w in enumerate(names)])
+        self.answers[g] = ref
+        return [ref]
+
+
+def groups_of(workers: dict[str, Any], n: int) -> list[list[str]]:
+    """The run's groups of worker ids: its GAP lanes of `n` generators (the planner's), then the trainer ranks."""
+    gens = [w for w in workers if worker_pool(w) == "gen"]
+    return [list(lane) for lane in GapPlanner().lanes(gens, n)] + [[w for w in workers if worker_pool(w) == "trn"]]
+
+
 def cgraph_lane_executions(groups: list[list], seconds: float) -> dict[str, float]:
     """Ray Compiled Graphs (shared-memory channels, no per-call RPC) over the same groups: one graph per group
     (`receive_weights` on every rank, outputs gathered), executed round-robin, one execution in flight per graph.
@@ -215,10 +259,11 @@ def cgraph_lane_executions(groups: list[list], seconds: float) -> dict[str, floa
 
 
 def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: float = CEILING_S,
-             cgraph: bool = False, repeat: int = 1) -> dict[str, Any]:
-    """One row: start the actors, then `repeat` times: the driver (a warm-up step, `steps - 1` measured) and the
-    ceilings on the same actors right after it. The row's figures are the run of median driver rate (its time
-    accounting adds up); `medians` has the median over the runs of the rate, every ceiling and every ratio (each
+             cgraph: bool = False, repeat: int = 1, leaders: bool = True) -> dict[str, Any]:
+    """One row: start the actors (and with `leaders` one lane leader per group), then `repeat` times: the driver with
+    `RayExecutor` (a warm-up step, `steps - 1` measured), the driver with `LeaderRayExecutor` (the same), and the
+    ceilings on the same actors right after them. The row's figures are the run of median driver rate (its time
+    accounting adds up); `medians` has the median over the runs of the rates, every ceiling and every ratio (each
     ratio is taken within its run: driver and ceiling minutes apart, under the same load)."""
     shape = shape_of(actors, n)
     t0 = time.perf_counter()
@@ -226,43 +271,64 @@ def run_case(actors: int, steps: int, n: int, profile: bool = False, ceiling_s: 
     workers = {f"gen:{i}": remote.remote(i) for i in range(shape["generators"])}
     workers.update({f"trn:{i}": remote.remote(1000 + i) for i in range(shape["trainers"])})
     ray.get([w.ready.remote() for w in workers.values()])
+    leader_of = start_leaders(workers, groups_of(workers, n)) if leaders else None
     startup_s = time.perf_counter() - t0
     runs = []
     try:
         for _ in range(repeat):
-            load = os.getloadavg()[0]
-            run = {**measure_driver(workers, shape, steps, n, profile), **ceilings(workers, n, ceiling_s, cgraph)}
-            run["calls_per_task"] = run["actor_calls"] / max(run["tasks"], 1)
-            for key, (rate, ceiling) in RATIOS.items():
-                run[key] = run[rate] / run[ceiling]
-            runs.append({**run, "load_avg_start": load, "load_avg_end": os.getloadavg()[0]})
+            runs.append(_run(workers, leader_of, shape, steps, n, profile, ceiling_s, cgraph))
     finally:
-        for w in workers.values():
+        for w in [*workers.values(), *{id(h): h for h in (leader_of or {}).values()}.values()]:
             ray.kill(w)
     row = sorted(runs, key=lambda r: r["tasks_per_s"])[(len(runs) - 1) // 2]
-    keys = ("tasks_per_s", "calls_per_s", *CEILING_KEYS, *RATIOS)
+    keys = ("tasks_per_s", "calls_per_s", "leaders_tasks_per_s", *CEILING_KEYS, *RATIOS)
     return {**shape, "n": n, "steps_measured": steps - 1, "startup_s": startup_s, "repeat": repeat, **row,
             "medians": {k: statistics.median(r[k] for r in runs) for k in keys if k in row},
             "runs": [{k: r[k] for k in (*keys, "load_avg_start", "load_avg_end") if k in r} for r in runs]}
 
 
-def ceilings(workers: dict[str, Any], n: int, seconds: float, cgraph: bool) -> dict[str, float]:
+def _run(workers: dict[str, Any], leader_of: dict[str, Any] | None, shape: dict[str, int], steps: int, n: int,
+         profile: bool, ceiling_s: float, cgraph: bool) -> dict[str, Any]:
+    """One run of a row: the driver on `RayExecutor`, then (with leaders) on `LeaderRayExecutor` (its figures under
+    `leaders`), then the ceilings; the ratios of this run."""
+    load = os.getloadavg()[0]
+    run = measure_driver(workers, shape, steps, n, profile)
+    if leader_of is not None:
+        led = measure_driver(workers, shape, steps, n, profile, leader_of)
+        run["leaders"] = led
+        run["leaders_tasks_per_s"] = led["tasks_per_s"]
+    run.update(ceilings(workers, n, ceiling_s, cgraph, leader_of))
+    for key, (rate, ceiling) in RATIOS.items():
+        if rate in run and ceiling in run:
+            run[key] = run[rate] / run[ceiling]
+    return {**run, "load_avg_start": load, "load_avg_end": os.getloadavg()[0]}
+
+
+def ceilings(workers: dict[str, Any], n: int, seconds: float, cgraph: bool,
+             leader_of: dict[str, Any] | None = None) -> dict[str, float]:
     """The machine's limits on these actors, no driver: bare round trips (one call per task), tasks of one call per
     rank over the run's groups (its GAP lanes and the trainer ranks): `ready()` calls, and the driver's calls
-    (`DriverCalls`). With `cgraph`, the static fan-out (`receive_weights(version)` on every rank of each group, as a
-    SYNC) plain and as compiled graphs, and the plain lane ceiling while a compiled graph is kept on every actor
-    (what keeping one costs every other call)."""
-    gens = [w for w in workers if worker_pool(w) == "gen"]
-    groups = [[workers[w] for w in lane] for lane in GapPlanner().lanes(gens, n)]
-    groups.append([a for w, a in workers.items() if worker_pool(w) == "trn"])
+    (`DriverCalls`). With `leader_of` (worker -> its lane leader), the same two through the leaders: one call per
+    group and task, the leader making the rank calls (`fan` of `ready()`, and `LeaderDriverCalls`). With `cgraph`,
+    the static fan-out (`receive_weights(version)` on every rank of each group, as a SYNC) plain and as compiled
+    graphs, and the plain lane ceiling while a compiled graph is kept on every actor (what keeping one costs every
+    other call)."""
+    names = groups_of(workers, n)
+    groups = [[workers[w] for w in g] for g in names]
     batch = StepBatch.of(MB_PER_LANE * (len(groups) - 1), n)
-    calls = DriverCalls(len(groups) - 1, batch)
     bare = ray_round_trips(list(workers.values()), seconds)["calls_per_s"]
-    lane, call_lane = ray_lane_round_trips(groups, seconds), ray_lane_round_trips(groups, seconds, calls)
+    lane = ray_lane_round_trips(groups, seconds)
+    call_lane = ray_lane_round_trips(groups, seconds, DriverCalls(len(groups) - 1, batch))
     out = {"ray_ceiling_calls_per_s": bare,
            "ray_lane_ceiling_tasks_per_s": lane["tasks_per_s"], "ray_lane_ceiling_calls_per_s": lane["calls_per_s"],
            "ray_call_lane_ceiling_tasks_per_s": call_lane["tasks_per_s"],
            "ray_call_lane_ceiling_calls_per_s": call_lane["calls_per_s"]}
+    if leader_of is not None:
+        heads = [leader_of[g[0]] for g in names]
+        fan = lambda g, ranks: [heads[g].fan.remote([(w, "ready", ()) for w in names[g]])]  # noqa: E731
+        out["ray_leader_lane_ceiling_tasks_per_s"] = ray_lane_round_trips(groups, seconds, fan)["tasks_per_s"]
+        calls = LeaderDriverCalls(len(groups) - 1, batch, heads, names)
+        out["ray_leader_call_lane_ceiling_tasks_per_s"] = ray_lane_round_trips(groups, seconds, calls)["tasks_per_s"]
     if cgraph:
         fanout = lambda g, ranks: [a.receive_weights.remote(0) for a in ranks]  # noqa: E731
         out["plain_fanout_tasks_per_s"] = ray_lane_round_trips(groups, seconds, fanout)["tasks_per_s"]
@@ -284,14 +350,17 @@ def lane_ceiling_beside_cgraph(groups: list[list], seconds: float) -> float:
         dag.teardown()
 
 
-def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n: int,
-                   profile: bool) -> dict[str, Any]:
-    """The real driver and executor over `workers`: one warm-up step, then `steps - 1` measured."""
+def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n: int, profile: bool,
+                   leader_of: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The real driver and executor over `workers`: one warm-up step, then `steps - 1` measured. With `leader_of`
+    (worker -> its lane leader) the executor is `LeaderRayExecutor`, else `RayExecutor`."""
     config = ScheduleConfig(mode="disaggregated", tag=TagConfig(policy="off"), num_steps=steps, n=n,
                             prompts_per_step=shape["prompts_per_step"],
                             pools={"gen": PoolSpec(shape["generators"]), "trn": PoolSpec(shape["trainers"])})
     batch = StepBatch.of(config.prompts_per_step, n)
-    executor = RayExecutor(workers, lambda step: batch, AdvantageConfig(global_std=False), loss_rows_per_sample=1)
+    args = (workers, lambda step: batch, AdvantageConfig(global_std=False))
+    executor = (RayExecutor(*args, loss_rows_per_sample=1) if leader_of is None
+                else LeaderRayExecutor(*args, loss_rows_per_sample=1, leaders=leader_of))
     driver = Driver(config, executor)
     driver.run_steps(1)  # warm-up: first calls on every actor, cost estimates
     before = _counters(driver, executor)
@@ -309,7 +378,8 @@ def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n
              "probe_s": d["probe_s"], "get_s": d["get_s"], "complete_s": d["complete_s"]}
     times["other_s"] = max(0.0, wall - sum(times.values()))
     row: dict[str, Any] = {
-        "wall_s": wall, "tasks": d["tasks"], "actor_calls": d["calls"], "decisions": d["decisions"],
+        "wall_s": wall, "tasks": d["tasks"], "actor_calls": d["calls"], "rank_calls": d["rank_calls"],
+        "decisions": d["decisions"], "calls_per_task": d["calls"] / max(d["tasks"], 1),
         "waits": d["waits"], "tasks_per_s": d["tasks"] / wall, "calls_per_s": d["calls"] / wall,
         "decisions_per_s": d["decisions"] / wall,
         "us_per_decision": 1e6 * times["decision_s"] / max(d["decisions"], 1),
@@ -326,8 +396,8 @@ def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n
 def _counters(driver: Driver, executor: RayExecutor) -> dict[str, float]:
     s = executor.stats
     return {"driver_s": driver.stats.wall_s, "decisions": driver.stats.decisions, "tasks": s.completions,
-            "calls": s.calls, "submit_s": s.submit_s, "wait_s": s.wait_s, "probe_s": s.probe_s, "get_s": s.get_s,
-            "complete_s": s.complete_s, "waits": s.waits}
+            "calls": s.calls, "rank_calls": s.rank_calls, "submit_s": s.submit_s, "wait_s": s.wait_s,
+            "probe_s": s.probe_s, "get_s": s.get_s, "complete_s": s.complete_s, "waits": s.waits}
 
 
 def _actors(text: str) -> tuple[int, ...]:
@@ -351,6 +421,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cgraph", action="store_true",
                         help="also measure the static fan-out plain and as Ray Compiled Graphs, and the lane ceiling "
                              "beside an idle compiled graph (loads the machine heavily while it runs)")
+    parser.add_argument("--no-leaders", action="store_true",
+                        help="leave out the driver on lane leaders (LeaderRayExecutor) and its ceilings")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps {args.steps}: needs >= 2 (the first step is a warm-up)")
@@ -363,13 +435,13 @@ def main(argv: list[str]) -> int:
     if not ray.is_initialized():  # (tests run it on their shared Ray instance)
         init_local_ray(num_cpus=2)
     load_start = list(os.getloadavg())
-    rows = [run_case(a, args.steps, args.n, args.profile, args.ceiling_s, args.cgraph, args.repeat)
-            for a in args.actors]
+    rows = [run_case(a, args.steps, args.n, args.profile, args.ceiling_s, args.cgraph, args.repeat,
+                     leaders=not args.no_leaders) for a in args.actors]
     _print_table(rows)
     head = max(rows, key=lambda r: r["actors"])
     out = {"bench": "driver", "steps": args.steps, "n": args.n, "repeat": args.repeat, "load_avg_start": load_start,
            "load_avg": list(os.getloadavg()), "cpus": os.cpu_count(),
-           "rows": [{k: v for k, v in r.items() if k != "profile_top"} for r in rows],
+           "rows": [_without_profile(r) for r in rows],
            "headline": {"actors": head["actors"], "tasks_per_s": head["medians"]["tasks_per_s"],
                         "decision_share": head["shares"]["decision_s"], "calls_per_task": head["calls_per_task"],
                         **{k: head["medians"][k] for k in (*CEILING_KEYS, *RATIOS) if k in head["medians"]},
@@ -378,6 +450,13 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(out))
     return 0
+
+
+def _without_profile(row: dict) -> dict:
+    out = {k: v for k, v in row.items() if k != "profile_top"}
+    if "leaders" in out:
+        out["leaders"] = {k: v for k, v in out["leaders"].items() if k != "profile_top"}
+    return out
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -396,3 +475,25 @@ def _print_table(rows: list[dict]) -> None:
               + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))
         if "profile_top" in r:
             print(r["profile_top"])
+    if any("leaders" in r for r in rows):
+        _print_leaders(rows)
+
+
+def _print_leaders(rows: list[dict]) -> None:
+    """The driver on lane leaders: medians of its rate and ratios, then the median run's accounting."""
+    nan = float("nan")
+    print(f"lane leaders:\n{'actors':>6} {'tasks/s':>8} {'x lane':>6} {'lead-ce':>8} {'x lead':>6} {'lcall-ce':>8} "
+          f"{'x lcall':>7} {'call/tk':>7} {'rank/tk':>7} {'cpu%':>5} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
+    for r in rows:
+        m, led = r["medians"], r.get("leaders")
+        if led is None:
+            continue
+        print(f"{r['actors']:>6} {m['leaders_tasks_per_s']:>8.1f} {m.get('leaders_vs_lane_ceiling', nan):>6.2f} "
+              f"{m.get('ray_leader_lane_ceiling_tasks_per_s', nan):>8.1f} "
+              f"{m.get('leaders_vs_leader_lane_ceiling', nan):>6.2f} "
+              f"{m.get('ray_leader_call_lane_ceiling_tasks_per_s', nan):>8.1f} "
+              f"{m.get('leaders_vs_leader_call_lane_ceiling', nan):>7.2f} {led['calls_per_task']:>7.2f} "
+              f"{led['rank_calls'] / max(led['tasks'], 1):>7.2f} {led['cpu_share']:>5.0%} "
+              + " ".join(f"{led['shares'][k]:>8.1%}" for k in TIME_KEYS))
+        if "profile_top" in led:
+            print(led["profile_top"])

@@ -67,7 +67,8 @@ class ExecutorStats:
     submit_s: inside `submit` (building the calls' arguments, advantages, `.remote`); wait_s: blocked in
     `ray.wait` for the next ready ref; probe_s: collecting the other ready refs (non-blocking `ray.wait`);
     get_s: `ray.get` of result values (the object transfer back to the driver); complete_s: the rest of completing
-    tasks (absorbing scores, callbacks). calls: actor calls made; waits: blocking `ray.wait` calls."""
+    tasks (absorbing scores, callbacks). calls: actor calls the driver made; rank_calls: calls the workers ran (the
+    same, unless lane leaders made them: `trainer.lane_leaders`); waits: blocking `ray.wait` calls."""
 
     submit_s: float = 0.0
     wait_s: float = 0.0
@@ -77,6 +78,7 @@ class ExecutorStats:
     submits: int = 0
     completions: int = 0
     calls: int = 0
+    rank_calls: int = 0
     waits: int = 0
 
 
@@ -89,6 +91,7 @@ class _InFlight:
     workers_of_ref: dict = field(default_factory=dict)  # ref -> worker id (failure attribution)
     call: Callable[[Task], Mapping[str, Any] | None] | None = None  # run in this process by wait_any (CHECKPOINT)
     waiting: set = field(default_factory=set)  # refs not seen ready yet
+    rank_calls: int | None = None  # calls the workers run for it, when not one per result ref (lane leaders)
 
     def add(self, ref, worker: str, *, result: bool = True) -> None:
         """Track `ref` (a call on `worker`); `result`: its value is one of the task's results."""
@@ -158,6 +161,7 @@ class RayExecutor:
             self._pending_refs[ref] = task.task_id
         self.stats.submits += 1
         self.stats.calls += len(f.result_refs)  # one result ref per actor call
+        self.stats.rank_calls += len(f.result_refs) if f.rank_calls is None else f.rank_calls
         self.stats.submit_s += time.perf_counter() - t0
 
     def wait_any(self, timeout: float | None) -> list[Completion]:
@@ -240,14 +244,17 @@ class RayExecutor:
         try:
             if values is None:
                 values = self._get(f.result_refs)
+            values = self._rank_values(f, values)
         except Exception as e:
             # ray.get raises the first error in list order, which may hide a dead actor behind another
-            # worker's error: probe every call
-            dead = tuple(sorted({w for r, w in f.workers_of_ref.items() if _raises(r, RayActorError)}))
+            # worker's error: probe every call (a lane leader names its dead ranks itself: `RankFailure`)
+            dead = tuple(sorted({w for r, w in f.workers_of_ref.items() if w in self.workers
+                                 and _raises(r, RayActorError)} | set(getattr(e, "dead_workers", ()))))
             info: dict[str, Any] = {"reason": f"{type(e).__name__}: {e}"}
             if dead:
                 info["dead_workers"] = dead
-            if isinstance(e, ObjectLostError) or any(_raises(r, ObjectLostError) for r in f.refs):
+            if (isinstance(e, ObjectLostError) or getattr(e, "data_lost", False)
+                    or any(_raises(r, ObjectLostError) for r in f.refs)):
                 info["data_lost"] = True  # the inputs are gone (e.g. their node died): generate again
             self._forget_outputs(f.task)
             return Completion(f.task, f.start, end, ok=False, info=info)
@@ -255,6 +262,11 @@ class RayExecutor:
         if self.on_result is not None:
             self._report(f.task, values)
         return Completion(f.task, f.start, end, ok=True, info=info)
+
+    def _rank_values(self, f: _InFlight, values: list) -> list:
+        """The task's results, one per worker call, from the values of its result refs (here the same; lane leaders
+        answer for several calls at once)."""
+        return values
 
     def _run_call(self, f: _InFlight) -> Completion:
         """Run a task that executes in this process (CHECKPOINT); an exception fails the task."""

@@ -24,18 +24,31 @@ The machine's limits, measured on the same actors right after the driver ran, wi
 - ``ray_call_lane_ceiling_tasks_per_s``: the same lanes making the driver's calls with their content
   (`DriverCalls`: GEN with a shard and three returns, SCORE and UPDATE with their arguments and refs, each call's plain
   arguments in one message as the executor sends them): Ray's own rate for these calls, no driver;
+- ``ray_schedule_ceiling_tasks_per_s``: the driver run's own tasks replayed with no driver (`schedule_of`,
+  `ray_schedule_round_trips`): in issue order, each task issued as soon as the tasks that had completed when the driver
+  issued it have completed, each a `ready()` call on every worker it called: the same dependencies (a SCORE after its
+  GEN, the step barrier: OPT_STEP, SYNC), task mix and one-task-per-worker as the driver's run, none of its decisions
+  or data; replayed for at least ``--ceiling-s``. The lane ceilings have neither barrier nor dependency, and their
+  trainer group runs 1 task in 8 where the driver's runs a third of them (the UPDATEs), one at a time;
+- with lane leaders (the default; ``--no-leaders``), the same driver on `trainer.lane_leaders.LeaderRayExecutor`
+  (``leaders``: its figures; ``leaders_tasks_per_s``), and the same ceilings through the same leaders, so a ratio
+  compares like with like: ``ray_leader_lane_ceiling_tasks_per_s`` (each group's task one `fan` call of `ready()`
+  to its leader), ``ray_leader_call_lane_ceiling_tasks_per_s`` (`LeaderDriverCalls`: the driver's calls through the
+  leaders), ``ray_leader_schedule_ceiling_tasks_per_s`` (the leader run's tasks replayed, one `fan` per leader);
 - with ``--cgraph``, the static fan-out (`receive_weights(version)` on every rank of each group, as a SYNC) plain
   (``plain_fanout_tasks_per_s``) and as Ray Compiled Graphs (``cgraph_lane_executions_per_s``: shared-memory channels
   instead of a call per rank, one graph per group), and ``lane_ceiling_idle_cgraph_tasks_per_s``: the plain lane
   ceiling while a compiled graph over every actor is kept, idle (what keeping a compiled SYNC costs the other calls).
 
 ``calls_per_task`` = actor calls / tasks: the task rate is at most ``ray_ceiling_calls_per_s`` / ``calls_per_task``.
-``vs_lane_ceiling`` and ``vs_call_lane_ceiling``: the driver's task rate over those ceilings, each within one run;
+``vs_lane_ceiling``, ``vs_call_lane_ceiling``, ``vs_schedule_ceiling``: the driver's task rate over those ceilings,
+each within one run (``leaders_vs_*``: the driver on leaders over the plain ceilings and over its leader ceilings);
 ``vs_lane_ceiling_calls`` and ``vs_call_lane_ceiling_calls``: its actor calls per second over theirs (the ceilings' task
 mix differs from the driver's: at 8 actors most of their tasks are the lone trainer rank's one-call tasks; calls/s
 compares them at the driver's calls per task).
-Each row runs `--repeat` times (driver, then the ceilings) on the same actors; the row's figures are the run of
-median rate, ``medians`` the medians over its runs, ``runs`` every run with the load average at its start and end.
+Each row runs `--repeat` times (driver, driver on leaders, then the ceilings) on the same actors; the row's figures
+are the run of median rate, ``medians`` the medians over its runs, ``runs`` every run with the load average at its
+start and end.
 
 ``driver_cpu_s`` is the CPU time the driver process used meanwhile (all its threads, Ray's included):
 ``cpu_share`` = CPU / wall shows how much of a core it got on a shared machine, and ``tasks_per_cpu_s`` the
@@ -50,6 +63,7 @@ numpy), so the actor processes never import torch (see `bench.noop_workers`).
 from __future__ import annotations
 
 import argparse
+import bisect
 import cProfile
 import io
 import json
@@ -68,7 +82,7 @@ from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.schedule.config import PoolSpec, ScheduleConfig, TagConfig
 from digenrl_verl.schedule.driver import Driver
 from digenrl_verl.schedule.plan import GapPlanner
-from digenrl_verl.schedule.types import worker_pool
+from digenrl_verl.schedule.types import TaskKind, worker_pool
 from digenrl_verl.trainer.lane_leaders import LeaderRayExecutor, start_leaders
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import init_local_ray
@@ -82,12 +96,16 @@ CGRAPH_WARMUP_TIMEOUT_S = 120.0
 CEILING_KEYS = ("ray_ceiling_calls_per_s", "ray_lane_ceiling_tasks_per_s", "ray_call_lane_ceiling_tasks_per_s",
                 "ray_lane_ceiling_calls_per_s", "ray_call_lane_ceiling_calls_per_s",
                 "ray_leader_lane_ceiling_tasks_per_s", "ray_leader_call_lane_ceiling_tasks_per_s",
+                "ray_schedule_ceiling_tasks_per_s", "ray_leader_schedule_ceiling_tasks_per_s",
                 "plain_fanout_tasks_per_s", "cgraph_lane_executions_per_s", "lane_ceiling_idle_cgraph_tasks_per_s")
 RATIOS = {"vs_lane_ceiling": ("tasks_per_s", "ray_lane_ceiling_tasks_per_s"),
           "vs_call_lane_ceiling": ("tasks_per_s", "ray_call_lane_ceiling_tasks_per_s"),
           "vs_lane_ceiling_calls": ("calls_per_s", "ray_lane_ceiling_calls_per_s"),
           "vs_call_lane_ceiling_calls": ("calls_per_s", "ray_call_lane_ceiling_calls_per_s"),
+          "vs_schedule_ceiling": ("tasks_per_s", "ray_schedule_ceiling_tasks_per_s"),
           "leaders_vs_lane_ceiling": ("leaders_tasks_per_s", "ray_lane_ceiling_tasks_per_s"),
+          "leaders_vs_schedule_ceiling": ("leaders_tasks_per_s", "ray_schedule_ceiling_tasks_per_s"),
+          "leaders_vs_leader_schedule_ceiling": ("leaders_tasks_per_s", "ray_leader_schedule_ceiling_tasks_per_s"),
           "leaders_vs_leader_lane_ceiling": ("leaders_tasks_per_s", "ray_leader_lane_ceiling_tasks_per_s"),
           "leaders_vs_leader_call_lane_ceiling": ("leaders_tasks_per_s", "ray_leader_call_lane_ceiling_tasks_per_s")}
 """ratio -> (the driver's rate, the ceiling it is divided by), both from the same run. The `_calls` ratios count actor
@@ -151,6 +169,76 @@ def ray_lane_round_trips(groups: list[list], seconds: float,
     wall = time.perf_counter() - start
     ray.get(list(owner))
     return {"tasks": tasks, "calls": calls, "wall_s": wall, "tasks_per_s": tasks / wall, "calls_per_s": calls / wall}
+
+
+def schedule_of(completions: list, since: float) -> list[tuple[tuple[str, ...], int, int]]:
+    """The tasks a driver run issued from `since` on (executor time), in issue order: (the workers it called, how many
+    of these tasks had completed when it was issued, its own place in their completion order). A replay that issues
+    each task once the tasks completed before it are (`ray_schedule_round_trips`) keeps every dependency the driver
+    waited for, and adds none."""
+    measured = sorted((c for c in completions if c.start >= since), key=lambda c: (c.start, c.task.task_id))
+    by_end = sorted(range(len(measured)), key=lambda i: measured[i].end)
+    place = {i: p for p, i in enumerate(by_end)}
+    ends = [measured[i].end for i in by_end]
+    return [(_called(c.task), bisect.bisect_right(ends, c.start), place[i]) for i, c in enumerate(measured)]
+
+
+def _called(task: Any) -> tuple[str, ...]:
+    """The workers `RayExecutor` makes a call on for `task` (an UPDATE calls every rank of its assignment)."""
+    named = tuple(w for w, samples in task.assignment if samples or task.kind == TaskKind.UPDATE)
+    return named or tuple(task.workers)
+
+
+def ray_schedule_round_trips(schedule: list[tuple[tuple[str, ...], int, int]],
+                             call: Callable[[tuple[str, ...]], list]) -> dict[str, float]:
+    """Ray's own rate for a driver run's schedule, no driver: its tasks (`schedule_of`) replayed in issue order, each
+    issued once the tasks that had completed when the driver issued it have completed here (the schedule's
+    dependencies: a lane's SCORE after its GEN, the step barrier, one task per worker), each task `call(workers)` (its
+    refs to wait on); the wait turn of `ray_lane_round_trips`."""
+    done = [False] * len(schedule)  # by the driver run's completion order
+    owner: dict = {}
+    left: dict[int, int] = {}
+    prefix, nxt = 0, 0  # the driver run's first `prefix` completions are done here; the next task to issue
+    start = time.perf_counter()
+    while nxt < len(schedule) or owner:
+        while nxt < len(schedule) and schedule[nxt][1] <= prefix:
+            refs = call(schedule[nxt][0])
+            owner.update({ref: nxt for ref in refs})
+            left[nxt] = len(refs)
+            nxt += 1
+        refs = list(owner)
+        ray.wait(refs, num_returns=1, fetch_local=False)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        ray.get(ready)
+        for ref in ready:
+            t = owner.pop(ref)
+            left[t] -= 1
+            if left[t] == 0:
+                done[schedule[t][2]] = True
+        while prefix < len(done) and done[prefix]:
+            prefix += 1
+    wall = time.perf_counter() - start
+    return {"tasks": len(schedule), "wall_s": wall, "tasks_per_s": len(schedule) / wall}
+
+
+def replay_ceiling(schedule: list[tuple[tuple[str, ...], int, int]], call: Callable[[tuple[str, ...]], list],
+                   seconds: float) -> float:
+    """`ray_schedule_round_trips` of `schedule` over and over for at least `seconds` (after one warm-up replay):
+    tasks per second."""
+    ray_schedule_round_trips(schedule, call)
+    tasks, wall = 0, 0.0
+    while wall < seconds:
+        out = ray_schedule_round_trips(schedule, call)
+        tasks, wall = tasks + out["tasks"], wall + out["wall_s"]
+    return tasks / wall
+
+
+def _fan_ready(leader_of: dict[str, Any], workers: tuple[str, ...]) -> list:
+    """`ready()` on each of `workers` through their lane leaders: one `fan` call per leader."""
+    groups: dict[int, tuple[Any, list]] = {}
+    for w in workers:
+        groups.setdefault(id(leader_of[w]), (leader_of[w], []))[1].append((w, "ready", ()))
+    return [leader.fan.remote(calls) for leader, calls in groups.values()]
 
 
 class DriverCalls:
@@ -293,11 +381,17 @@ def _run(workers: dict[str, Any], leader_of: dict[str, Any] | None, shape: dict[
     `leaders`), then the ceilings; the ratios of this run."""
     load = os.getloadavg()[0]
     run = measure_driver(workers, shape, steps, n, profile)
+    plain = lambda ws: [workers[w].ready.remote() for w in ws]  # noqa: E731
+    replays = {"ray_schedule_ceiling_tasks_per_s": (run.pop("_schedule"), plain)}
     if leader_of is not None:
         led = measure_driver(workers, shape, steps, n, profile, leader_of)
+        replays["ray_leader_schedule_ceiling_tasks_per_s"] = (led.pop("_schedule"),
+                                                              lambda ws: _fan_ready(leader_of, ws))
         run["leaders"] = led
         run["leaders_tasks_per_s"] = led["tasks_per_s"]
     run.update(ceilings(workers, n, ceiling_s, cgraph, leader_of))
+    for key, (schedule, call) in replays.items():
+        run[key] = replay_ceiling(schedule, call, ceiling_s)
     for key, (rate, ceiling) in RATIOS.items():
         if rate in run and ceiling in run:
             run[key] = run[rate] / run[ceiling]
@@ -363,7 +457,7 @@ def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n
                 else LeaderRayExecutor(*args, loss_rows_per_sample=1, leaders=leader_of))
     driver = Driver(config, executor)
     driver.run_steps(1)  # warm-up: first calls on every actor, cost estimates
-    before = _counters(driver, executor)
+    before, since = _counters(driver, executor), executor.now()
     prof = cProfile.Profile() if profile else None
     start, cpu_start = time.perf_counter(), time.process_time()
     if prof is not None:
@@ -390,6 +484,7 @@ def measure_driver(workers: dict[str, Any], shape: dict[str, int], steps: int, n
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
         row["profile_top"] = out.getvalue()
+    row["_schedule"] = schedule_of(driver.trace.sorted_completions(), since)  # (for the replay; not reported)
     return row
 
 
@@ -461,16 +556,18 @@ def _without_profile(row: dict) -> dict:
 
 def _print_table(rows: list[dict]) -> None:
     """Medians over the runs (rate, ceilings, ratios), then the median run's accounting."""
+    nan = float("nan")
     print(f"{'actors':>6} {'lanes':>5} {'tasks/s':>8} {'lane-ce':>8} {'x lane':>6} {'call-ce':>8} {'x call':>6} "
-          f"{'xlane-c':>7} {'ceiling':>8} {'cgraph':>8} {'call/tk':>7} {'us/dec':>7} {'cpu%':>5} {'t/cpu-s':>7} "
-          + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
+          f"{'sched-ce':>8} {'x sched':>7} {'xlane-c':>7} {'ceiling':>8} {'cgraph':>8} {'call/tk':>7} {'us/dec':>7} "
+          f"{'cpu%':>5} {'t/cpu-s':>7} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
     for r in rows:
         m = r["medians"]
         print(f"{r['actors']:>6} {r['lanes']:>5} {m['tasks_per_s']:>8.1f} {m['ray_lane_ceiling_tasks_per_s']:>8.1f} "
               f"{m['vs_lane_ceiling']:>6.2f} {m['ray_call_lane_ceiling_tasks_per_s']:>8.1f} "
-              f"{m['vs_call_lane_ceiling']:>6.2f} {m['vs_lane_ceiling_calls']:>7.2f} "
+              f"{m['vs_call_lane_ceiling']:>6.2f} {m['ray_schedule_ceiling_tasks_per_s']:>8.1f} "
+              f"{m['vs_schedule_ceiling']:>7.2f} {m['vs_lane_ceiling_calls']:>7.2f} "
               f"{m['ray_ceiling_calls_per_s']:>8.0f} "
-              f"{m.get('cgraph_lane_executions_per_s', float('nan')):>8.0f} {r['calls_per_task']:>7.2f} "
+              f"{m.get('cgraph_lane_executions_per_s', nan):>8.0f} {r['calls_per_task']:>7.2f} "
               f"{r['us_per_decision']:>7.0f} {r['cpu_share']:>5.0%} {r['tasks_per_cpu_s'] or 0:>7.0f} "
               + " ".join(f"{r['shares'][k]:>8.1%}" for k in TIME_KEYS))
         if "profile_top" in r:
@@ -482,18 +579,22 @@ def _print_table(rows: list[dict]) -> None:
 def _print_leaders(rows: list[dict]) -> None:
     """The driver on lane leaders: medians of its rate and ratios, then the median run's accounting."""
     nan = float("nan")
-    print(f"lane leaders:\n{'actors':>6} {'tasks/s':>8} {'x lane':>6} {'lead-ce':>8} {'x lead':>6} {'lcall-ce':>8} "
-          f"{'x lcall':>7} {'call/tk':>7} {'rank/tk':>7} {'cpu%':>5} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
+    print(f"lane leaders:\n{'actors':>6} {'tasks/s':>8} {'x lane':>6} {'x sched':>7} {'lead-ce':>8} {'x lead':>6} "
+          f"{'lcall-ce':>8} {'x lcall':>7} {'lsched-ce':>9} {'x lsched':>8} {'call/tk':>7} {'rank/tk':>7} {'cpu%':>5} "
+          f"{'t/cpu-s':>7} " + " ".join(f"{k[:-2]:>8}" for k in TIME_KEYS))
     for r in rows:
         m, led = r["medians"], r.get("leaders")
         if led is None:
             continue
         print(f"{r['actors']:>6} {m['leaders_tasks_per_s']:>8.1f} {m.get('leaders_vs_lane_ceiling', nan):>6.2f} "
+              f"{m.get('leaders_vs_schedule_ceiling', nan):>7.2f} "
               f"{m.get('ray_leader_lane_ceiling_tasks_per_s', nan):>8.1f} "
               f"{m.get('leaders_vs_leader_lane_ceiling', nan):>6.2f} "
               f"{m.get('ray_leader_call_lane_ceiling_tasks_per_s', nan):>8.1f} "
-              f"{m.get('leaders_vs_leader_call_lane_ceiling', nan):>7.2f} {led['calls_per_task']:>7.2f} "
+              f"{m.get('leaders_vs_leader_call_lane_ceiling', nan):>7.2f} "
+              f"{m.get('ray_leader_schedule_ceiling_tasks_per_s', nan):>9.1f} "
+              f"{m.get('leaders_vs_leader_schedule_ceiling', nan):>8.2f} {led['calls_per_task']:>7.2f} "
               f"{led['rank_calls'] / max(led['tasks'], 1):>7.2f} {led['cpu_share']:>5.0%} "
-              + " ".join(f"{led['shares'][k]:>8.1%}" for k in TIME_KEYS))
+              f"{led['tasks_per_cpu_s'] or 0:>7.0f} " + " ".join(f"{led['shares'][k]:>8.1%}" for k in TIME_KEYS))
         if "profile_top" in led:
             print(led["profile_top"])

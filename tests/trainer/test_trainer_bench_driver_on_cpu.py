@@ -230,3 +230,43 @@ def test_a_message_is_bytes_and_round_trips():
         unpack(([1, 2],))
     with pytest.raises(TypeError, match="plain values"):
         pack(object())  # a message never holds what only a pickle could carry
+
+
+def test_the_schedule_replay_issues_each_task_once_what_it_waited_for_is_done(monkeypatch):
+    """`ray_schedule_ceiling_tasks_per_s` replays a driver run's tasks with `ready()` calls: a task is issued once
+    the tasks that had completed when the driver issued it are done (its dependencies, whatever they were), and not
+    before; the warm-up's tasks are left out."""
+    from digenrl_verl.schedule.types import Completion
+
+    def done(tid, kind, workers, start, end, assignment=()):
+        return Completion(Task(tid, kind, 0, 0, workers, 0, assignment), start, end, ok=True)
+
+    runs = [done(0, TaskKind.SYNC, ("gen:0",), -2.0, -1.0),  # warm-up: before `since`
+            done(1, TaskKind.GEN, ("gen:0", "gen:1"), 0.0, 1.0, (("gen:0", (0,)), ("gen:1", (1,)))),
+            done(2, TaskKind.GEN, ("gen:2",), 0.1, 2.0, (("gen:2", (2,)),)),
+            done(3, TaskKind.SCORE, ("gen:0", "gen:1"), 1.5, 3.0, (("gen:0", (0,)), ("gen:1", ()))),
+            done(4, TaskKind.UPDATE, ("trn:0", "trn:1"), 3.5, 4.0, (("trn:0", (0, 1)), ("trn:1", ())))]
+    schedule = bench_driver.schedule_of(runs, since=0.0)
+    # (workers called: an UPDATE calls every rank, a SCORE only those with samples; completions before; own place)
+    assert schedule == [(("gen:0", "gen:1"), 0, 0), (("gen:2",), 0, 1), (("gen:0",), 1, 2),
+                        (("trn:0", "trn:1"), 3, 3)]
+    issued, finished, queue = [], [], []  # a stand-in Ray: refs complete one at a time, first issued first
+
+    def call(workers):
+        refs = [_Ref(f"{len(issued)}:{w}") for w in workers]
+        issued.append((workers, len(finished)))
+        queue.extend(refs)
+        return refs
+
+    def wait(refs, num_returns, timeout=None, fetch_local=True):
+        if timeout is None:
+            return [], refs
+        finished.append(queue.pop(0))
+        return [finished[-1]], [r for r in refs if r != finished[-1]]
+
+    monkeypatch.setattr(bench_driver.ray, "wait", wait)
+    monkeypatch.setattr(bench_driver.ray, "get", lambda refs: refs)
+    out = bench_driver.ray_schedule_round_trips(schedule, call)
+    assert out["tasks"] == 4 and out["tasks_per_s"] > 0
+    # the SCORE waits for its GEN's 2 calls; the UPDATE for every call before it (the 2 GENs and the SCORE: 4 calls)
+    assert issued == [(("gen:0", "gen:1"), 0), (("gen:2",), 0), (("gen:0",), 2), (("trn:0", "trn:1"), 4)]

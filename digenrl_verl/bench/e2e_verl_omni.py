@@ -104,12 +104,11 @@ SAME = ("trainer.save_freq=1", "trainer.test_freq=-1",
         f"+{A}.actor.optim.override_optimizer_config={{eps:1e-3}}",
         f"+{A}.rollout.engine_kwargs.vllm_omni.max_num_seqs=1", f"{A}.rollout.agent.num_workers=1",
         "data.dataloader_num_workers=0")
-#: the flag's run: verl-omni's rollout pipeline and actor worker, staleness 0, TAG of one micro-batch; every step's
-#: checkpoint kept, as verl-omni keeps them (its `max_actor_ckpt_to_keep: null`; the flag's runs keep
-#: `trainer.max_ckpt_to_keep`, default 2, and say that verl-omni's key is not theirs)
+#: the flag's run: verl-omni's rollout pipeline and actor worker, staleness 0, TAG of one micro-batch (every step's
+#: checkpoint is kept by both runs: verl-omni's `trainer.max_actor_ckpt_to_keep: null`, which the flag reads too)
 FLAG = (f"{A}.rollout.name=vllm_omni", "trainer.digenrl.trainer_engine=verl_omni", "trainer.digenrl.tcss.staleness=0",
         "trainer.digenrl.gap=true", "trainer.digenrl.tsp.enabled=true", "trainer.digenrl.tag.policy=static",
-        "trainer.digenrl.tag.static_k=1", "+trainer.max_ckpt_to_keep=null")
+        "trainer.digenrl.tag.static_k=1")
 #: the stock run's files the flag's run reads too (the model, the data, the reward)
 SHARED_KEYS = ("data.train_files", "data.val_files", f"{A}.model.path", "reward.custom_reward_function.path")
 #: step metrics compared, and the scale their difference is measured against (None: the value itself; a name: that

@@ -76,12 +76,12 @@ class LoggingSpec:
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    """Checkpoints: every `save_freq` global steps (<= 0: none) into `root`, keeping the last `max_to_keep`; resume
-    per `resume_mode`."""
+    """Checkpoints: every `save_freq` global steps (<= 0: none) into `root`, keeping the last `max_to_keep` (None or
+    <= 0: all, as verl-omni's ``trainer.max_actor_ckpt_to_keep``); resume per `resume_mode`."""
 
     root: str = "outputs/run/checkpoints"
     save_freq: int = -1
-    max_to_keep: Optional[int] = 2
+    max_to_keep: Optional[int] = None
     resume_mode: str = "auto"
     resume_from_path: Optional[str] = None
 

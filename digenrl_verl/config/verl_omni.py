@@ -463,8 +463,7 @@ NO_EFFECT.update({
                                            "rollout_data_max_samples", "validation_data_max_samples", "video_fps")},
     "trainer.esi_redundant_time": "checkpoints follow trainer.save_freq",
     "trainer.default_hdfs_dir": "checkpoints are written to trainer.default_local_dir only",
-    "trainer.del_local_ckpt_after_load": "checkpoints are kept (trainer.max_ckpt_to_keep)",
-    "trainer.max_actor_ckpt_to_keep": "the number of checkpoints kept is trainer.max_ckpt_to_keep",
+    "trainer.del_local_ckpt_after_load": "checkpoints are kept (trainer.max_actor_ckpt_to_keep)",
     "trainer.ray_wait_register_center_timeout": "workers are Ray actors started by the entry point",
     "trainer.ray_master_port_range": "the process groups pick free ports",
 })
@@ -1608,7 +1607,7 @@ def build_checkpoint(keys: RecipeKeys) -> CheckpointSpec:
     try:
         return CheckpointSpec(root=str(keys("trainer.default_local_dir")),
                               save_freq=int(keys("trainer.save_freq") or -1),
-                              max_to_keep=keys("trainer.max_ckpt_to_keep"),
+                              max_to_keep=keys("trainer.max_actor_ckpt_to_keep"),
                               resume_mode=keys("trainer.resume_mode"),
                               resume_from_path=keys("trainer.resume_from_path"))
     except ConfigError as e:

@@ -87,7 +87,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 class CheckpointWriter:
     """Writes checkpoints atomically under `root` and keeps the last `keep` of them."""
 
-    def __init__(self, root: str | Path, keep: int | None = 2) -> None:
+    def __init__(self, root: str | Path, keep: int | None = None) -> None:
         self.root = Path(root)
         self.keep = keep
 

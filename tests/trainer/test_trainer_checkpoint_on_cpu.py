@@ -98,3 +98,13 @@ def test_a_verl_omni_checkpoint_is_found_and_read(tmp_path):
     with pytest.raises(ValueError, match="trainer.digenrl.trainer_engine=verl_omni"):
         check_resumable(tmp_path / "global_step_3", ours)
     check_resumable(tmp_path / "global_step_3", SimpleNamespace(train=SimpleNamespace(engine="verl_omni")))
+
+
+def test_the_writer_keeps_every_checkpoint_by_default(tmp_path):
+    """keep=None (verl-omni's ``max_actor_ckpt_to_keep: null``) prunes nothing."""
+    m, opt = _model_and_opt(0)
+    writer = ckpt.CheckpointWriter(tmp_path)
+    for step in (1, 2, 3):
+        _save(writer, m, opt, step)
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_1", "global_step_2",
+                                                                       "global_step_3"]

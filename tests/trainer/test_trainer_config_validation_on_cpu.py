@@ -84,6 +84,16 @@ def test_a_key_nothing_reads_is_warned_by_name_and_shown_in_the_plan(tiny_flux_d
     assert not [d for d in run.decisions if "not a key of" in d]
 
 
+def test_checkpoints_kept_follow_verl_omnis_key_and_default(tiny_flux_dir):
+    """verl-omni's ``trainer.max_actor_ckpt_to_keep`` is the key (default null: every checkpoint kept, as verl-omni);
+    the package's former ``trainer.max_ckpt_to_keep`` (default 2) is gone, and naming it fails (the entry point
+    lists the valid keys, max_actor_ckpt_to_keep among them)."""
+    assert _build(tiny_flux_dir).checkpoint.max_to_keep is None
+    assert _build(tiny_flux_dir, "trainer.max_actor_ckpt_to_keep=3").checkpoint.max_to_keep == 3
+    with pytest.raises(Exception, match=r"trainer\.max_ckpt_to_keep"):
+        _build(tiny_flux_dir, "trainer.max_ckpt_to_keep=3")
+
+
 def test_null_seed_and_sampling_steps_are_decisions_in_the_plan(tiny_flux_dir):
     run = _build(tiny_flux_dir, "actor_rollout_ref.rollout.seed=null",
                  "actor_rollout_ref.rollout.pipeline.num_inference_steps=null")

@@ -115,12 +115,14 @@ class DigenRLConfig(ScheduleSettings):
             the batching of the sampling forwards. Bit-identical across CPU workers (FSDP2 trainer ranks included)
             because their environment pins MKL's rounding (`digenrl_verl.platform.process_env`: ``MKL_CBWR``).
             False (default): batched, as verl-omni's rollout.
-        generator_replicas: a CPU run with ``actor_rollout_ref.rollout.name=vllm_omni``: each generator rank starts
-            one of verl-omni's standalone rollout replicas (`vLLMOmniReplica`: its server, vLLM-Omni's `AsyncOmni`
-            and a spawned diffusion worker) and samples through its server API (rollout engine
-            ``verl_omni_replica``); the run's own local Ray instance gets one logical GPU and 2 more CPUs per
-            generator rank for them. False (default): verl-omni's rollout pipeline in each generator's process
-            (rollout engine ``verl_omni``). No effect elsewhere (warned).
+        generator_replicas: with ``actor_rollout_ref.rollout.name=vllm_omni``, whether each generator rank starts one
+            of verl-omni's standalone rollout replicas (`vLLMOmniReplica`: its server, vLLM-Omni's `AsyncOmni` and
+            its diffusion workers) and samples through its server API (rollout engine ``verl_omni_replica``), or
+            runs verl-omni's rollout pipeline in its own process (rollout engine ``verl_omni``, CPU only). null
+            (default) = auto: replicas on CUDA (the path verl-omni itself takes on GPUs), the in-process pipeline on
+            CPU (a replica start costs ~100 s there). true / false are honoured on both devices (false on CUDA is
+            refused: the in-process pipeline is CPU only). On CPU the run's own local Ray instance gets one logical
+            GPU and 2 more CPUs per generator rank for the replicas. No effect with another rollout engine (warned).
     """
 
     task_timeout_s: Optional[float] = 600.0  # the product's default; the simulator's runs have no timeout
@@ -132,15 +134,16 @@ class DigenRLConfig(ScheduleSettings):
     final_eval_prompts: int = 4
     trainer_engine: str = "auto"
     rows_alone: bool = False
-    generator_replicas: bool = False
+    generator_replicas: Optional[bool] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.trainer_engine not in TRAINER_ENGINES:
             raise ConfigError("trainer_engine", self.trainer_engine, f"use one of {list(TRAINER_ENGINES)}")
-        for name in ("rows_alone", "generator_replicas"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, getattr(self, name), "use true or false")
+        if not isinstance(self.rows_alone, bool):
+            raise ConfigError("rows_alone", self.rows_alone, "use true or false")
+        if self.generator_replicas is not None and not isinstance(self.generator_replicas, bool):
+            raise ConfigError("generator_replicas", self.generator_replicas, "use true, false or null (auto)")
         for name, low in (("torch_threads", 1), ("max_nonfinite_steps", 1), ("final_eval_prompts", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -39,7 +39,7 @@ from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.diffusion.selection import auto_selection
-from digenrl_verl.engines.base import ENGINES, VERL_OMNI_REPLICA
+from digenrl_verl.engines.base import ENGINES, REPLICA_BUNDLE, VERL_OMNI, VERL_OMNI_REPLICA, VLLM_OMNI
 from digenrl_verl.engines.spec import REPLICAS_KEY
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
@@ -480,8 +480,9 @@ NOT_VERL_OMNI_DEFAULTS: dict[str, tuple[Any, str]] = {
     "data.train_files": ("~/data/rlhf/gsm8k/train.parquet", "verl's GSM8K example file is no prompt set for a "
                          "diffusion model; null = the package's built-in prompts"),
     "data.val_files": ("~/data/rlhf/gsm8k/test.parquet", "null = the training prompts"),
-    f"{A}.rollout.name": ("???", "verl-omni requires it (its scripts set vllm_omni, CUDA only); the default here is "
-                          "the package's diffusers generator, which runs on CPU and GPU"),
+    f"{A}.rollout.name": ("???", "verl-omni requires it (its scripts set vllm_omni: verl-omni's rollout, which needs "
+                          "verl-omni installed); the default here is the package's diffusers generator, which runs on "
+                          "CPU and GPU"),
     f"{A}.rollout.tensor_model_parallel_size": (2, "each generator rank holds a whole model: tensor-parallel "
                                                 "generation comes with verl-omni's rollout replicas (not yet used)"),
     f"{A}.rollout.pipeline.video_flow_shift": (12.0, "the flow shift is the model's scheduler_config.json value; "
@@ -963,50 +964,52 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
 
 
 def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str) -> str:
-    """`rollout.name`, but ``vllm_omni`` on a CPU run where verl-omni is installed: verl-omni's registered rollout
-    pipeline then samples in each generator's process (rollout engine ``verl_omni``), the code its GPU replicas run,
-    instead of a refusal for the missing GPU; with ``trainer.digenrl.generator_replicas=true`` (`REPLICAS_KEY`) each
-    generator rank starts one of verl-omni's standalone replicas and samples through it (``verl_omni_replica``).
-    Elsewhere that key has no effect (warned, said in the plan)."""
-    name = keys(f"{A}.rollout.name")
-    why = _cpu_choice_blocked(name, digenrl, device)
-    if why is not None:
-        if digenrl.generator_replicas:
-            note = f"{REPLICAS_KEY}=true has no effect: {why}"
+    """The generators' rollout engine: `rollout.name`, but ``vllm_omni`` (what verl-omni's scripts set) is verl-omni's
+    own rollout: its standalone replicas (``verl_omni_replica``, the path verl-omni takes on GPUs) or its registered
+    rollout pipeline in each generator's process (``verl_omni``, CPU only), chosen by
+    ``trainer.digenrl.generator_replicas`` (`REPLICAS_KEY`; null = replicas on CUDA, the pipeline on CPU). The same
+    choice in a dry run (it plans for the cluster); a real run without verl-omni is refused here, naming the key and
+    the fix. The key set where it has no effect is warned by name; every choice is said in the plan."""
+    name, replicas = keys(f"{A}.rollout.name"), digenrl.generator_replicas
+    if name != "vllm_omni":
+        if replicas is not None:
+            note = (f"{REPLICAS_KEY}={str(replicas).lower()} has no effect: {A}.rollout.name={name} (the key chooses "
+                    f"how verl-omni's rollout runs: set {A}.rollout.name=vllm_omni, or drop the key)")
             warnings.warn(note, UserWarning, stacklevel=3)
             keys.decide(f"{note} (warned)")
         return name
-    if digenrl.generator_replicas:
-        keys.decide(f"{REPLICAS_KEY}=true with {A}.rollout.name=vllm_omni on CPU: each generator rank starts one of "
-                    "verl-omni's standalone rollout replicas (vLLMOmniReplica.init_standalone: its server, AsyncOmni "
-                    "and diffusion worker, on one of Ray's logical GPUs) and samples through its server API (rollout "
-                    "engine verl_omni_replica); new weights reach it as verl's server adapter sends them. The run's "
-                    "own local Ray instance gets one logical GPU and 2 more CPUs per generator rank for them (a "
-                    "cluster given by RAY_ADDRESS must have them free)")
+    if not digenrl.dry_run:
+        VLLM_OMNI.require()  # ValueError naming rollout.name=vllm_omni and the fixes (install verl-omni, diffusers)
+    if replicas is None:
+        replicas = device == "cuda"
+    if device == "cuda" and not replicas:
+        raise ValueError(f"{REPLICAS_KEY}=false with {A}.rollout.name=vllm_omni and trainer.device=cuda: verl-omni's "
+                         "rollout pipeline runs in the generator's process on CPU only; on GPUs verl-omni's rollout "
+                         f"is its replicas. Fix: drop {REPLICAS_KEY} (null: the replicas on CUDA), or set "
+                         f"{A}.rollout.name=diffusers")
+    how = "auto" if digenrl.generator_replicas is None else str(replicas).lower()
+    if replicas:
+        keys.decide(replica_decision(digenrl, device, how))
         return VERL_OMNI_REPLICA.name
-    keys.decide(f"{A}.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own registered rollout "
-                "pipeline for the model, built by vLLM-Omni's loader in each generator's process (rollout engine "
-                f"verl_omni; vLLM-Omni's servers need a GPU; {REPLICAS_KEY}=true starts verl-omni's replicas "
-                "instead)")
-    return "verl_omni"
+    keys.decide(f"{A}.rollout.name=vllm_omni on CPU ({REPLICAS_KEY}={how}): the generators sample with verl-omni's "
+                "own registered rollout pipeline for the model, built by vLLM-Omni's loader in each generator's "
+                f"process (rollout engine verl_omni; a replica start costs ~100 s on CPU; {REPLICAS_KEY}=true starts "
+                "verl-omni's replicas instead)")
+    return VERL_OMNI.name
 
 
-def _cpu_choice_blocked(name: str, digenrl: DigenRLConfig, device: str) -> str | None:
-    """Why `rollout.name` stays as written (the CPU choice between verl-omni's pipeline and its replicas does not
-    apply), or None where it applies: ``vllm_omni`` on a CPU run that verl-omni can serve."""
-    if name != "vllm_omni":
-        return (f"{A}.rollout.name={name} (the replicas are verl-omni's vLLM-Omni rollout: set "
-                f"{A}.rollout.name=vllm_omni, or drop the key)")
-    if digenrl.dry_run:
-        return "a dry run starts no worker (the plan is the cluster's)"
-    if device != "cpu":
-        return f"trainer.device={device} (the key chooses the generators of a CPU run; drop it)"
-    if ENGINES.entry(name).unavailable_reason() is None:
-        return f"vLLM-Omni's own engine runs here ({A}.rollout.name=vllm_omni takes it); drop the key"
-    missing = ENGINES.entry("verl_omni").unavailable_reason()
-    if missing is not None:
-        return f"verl-omni's replicas need verl-omni here ({missing})"
-    return None
+def replica_decision(digenrl: DigenRLConfig, device: str, how: str) -> str:
+    """The plan's line for verl-omni's replicas as the generators (`generator_engine_name`)."""
+    ranks = digenrl.pools[digenrl.generator_role].size
+    where = (f"on Ray's GPUs: each replica's pool asks {REPLICA_BUNDLE} per device beside the {ranks} generator "
+             "workers' own bundles (the cluster must have them free)" if device == "cuda" else
+             "on Ray's logical GPUs: the run's own local Ray instance gets one logical GPU and 2 more CPUs per "
+             "generator rank for them (a cluster given by RAY_ADDRESS must have them free)")
+    return (f"{A}.rollout.name=vllm_omni on {device.upper()} ({REPLICAS_KEY}={how}): each of the {ranks} generator "
+            "ranks starts one of verl-omni's standalone rollout replicas (vLLMOmniReplica.init_standalone: its "
+            "server, AsyncOmni and diffusion worker, the path verl-omni takes on GPUs) and samples through its "
+            f"server API (rollout engine verl_omni_replica), {where}; new weights reach it as verl's server adapter "
+            "sends them")
 
 
 def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig, device: str = "cpu") -> RolloutEngineSpec:
@@ -1019,7 +1022,7 @@ def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig, device: str = "cpu") 
     entry = ENGINES.entry(name)  # ValueError naming the key and the valid names
     why = entry.unavailable_reason() if digenrl.dry_run else None
     if why is not None:  # a dry run plans for the cluster; a real run is refused below, before any worker starts
-        plan_for_cluster(keys, f"{A}.rollout.name={name}", entry.title or name, why)
+        plan_for_cluster(keys, f"{A}.rollout.name={keys(f'{A}.rollout.name')}", entry.title or name, why)
     dtype = keys(f"{A}.rollout.dtype")
     if dtype not in DTYPES:
         raise ValueError(f"{A}.rollout.dtype={dtype!r}; valid: {sorted(DTYPES)}")

@@ -246,11 +246,11 @@ VERL_OMNI_VLLM_OMNI_PIN = "0.27.0rc1"
 
 ENGINES = EngineRegistry()
 DIFFUSERS = ENGINES.declare(EngineEntry("diffusers"))
+#: what verl-omni's scripts set: verl-omni's own rollout, which the config resolves to one of the two engines below
+#: (`config.verl_omni.generator_engine_name`, ``trainer.digenrl.generator_replicas``); no class is bound to it
 VLLM_OMNI = ENGINES.declare(EngineEntry(
-    "vllm_omni", packages=("vllm", "vllm_omni"), cuda=True, title="vLLM-Omni",
-    install_hint=(f"vLLM-Omni on a CUDA machine: pip install 'digenrl-verl[vllm]' (vllm=={VLLM_PIN}, "
-                  f"vllm-omni=={VLLM_OMNI_PIN}; verl-omni's vllm=={VERL_OMNI_VLLM_PIN} + "
-                  f"vllm-omni=={VERL_OMNI_VLLM_OMNI_PIN} works too; vllm X.Y must match vllm-omni X.Y)")))
+    "vllm_omni", packages=("verl_omni", "vllm_omni"), title="verl-omni's vLLM-Omni rollout",
+    install_hint="verl-omni with its vLLM-Omni (docs/verl_omni.md)"))
 VERL_OMNI = ENGINES.declare(EngineEntry(
     "verl_omni", packages=("verl_omni", "vllm_omni"), title="verl-omni's rollout pipeline",
     install_hint="verl-omni with its vLLM-Omni (docs/verl_omni.md)",

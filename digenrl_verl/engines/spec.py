@@ -18,7 +18,7 @@ VERL_OMNI_ARCHITECTURES = ("QwenImagePipeline", "StableDiffusion3Pipeline", "Wan
 #: the architectures whose server requests the ``verl_omni_replica`` engine builds from tokenizers alone, without the
 #: pipeline object (`integrations.verl_omni_replica.PROMPT_PIPES`); SD3's request needs per-encoder ids, not built yet
 REPLICA_ARCHITECTURES = ("QwenImagePipeline", "WanPipeline")
-#: the key that chooses verl-omni's replicas as the generators of a CPU run (`DigenRLConfig.generator_replicas`)
+#: the key that chooses between verl-omni's replicas and its in-process pipeline (`DigenRLConfig.generator_replicas`)
 REPLICAS_KEY = "trainer.digenrl.generator_replicas"
 
 #: how a vLLM-Omni engine is reached: `async_omni` (vLLM-Omni's AsyncOmni, GPU; what the config builds) or
@@ -117,26 +117,29 @@ def check_verl_omni_policy(spec: PolicySpec) -> tuple[str, str]:
                          " verl-omni's rollout samples one SDE window per row; use window (sde_window_size / "
                          "sde_window_range), or actor_rollout_ref.rollout.name=diffusers")
     if spec.device != "cpu":
-        raise ValueError(f"{key} runs verl-omni's pipeline in the generator's process, on CPU; on GPUs verl-omni's "
-                         "rollout replicas are not started by this version. Fix: actor_rollout_ref.rollout.name="
-                         "diffusers or vllm_omni")
+        raise ValueError(f"{key} runs verl-omni's pipeline in the generator's process, on CPU only; on GPUs "
+                         "verl-omni's rollout is its replicas. Fix: actor_rollout_ref.rollout.name=vllm_omni with "
+                         f"{REPLICAS_KEY} null or true, or actor_rollout_ref.rollout.name=diffusers")
     return VERL_OMNI_SDE_KINDS[rollout.sde_type]
 
 
 def check_replica_policy(spec: PolicySpec) -> tuple[str, str]:
     """(architecture, verl-omni algorithm) of `spec` for the rollout engine ``verl_omni_replica`` (verl-omni's
-    standalone rollout replicas); ValueError naming the key of what that engine cannot do."""
-    key = "actor_rollout_ref.rollout.name=verl_omni_replica"
+    standalone rollout replicas); ValueError naming the key of what that engine cannot do and the fix (on CPU
+    ``generator_replicas=false``, verl-omni's pipeline in the generator's process; on CUDA the diffusers engine)."""
+    key = f"actor_rollout_ref.rollout.name=vllm_omni on verl-omni's replicas ({REPLICAS_KEY})"
+    fix = (f"set {REPLICAS_KEY}=false (verl-omni's pipeline in the generator's process) or "
+           "actor_rollout_ref.rollout.name=diffusers" if spec.device == "cpu" else
+           "set actor_rollout_ref.rollout.name=diffusers (on CUDA verl-omni's in-process pipeline is not an option)")
     architecture = read_model_index(spec.model_path)["_class_name"]
     if architecture not in REPLICA_ARCHITECTURES:
         raise ValueError(f"actor_rollout_ref.model.path is a {architecture} with {key}: this engine builds the "
                          f"server requests of {list(REPLICA_ARCHITECTURES)} only (the others' prompt ids come from "
-                         f"their pipeline object); set {REPLICAS_KEY}=false (verl-omni's pipeline in the "
-                         "generator's process) or use actor_rollout_ref.rollout.name=diffusers")
+                         f"their pipeline object); {fix}")
     if spec.rollout.sde_type not in VERL_OMNI_SDE_KINDS:
         raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={spec.rollout.sde_type!r} with {key}: verl-omni's "
-                         f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}")
+                         f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}; use one of them, or {fix}")
     if spec.rollout.timestep_selection != "window":
         raise ValueError(f"actor_rollout_ref.rollout.algo.timestep_selection={spec.rollout.timestep_selection!r} "
-                         f"with {key}: verl-omni's rollout samples one SDE window per row; use window")
+                         f"with {key}: verl-omni's rollout samples one SDE window per row; use window, or {fix}")
     return architecture, VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][0]

@@ -20,10 +20,11 @@ clears its cache. Each request carries its own ``global_steps`` (verl-omni's cou
 server's step is not set. Not verl's checkpoint engine yet (tests/verl_omni/test_verl_omni_replica_on_cpu.py sends
 through it with the package's gloo backend); the weights cross this process once per update.
 
-A run chooses this engine on CPU with ``actor_rollout_ref.rollout.name=vllm_omni`` and
-``trainer.digenrl.generator_replicas=true`` (`config.verl_omni.generator_engine_name`; the default stays
-``verl_omni``). On CPU the replica's devices are Ray's logical GPUs (`platform.cpu.logical_gpus`, which the run turns
-on in its generators' environment: `trainer.runner.worker_env`) and vLLM-Omni takes one request per batch
+A run takes this engine with ``actor_rollout_ref.rollout.name=vllm_omni``: on CUDA by default, on CPU with
+``trainer.digenrl.generator_replicas=true`` (`config.verl_omni.generator_engine_name`; null = auto, the CPU default
+being verl-omni's pipeline in the generator's process, ``verl_omni``). On CPU the replica's devices are Ray's
+logical GPUs (`platform.cpu.logical_gpus`, which the run turns on in its generators' environment:
+`trainer.runner.worker_env`) and vLLM-Omni takes one request per batch
 (``max_num_seqs=1``: its 0.27 request-batch race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and
 vLLM-Omni's defaults. The Ray instance must have room beside the run's pools: {CPU: 2, GPU: 1} per replica device
 (`REPLICA_BUNDLE`; the run's own local Ray start adds them, `trainer.runner.local_ray_resources`; a cluster joined

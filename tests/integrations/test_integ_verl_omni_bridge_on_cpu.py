@@ -31,10 +31,11 @@ def test_not_installed_says_how_to_install_and_which_commit(capsys):
 _PROBE = textwrap.dedent("""
     import json, sys
     import digenrl_verl, digenrl_verl.main, digenrl_verl.trainer.config, digenrl_verl.integrations
-    import digenrl_verl.integrations.verl_omni as vo, digenrl_verl.engines.vllm_omni as vl
+    import digenrl_verl.integrations.verl_omni as vo
+    from digenrl_verl.engines.base import VLLM_OMNI
     from digenrl_verl.main import compose
     from digenrl_verl.trainer.config import build_run
-    out = {"verl_omni_available": vo.verl_omni_available(), "vllm_reason": vl.unavailable_reason()}
+    out = {"verl_omni_available": vo.verl_omni_available(), "vllm_omni_reason": VLLM_OMNI.unavailable_reason()}
     try:
         build_run(compose(["actor_rollout_ref.model.path=" + sys.argv[1], "actor_rollout_ref.rollout.name=vllm_omni"]))
     except ValueError as e:
@@ -47,7 +48,7 @@ _PROBE = textwrap.dedent("""
 @pytest.mark.slow  # a fresh interpreter
 def test_importing_the_package_never_imports_verl_omni_or_vllm(tmp_path, tiny_dirs):
     """Fake `verl_omni`, `vllm` and `vllm_omni` packages that raise when imported sit on the path: the package,
-    the entry point, both integration modules and a build_run that selects the vLLM-Omni backend (on CPU)
+    the entry point, both integration modules and a build_run that selects verl-omni's rollout (its replicas)
     must only ever *find* them, never import them."""
     for name in ("verl_omni", "vllm", "vllm_omni"):
         (tmp_path / name).mkdir()
@@ -59,8 +60,10 @@ def test_importing_the_package_never_imports_verl_omni_or_vllm(tmp_path, tiny_di
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["imported"] == []
     assert out["verl_omni_available"] is True  # found (on the path) without being imported
-    assert out["vllm_reason"] == "no CUDA device (vLLM-Omni has no CPU execution path)"
-    assert "actor_rollout_ref.rollout.name=vllm_omni cannot be used here: no CUDA device" in out["error"]
+    assert out["vllm_omni_reason"] is None  # found: verl-omni's rollout is planned (the default device, cuda: its
+    # replicas) and refused for FLUX (verl-omni has no FLUX rollout), by name, before any import
+    assert ("actor_rollout_ref.model.path is a FluxPipeline with actor_rollout_ref.rollout.name=vllm_omni on "
+            "verl-omni's replicas") in out["error"]
     assert "set actor_rollout_ref.rollout.name=diffusers" in out["error"]
 
 

@@ -1,11 +1,14 @@
-"""`trainer.digenrl.generator_replicas`: a CPU run with `rollout.name=vllm_omni` opts in to verl-omni's standalone
-rollout replicas as its generators (rollout engine ``verl_omni_replica``) with the key alone.
+"""`trainer.digenrl.generator_replicas` with `rollout.name=vllm_omni` (what verl-omni's scripts set): verl-omni's
+standalone rollout replicas as the generators (rollout engine ``verl_omni_replica``) or its rollout pipeline in each
+generator's process (``verl_omni``, CPU only). null (default) = auto: replicas on CUDA, the pipeline on CPU.
 
-* The run plans it: the engine, the key in plan.json, a decision saying what it chose.
-* The run gives the replicas their resources itself: its local Ray instance one logical GPU and 2 more CPUs per
-  generator rank (`local_ray_resources`), its generators' processes Ray's logical-GPU mode (`worker_env`); nothing
-  for a run without the key.
-* Set where it has no effect (another rollout engine, a dry run): warned by name and said in the plan.
+* The run plans it, a dry run as a real run: the engine, the key in plan.json, a decision saying what it chose.
+* The run gives the replicas of a CPU run their resources itself: its local Ray instance one logical GPU and 2 more
+  CPUs per generator rank (`local_ray_resources`), its generators' processes Ray's logical-GPU mode (`worker_env`);
+  nothing for a run without replicas.
+* Refused before any worker starts, naming the key and the fix: false on CUDA; a model the replicas cannot serve;
+  a real run without verl-omni.
+* Set where it has no effect (another rollout engine): warned by name and said in the plan.
 
 verl-omni itself is not needed here: its packages' presence is stood in for (`find_spec`, which is all the engine
 registry asks), and no worker starts.
@@ -14,6 +17,7 @@ registry asks), and no worker starts.
 from __future__ import annotations
 
 import importlib.util
+import re
 import warnings
 
 import pytest
@@ -55,7 +59,7 @@ def test_the_key_plans_the_replicas_and_gives_them_ray_resources(wan_dir, verl_o
     spec, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, f"{KEY}=true")
     assert spec.policy.engine.name == "verl_omni_replica"
     assert spec.plan()["config"][KEY] is True
-    said = [d for d in spec.decisions if d.startswith(f"{KEY}=true with {A}.rollout.name=vllm_omni on CPU")]
+    said = [d for d in spec.decisions if d.startswith(f"{A}.rollout.name=vllm_omni on CPU ({KEY}=true)")]
     assert len(said) == 1 and "one logical GPU and 2 more CPUs per generator rank" in said[0], spec.decisions
     assert "engines: generation verl_omni_replica" in spec.describe()
     # 1 trainer + 2 generator workers, and per generator rank verl's standalone replica bundle {CPU: 2, GPU: 1}
@@ -64,44 +68,92 @@ def test_the_key_plans_the_replicas_and_gives_them_ray_resources(wan_dir, verl_o
     assert LOGICAL_GPUS_VAR not in worker_env(spec, "trainer")
 
 
-def test_without_the_key_the_run_keeps_verl_omnis_pipeline_and_ray_gets_no_gpus(wan_dir, verl_omni_present):
+def test_without_the_key_a_cpu_run_keeps_verl_omnis_pipeline_and_ray_gets_no_gpus(wan_dir, verl_omni_present):
     spec, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED)
-    assert spec.policy.engine.name == "verl_omni" and spec.plan()["config"][KEY] is False
-    assert any(f"{KEY}=true starts verl-omni's replicas instead" in d for d in spec.decisions), spec.decisions
+    assert spec.policy.engine.name == "verl_omni" and spec.plan()["config"][KEY] is None
+    said = [d for d in spec.decisions if d.startswith(f"{A}.rollout.name=vllm_omni on CPU ({KEY}=auto)")]
+    assert len(said) == 1 and f"{KEY}=true starts verl-omni's replicas instead" in said[0], spec.decisions
     assert local_ray_resources(spec) == (3, None)
     assert LOGICAL_GPUS_VAR not in worker_env(spec, "generator")
 
 
-@pytest.mark.parametrize("overrides,why", [
-    ((f"{A}.rollout.name=diffusers",), f"{A}.rollout.name=diffusers"),
-    ((f"{A}.rollout.name=vllm_omni", "trainer.digenrl.dry_run=true"), "a dry run starts no worker"),
-])
-def test_the_key_where_it_has_no_effect_is_warned_by_name(wan_dir, verl_omni_present, overrides, why):
-    spec, warned = _build(wan_dir, *overrides, *DISAGGREGATED, f"{KEY}=true")
-    assert spec.policy.engine.name != "verl_omni_replica" and local_ray_resources(spec)[1] is None
-    note = f"{KEY}=true has no effect: {why}"
+def test_the_key_where_it_has_no_effect_is_warned_by_name(wan_dir, verl_omni_present):
+    spec, warned = _build(wan_dir, f"{A}.rollout.name=diffusers", *DISAGGREGATED, f"{KEY}=true")
+    assert spec.policy.engine.name == "diffusers" and local_ray_resources(spec)[1] is None
+    note = f"{KEY}=true has no effect: {A}.rollout.name=diffusers"
     assert any(m.startswith(note) for m in warned), warned
     assert any(d.startswith(note) and d.endswith("(warned)") for d in spec.decisions), spec.decisions
+
+
+def test_a_dry_run_chooses_as_the_real_run_does(wan_dir):
+    """A dry run plans for the cluster: the same engine as a real run with the same keys, verl-omni installed or
+    not (here it is not: the plan says so, a real run would be refused)."""
+    dry = "trainer.digenrl.dry_run=true"
+    spec, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, f"{KEY}=true", dry)
+    assert spec.policy.engine.name == "verl_omni_replica" and not spec.policy.engine.runs_here
+    spec, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, dry)
+    assert spec.policy.engine.name == "verl_omni"
+
+
+CUDA = ("trainer.device=cuda", "trainer.digenrl.pools.generator.use_gpu=true",
+        "trainer.digenrl.pools.trainer.use_gpu=true", "trainer.digenrl.dry_run=true")
+
+
+def test_a_cuda_run_takes_verl_omnis_replicas_and_says_so_in_plan_json(wan_dir, tmp_path):
+    """On CUDA `rollout.name=vllm_omni` is verl-omni's replicas by default (the path verl-omni itself takes on GPUs),
+    in the plan and in the plan.json a dry run writes; no logical GPUs are reserved (Ray counts the host's)."""
+    spec, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, *CUDA,
+                     f"trainer.digenrl.output_dir={tmp_path}")
+    assert spec.policy.device == "cuda" and spec.policy.engine.name == "verl_omni_replica"
+    said = [d for d in spec.decisions if d.startswith(f"{A}.rollout.name=vllm_omni on CUDA ({KEY}=auto)")]
+    assert len(said) == 1 and "standalone rollout replicas" in said[0], spec.decisions
+    plan = spec.plan()
+    assert plan["config"][KEY] is None and any(d.startswith(f"{A}.rollout.name=vllm_omni on CUDA ({KEY}=auto)")
+                                               for d in plan["decisions"]), plan["decisions"]
+    assert "engines: generation verl_omni_replica (float32 on cuda)" in spec.describe()
+    assert local_ray_resources(spec)[1] is None and LOGICAL_GPUS_VAR not in worker_env(spec, "generator")
+    explicit, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, *CUDA, f"{KEY}=true")
+    assert explicit.policy.engine.name == "verl_omni_replica"
+
+
+def test_in_process_pipeline_on_cuda_is_refused_naming_the_key(wan_dir):
+    with pytest.raises(ValueError, match=rf"{KEY.replace('.', '[.]')}=false with .*trainer[.]device=cuda: .*CPU "
+                                         rf"only.*Fix: drop {KEY.replace('.', '[.]')}"):
+        _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, *CUDA, f"{KEY}=false")
+
+
+def test_a_real_run_without_verl_omni_is_refused_naming_the_key_and_the_fix(wan_dir):
+    if importlib.util.find_spec("verl_omni") is not None:
+        pytest.skip("verl-omni is installed here: nothing to refuse")
+    with pytest.raises(ValueError, match=rf"{A}[.]rollout[.]name=vllm_omni cannot be used here: verl_omni and "
+                                         rf"vllm_omni not installed[.] Fix: set {A}[.]rollout[.]name=diffusers"
+                                         ".*install verl-omni"):
+        _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED)
 
 
 def test_a_value_that_is_not_a_bool_names_the_key(wan_dir):
     """Hydra's typed node refuses it while composing; the section's own check where it is built from a mapping."""
     with pytest.raises(Exception, match=KEY.replace(".", r"\.")):
         _build(wan_dir, f"{KEY}=sometimes")
-    with pytest.raises(ValueError, match=rf"{KEY.replace('.', '[.]')}='yes' is invalid: use true or false"):
+    with pytest.raises(ValueError, match=rf"{KEY.replace('.', '[.]')}='yes' is invalid: use true, false or null"):
         DigenRLConfig.from_node({"generator_replicas": "yes"})
 
 
-def test_a_model_the_replicas_cannot_serve_is_refused_when_the_run_is_planned(tmp_path, verl_omni_present):
+@pytest.mark.parametrize("device,fix", [("cpu", f"set {KEY}=false"), ("cuda", f"set {A}.rollout.name=diffusers")])
+def test_a_model_the_replicas_cannot_serve_is_refused_when_the_run_is_planned(tmp_path, verl_omni_present, device,
+                                                                             fix):
     """SD3 (its server request needs per-encoder ids, not built) is refused by name while the config is built, before
-    Ray or any worker starts; the architectures planned are the ones the engine builds requests for."""
+    Ray or any worker starts, with the fix for the device; the architectures planned are the ones the engine builds
+    requests for."""
     from digenrl_verl.engines.spec import REPLICA_ARCHITECTURES
     from digenrl_verl.integrations.verl_omni_replica import PROMPT_PIPES
 
     assert sorted(PROMPT_PIPES) == sorted(REPLICA_ARCHITECTURES)
     sd3 = str(build_tiny_model_dir("StableDiffusion3Pipeline", tmp_path / "tiny_sd3"))
-    with pytest.raises(ValueError, match=f"StableDiffusion3Pipeline with .*verl_omni_replica.*{KEY}=false"):
-        _build(sd3, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, f"{KEY}=true")
+    on = (f"{KEY}=true",) if device == "cpu" else CUDA
+    with pytest.raises(ValueError, match=rf"StableDiffusion3Pipeline with {A}[.]rollout[.]name=vllm_omni on "
+                                         rf"verl-omni's replicas \({KEY.replace('.', '[.]')}\).*{re.escape(fix)}"):
+        _build(sd3, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, *on)
 
 
 def test_a_weight_update_to_a_dead_worker_fails_instead_of_waiting_forever(ray_session):

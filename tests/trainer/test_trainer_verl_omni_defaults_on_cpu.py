@@ -32,16 +32,23 @@ def _decision(spec, needle: str) -> str:
 
 
 # ------------------------------------------------------------------------------ a. vllm_omni with the default TAG
-def test_vllm_omni_keeps_the_default_tag_through_the_trainers_own_engine(tiny_flux_dir, monkeypatch):
-    monkeypatch.setattr(EngineEntry, "unavailable_reason", lambda self: None)  # as on a CUDA machine with vLLM-Omni
-    spec = _build(tiny_flux_dir, DISAGG, f"{A}.rollout.name=vllm_omni")
-    assert spec.schedule.tag.policy == "bts" and spec.policy.engine.name == "vllm_omni"
+def test_vllm_omni_keeps_the_default_tag_through_the_trainers_own_engine(tmp_path, monkeypatch):
+    """verl-omni's replicas as the generators (the CUDA default; `generator_replicas=true` on this CPU): the trainers
+    sample their TAG micro-batches with their own diffusers engine, said in the plan."""
+    from digenrl_verl.models import build_tiny_model_dir
+
+    wan = build_tiny_model_dir("WanPipeline", tmp_path / "tiny_wan")
+    monkeypatch.setattr(EngineEntry, "unavailable_reason", lambda self: None)  # as on a machine with verl-omni
+    replicas = (DISAGG, f"{A}.rollout.name=vllm_omni", "trainer.digenrl.generator_replicas=true",
+                f"{A}.rollout.algo.sde_window_size=2")
+    spec = _build(wan, *replicas)
+    assert spec.schedule.tag.policy == "bts" and spec.policy.engine.name == "verl_omni_replica"
     text = _decision(spec, "TAG")
     assert "own diffusers engine" in text and "tag.policy=off" in text
     assert spec.train.recompute_old_log_probs  # the two engines' samples both get the trainer's old log-probs
-    off = _build(tiny_flux_dir, DISAGG, f"{A}.rollout.name=vllm_omni", "trainer.digenrl.tag.policy=off")
+    off = _build(wan, *replicas, "trainer.digenrl.tag.policy=off")
     assert not [d for d in off.decisions if "TAG" in d]
-    assert not [d for d in _build(tiny_flux_dir, DISAGG).decisions if "TAG" in d]  # diffusers: nothing to decide
+    assert not [d for d in _build(wan, DISAGG).decisions if "TAG" in d]  # diffusers: nothing to decide
 
 
 # ------------------------------------------------------------------------------ b. algorithm.global_std=True

@@ -388,7 +388,8 @@ def check_twin_run(name: str, text: str, out: Path, argv: list[str], tmp_path: P
     pipeline, verl-omni's stock worker resuming its last checkpoint."""
     entry = TWINS[name]
     _check_handed_over(text, entry.endswith("_v1"))
-    assert "actor_rollout_ref.rollout.name=vllm_omni on CPU: the generators sample with verl-omni's own" in text
+    assert ("actor_rollout_ref.rollout.name=vllm_omni on CPU (trainer.digenrl.generator_replicas=auto): the "
+            "generators sample with verl-omni's own") in text
     assert "engines: generation verl_omni" in text
     written = json.loads((out / "summary.json").read_text())
     summary, workers = written["summary"], written["workers"]

@@ -110,32 +110,38 @@ def test_a_hand_over_changes_the_replicas_next_samples_to_the_new_weights(run):
     assert rollout.tensors["policy_version"].tolist() == [1] * len(ROWS)
 
 
-def _choice(**digenrl) -> tuple[str, list[str]]:
-    """The generators' engine a CPU run with ``rollout.name=vllm_omni`` gets with the `trainer.digenrl` settings
-    `digenrl`, and the plan's decisions."""
+def _choice(device: str = "cpu", **digenrl) -> tuple[str, list[str]]:
+    """The generators' engine a run on `device` with ``rollout.name=vllm_omni`` gets with the `trainer.digenrl`
+    settings `digenrl`, and the plan's decisions."""
     from omegaconf import OmegaConf
 
     from digenrl_verl.config.digenrl import DigenRLConfig
     from digenrl_verl.config.verl_omni import RecipeKeys, generator_engine_name
 
     keys = RecipeKeys(OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm_omni"}}}))
-    return generator_engine_name(keys, DigenRLConfig(**digenrl), "cpu"), keys.decisions
+    return generator_engine_name(keys, DigenRLConfig(**digenrl), device), keys.decisions
 
 
-def test_a_cpu_run_with_vllm_omni_chooses_the_replicas_only_when_asked(monkeypatch):
-    """Default: verl-omni's pipeline in the generator's process (``verl_omni``); ``trainer.digenrl.generator_replicas
-    =true`` alone (no environment: the run gives the replicas Ray's logical GPUs itself): ``verl_omni_replica``,
-    said in the plan; in a dry run the key has no effect, warned by name."""
+def test_vllm_omni_chooses_the_replicas_on_cuda_and_the_pipeline_on_cpu_unless_told(monkeypatch):
+    """verl-omni installed (this venv): null (default) = the in-process pipeline on CPU (``verl_omni``), replicas on
+    CUDA (``verl_omni_replica``, the path verl-omni takes on GPUs); true / false honoured (false on CUDA refused, the
+    pipeline is CPU only); a dry run chooses as a real run; each choice said in the plan, the key's value in it."""
     from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR
 
+    key = "trainer.digenrl.generator_replicas"
     monkeypatch.delenv(LOGICAL_GPUS_VAR, raising=False)
     name, said = _choice()
-    assert name == "verl_omni" and "trainer.digenrl.generator_replicas=true starts verl-omni's replicas" in said[-1]
+    assert name == "verl_omni" and said[-1].startswith(f"actor_rollout_ref.rollout.name=vllm_omni on CPU ({key}=auto)")
+    assert f"{key}=true starts verl-omni's replicas" in said[-1]
     name, said = _choice(generator_replicas=True)
-    assert name == "verl_omni_replica" and "standalone rollout replicas" in said[-1]
-    with pytest.warns(UserWarning, match="trainer.digenrl.generator_replicas=true has no effect: a dry run"):
-        name, said = _choice(generator_replicas=True, dry_run=True)
-    assert name == "vllm_omni" and said[-1].endswith("(warned)")
+    assert name == "verl_omni_replica" and "standalone rollout replicas" in said[-1] and f"({key}=true)" in said[-1]
+    assert _choice(generator_replicas=True, dry_run=True)[0] == "verl_omni_replica"
+    name, said = _choice("cuda")
+    assert name == "verl_omni_replica" and said[-1].startswith(f"actor_rollout_ref.rollout.name=vllm_omni on CUDA "
+                                                                f"({key}=auto)")
+    assert _choice("cuda", generator_replicas=True)[0] == "verl_omni_replica"
+    with pytest.raises(ValueError, match=f"{key}=false with .*trainer.device=cuda"):
+        _choice("cuda", generator_replicas=False)
 
 
 def test_no_room_for_the_replica_is_refused_before_verl_waits_for_it(monkeypatch):

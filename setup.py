@@ -6,7 +6,7 @@ INSTALL_REQUIRES = [
     # torch is not listed on purpose: install torch==2.13.0 first (see constraints.txt), verl does not pin it.
     "verl>=0.9.0.dev0,<0.10",  # 0.9.1, or the 0.9.0.dev0 that verl-omni a1139baf pins (git 8a69493)
     "ray>=2.40",
-    "diffusers>=0.38,<0.43",  # admits vLLM-Omni 0.28 (diffusers 0.40) and verl-omni's 0.27.0rc1 (0.38)
+    "diffusers>=0.38,<0.43",  # admits verl-omni's vLLM-Omni 0.27.0rc1 (0.38); the contract tier runs 0.40
     "transformers>=4.51",
     "omegaconf>=2.3",
     "hydra-core>=1.3",
@@ -32,8 +32,8 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "test": ["pytest>=8", "pytest-asyncio", "pytest-xdist", "hypothesis", "ruff>=0.6"],
     "ocr": ["rapidocr-onnxruntime"],
-    # GPU only: a matching vllm / vllm-omni pair. Never imported on CPU.
-    "vllm": ["vllm==0.28.0", "vllm-omni==0.28.0"],
+    # the `vllm` judge backend (GPU). verl-omni's rollout brings its own vLLM-Omni (docs/verl_omni.md).
+    "vllm": ["vllm==0.28.0"],
 }
 
 setup(

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The contract tier: tests/contract/ with the real vLLM-Omni, in .venv-contract (built or reused by
-# scripts/contract_venv.sh: vllm + vllm-omni at the pinned pair, CPU torch). Extra args go to pytest, e.g.
+# The contract tier: tests/contract/ with the real vLLM, in .venv-contract (built or reused by
+# scripts/contract_venv.sh: vllm at its pin, diffusers 0.40.0, CPU torch). Extra args go to pytest, e.g.
 #   bash scripts/test_contract.sh                                 # the contract tier
-#   bash scripts/test_contract.sh tests/models tests/diffusion    # the CPU tests on vLLM-Omni's diffusers pin
-# DIGENRL_CONTRACT_VLLM=0.27.0 DIGENRL_CONTRACT_VLLM_OMNI=0.27.0rc1 DIGENRL_CONTRACT_VENV=.venv-contract-027 runs
-# it on verl-omni's pair. The main suite (scripts/test.sh) collects tests/contract too and skips it there
-# (each module starts with pytest.importorskip("vllm_omni")); in the tier (DIGENRL_TIER=contract) a skip is a failure
+#   bash scripts/test_contract.sh tests/models tests/diffusion    # the CPU tests on diffusers 0.40.0
+# The main suite (scripts/test.sh) collects tests/contract too and skips it there (each module starts with
+# pytest.importorskip("vllm")); in the tier (DIGENRL_TIER=contract) a skip is a failure
 # unless its reason is declared (tests/conftest.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,6 +15,6 @@ export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZE
 if [[ $# -eq 0 ]]; then set -- tests/contract; fi
 # every module the tests import (a broken import fails, never skips), after the versions it prints (one interpreter)
 "$CONTRACT_PY" scripts/tier_preflight.py \
-  "--banner=contract venv: vllm {vllm.__version__}, vllm-omni {vllm_omni.__version__}, diffusers {diffusers.__version__}" "$@"
+  "--banner=contract venv: vllm {vllm.__version__}, diffusers {diffusers.__version__}" "$@"
 # -rs: every skip with its reason; tests/conftest.py fails any skip whose reason DECLARED_SKIPS["contract"] lacks
 exec "$CONTRACT_PY" -m pytest -q -rs -p no:randomly --durations=10 "$@"

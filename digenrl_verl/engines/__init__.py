@@ -4,8 +4,8 @@
   need, checked without importing a backend; classes bound by the backend modules);
 - `spec`: `PolicySpec` and `RolloutEngineSpec` (`actor_rollout_ref.rollout.name` validated here);
 - `diffusers`: the policy in this process (generators, and trainers for TAG);
-- `vllm_omni`: a vLLM-Omni engine running DigenRL's pipeline (GPU), with `InProcessOmniEngine`, its vLLM-free
-  reference client for CPU tests.
+- verl-omni's rollout (`rollout.name=vllm_omni`) is bound from `integrations` on first use (`ENGINES` entries
+  `verl_omni_replica`, `verl_omni`: a backend above this layer).
 
 This package's `__init__` imports nothing, so `engines.base` and `engines.spec` never pull in a backend.
 """

@@ -236,11 +236,9 @@ class EngineRegistry:
         return self._classes[name]
 
 
-#: vLLM-Omni pins: the `[vllm]` extra's pair, which resolves with verl 0.9.1 and this project's requirements
-#: (vllm-omni 0.28.0 pins diffusers==0.40.0). verl-omni's pair (vllm 0.27.0 + vllm-omni 0.27.0rc1, diffusers
-#: 0.38.0) works too. Pair vllm X.Y with vllm-omni X.Y. Both are held to the real code by tests/contract.
+#: vLLM for the `vllm` judge backend: the `[vllm]` extra's pin, held to the real package by tests/contract. One
+#: vLLM-Omni: verl-omni's (vllm 0.27.0 + vllm-omni 0.27.0rc1, scripts/verl_omni_venv.sh), the rollout's only one.
 VLLM_PIN = "0.28.0"
-VLLM_OMNI_PIN = "0.28.0"
 VERL_OMNI_VLLM_PIN = "0.27.0"
 VERL_OMNI_VLLM_OMNI_PIN = "0.27.0rc1"
 

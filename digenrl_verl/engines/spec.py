@@ -21,10 +21,6 @@ REPLICA_ARCHITECTURES = ("QwenImagePipeline", "WanPipeline")
 #: the key that chooses between verl-omni's replicas and its in-process pipeline (`DigenRLConfig.generator_replicas`)
 REPLICAS_KEY = "trainer.digenrl.generator_replicas"
 
-#: how a vLLM-Omni engine is reached: `async_omni` (vLLM-Omni's AsyncOmni, GPU; what the config builds) or
-#: `inprocess` (`engines.vllm_omni.InProcessOmniEngine`, the vLLM-free reference the CPU tests use)
-OMNI_CLIENTS = ("async_omni", "inprocess")
-
 
 @dataclass(frozen=True)
 class RolloutEngineSpec:
@@ -35,13 +31,14 @@ class RolloutEngineSpec:
     and the fix.
 
     Args:
-        name: `diffusers` (the policy in the generator process, CPU or GPU) or `vllm_omni` (a vLLM-Omni engine
-            per generator rank running DigenRL's pipeline; GPU only), `actor_rollout_ref.rollout.name`.
-        dtype: the engine's model dtype (`actor_rollout_ref.rollout.dtype`): a generator's diffusers policy and
-            vllm_omni with `async_omni` sample in it; trainers (TAG, colocated) sample with the model they train.
-        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`, passed to `AsyncOmni`.
-        client: vllm_omni only, one of `OMNI_CLIENTS`; not read from the config. `inprocess` needs neither vLLM
-            nor a GPU and samples in the policy's dtype, so it is checked against the diffusers engine bit for bit.
+        name: `diffusers` (the policy in the generator process, CPU or GPU), `verl_omni_replica` (one of verl-omni's
+            standalone rollout replicas per generator rank) or `verl_omni` (verl-omni's rollout pipeline in the
+            generator's process, CPU): `actor_rollout_ref.rollout.name`, with ``vllm_omni`` resolved by the config
+            to one of the last two (`config.verl_omni.generator_engine_name`).
+        dtype: the engine's model dtype (`actor_rollout_ref.rollout.dtype`): the generators sample in it; trainers
+            (TAG, colocated) sample with the model they train.
+        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`, recorded (not yet passed to verl-omni's
+            replicas, which start with verl-omni's rollout config defaults).
         runs_here: check that the engine can run in this process (its packages, a CUDA device). False only for a
             dry run's plan (`trainer.digenrl.dry_run`), which is made for the cluster, not for this machine; the
             engine still checks when it is built.
@@ -54,15 +51,12 @@ class RolloutEngineSpec:
     name: str = "diffusers"
     dtype: str = "bfloat16"
     engine_kwargs: dict = field(default_factory=dict)
-    client: str = "async_omni"
     runs_here: bool = True
     colocated: bool = False
 
     def __post_init__(self) -> None:
         entry = ENGINES.entry(self.name)
-        if self.client not in OMNI_CLIENTS:
-            raise ValueError(f"unknown vLLM-Omni client {self.client!r}; valid: {list(OMNI_CLIENTS)}")
-        if self.client == "async_omni" and self.runs_here:
+        if self.runs_here:
             entry.require()
         if self.colocated and self.name != "verl_omni":
             raise ValueError(f"{self.name}: only the verl_omni engine runs colocated on trainer ranks")

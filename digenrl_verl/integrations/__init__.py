@@ -6,7 +6,10 @@
   only for `register()` / `main()`.
 - `verl_omni_recipes`: verl-omni's example override lists as data (compatibility tests, docs).
 
-The vLLM-Omni rollout engine lives with the other engines (`digenrl_verl.engines.vllm_omni`), the 8 + 8
-heterogeneous-cluster report with the simulator (`digenrl_verl.sim.hetero`). Only entry points import this
+- `verl_omni_replica` / `verl_omni_rollout`: the generators on verl-omni's rollout (`rollout.name=vllm_omni`): its
+  standalone replicas, or its registered pipeline in the generator's process (CPU); bound in `engines.base.ENGINES`
+  and imported on first use.
+
+The 8 + 8 heterogeneous-cluster report with the simulator (`digenrl_verl.sim.hetero`). Only entry points import this
 package. See docs/verl_omni.md for what has run where.
 """

@@ -9,11 +9,11 @@
 - `TrainingMixin`  holds the optimizer and accumulates TSP / per-timestep gradients (`update`, `opt_step`).
 
 `GeneratorWorker = Generation + Scoring`, holding the engine `actor_rollout_ref.rollout.name` names (`diffusers`:
-its own copy of the policy; `vllm_omni`: a vLLM-Omni engine, which also joins the weight sync and receives the
-weights); `TrainerWorker = Sampling + Training (+ send_weights, + lazy Scoring)`, `ColocatedWorker =
-TrainerWorker` with its reward built up front. The runtime calls these methods on individual actors
-(`actor.method.remote`) as the schedule dictates; worker-group-wide methods (`join`, `checksum`, ...) use verl's
-`@register` dispatch.
+its own copy of the policy; with `vllm_omni`, verl-omni's rollout: its replicas or its in-process pipeline, engines
+`verl_omni_replica` / `verl_omni` in `integrations`, bound on first use); `TrainerWorker = Sampling + Training
+(+ send_weights, + lazy Scoring)`, `ColocatedWorker = TrainerWorker` with its reward built up front. The runtime calls
+these methods on individual actors (`actor.method.remote`) as the schedule dictates; worker-group-wide methods
+(`join`, `checksum`, ...) use verl's `@register` dispatch.
 
 DataProto keys produced by `generate` (B samples, K trained steps, latent shape L; its third return is a small dict
 of facts, the only part the driver fetches):
@@ -57,7 +57,6 @@ from digenrl_verl.diffusion.rollout import Trajectory, rollout
 from digenrl_verl.diffusion.tsp import TSPConfig, accumulate_gradients, compute_log_probs, count_passes
 from digenrl_verl.engines.base import ENGINES, RolloutEngine, RolloutRows
 from digenrl_verl.engines.diffusers import DiffusersEngine, load_policy
-from digenrl_verl.engines.vllm_omni import VllmOmniEngine
 from digenrl_verl.rewards.compose import RewardConfig, build_reward
 from digenrl_verl.weights.state import load_trainer_state, save_trainer_state, swapped_in
 from digenrl_verl.weights.sync import CollectiveSpec, Collectives, state_checksum
@@ -74,8 +73,8 @@ SAMPLING_KEY = "digenrl_sampling"
 
 _T_IMPORTED = time.time()  # the worker's imports are done once this module is (start-up timings)
 
-#: the engine classes a generator can hold, imported here so that each is bound to its name in `ENGINES`
-ENGINE_CLASSES = (DiffusersEngine, VllmOmniEngine)
+#: the engine classes this layer binds to their names in `ENGINES` (verl-omni's engines bind on first use)
+ENGINE_CLASSES = (DiffusersEngine,)
 
 
 def _rss_mb() -> float:

@@ -56,9 +56,6 @@ CHECKS = (
           pytest_k="test_tiny_rollout_logprobs_and_tsp_backward_on_cuda"),
     Check("disaggregated_step_1gpu", 110, "one disaggregated step, generator and trainer pools at 0.5 GPU each "
           "on the one device, gloo weight sync, checksums equal", pytest_k="test_one_disaggregated_step_on_one_gpu"),
-    Check("vllm_omni_1gpu", 100, "vLLM-Omni generator with the tiny FLUX and a trainer on the same GPU: one step, "
-          "weight update, checksums equal", pytest_k="test_one_step_with_the_vllm_omni_backend",
-          needs_module="vllm_omni"),
     Check("tsp_throughput_mid", 70, "TSP vs per-timestep loop: 421 M-param random-init FLUX-like transformer, bf16, "
           "LoRA r32, 1024 tokens, 8 timesteps",
           command=("-m", "digenrl_verl.bench", "tsp", "--size", "mid", "--device", "cuda", "--dtype", "bf16",

@@ -4,6 +4,7 @@
 # Without CUDA: prints "skipped: no CUDA" and the checks it would run, exits 0.
 #   bash tests/gpu/run_gpu_checks.sh            # run (exit 1 if a check failed)
 #   bash tests/gpu/run_gpu_checks.sh --plan     # print the exact commands (also DIGENRL_GPU_CHECKS_DRY=1)
+# verl-omni's rollout (`rollout.name=vllm_omni`: its replicas on CUDA) needs the verl-omni venv: run_replica_check.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"

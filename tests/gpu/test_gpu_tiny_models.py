@@ -12,7 +12,9 @@ Run on a GPU machine: `bash tests/gpu/run_gpu_checks.sh`. Written without a GPU:
 * on one GPU: one disaggregated step with both pools at 0.5 GPU on the same device (`PoolSpec.gpu_fraction`)
   and the cross-pool group on gloo (NCCL refuses two ranks on one device), checksums equal after the sync;
 * with three GPUs or more: an FSDP2 trainer pool of two ranks over NCCL against `ddp` (same grad norm);
-* with vLLM-Omni installed: one step with `actor_rollout_ref.rollout.name=vllm_omni` (on one GPU, shared as above).
+
+verl-omni's rollout on GPUs (`rollout.name=vllm_omni`: its replicas, engine `verl_omni_replica`) is checked by
+`bash tests/gpu/run_replica_check.sh` in the verl-omni venv (the verl-omni tier's replica test on CUDA, `nccl`).
 
 `bash tests/gpu/run_gpu_checks.sh` runs these as bounded checks (tests/gpu/gpu_checks.py); the figures a test
 records with `record_property` appear on its summary line.
@@ -203,22 +205,3 @@ def test_fsdp2_trainer_over_nccl_matches_ddp(gpu_tiny_dirs, tmp_path):
     norms = [_gpu_run(gpu_tiny_dirs, tmp_path / s, *common, f"actor_rollout_ref.actor.strategy={s}")
              .reporter.history[0]["actor/grad_norm"] for s in ("ddp", "fsdp2")]
     assert norms[0] > 0 and abs(norms[1] - norms[0]) <= 1e-4 * norms[0], norms
-
-
-@pytest.mark.slow
-def test_one_step_with_the_vllm_omni_backend(gpu_tiny_dirs, tmp_path, record_property):
-    """vLLM-Omni generator with the tiny FLUX: one step, the weight update reaches it (checksums equal).
-    On one GPU the generator and the trainer share it (`SHARE_ONE_GPU`)."""
-    import ray
-
-    pytest.importorskip("vllm_omni")
-    share = SHARE_ONE_GPU if torch.cuda.device_count() < 2 else ()
-    t0 = time.perf_counter()
-    try:
-        trainer = _gpu_run(gpu_tiny_dirs, tmp_path, "actor_rollout_ref.rollout.n=2", *share,
-                           "actor_rollout_ref.rollout.name=vllm_omni", "trainer.digenrl.tag.policy=off")
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-    record_property("step_s", f"{time.perf_counter() - t0:.1f}")
-    record_property("checksum", trainer.checksums[0][:12])

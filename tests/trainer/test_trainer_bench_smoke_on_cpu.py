@@ -45,6 +45,11 @@ def _check_driver(out: dict) -> None:
     for key in (*bench_driver.CEILING_KEYS, *bench_driver.RATIOS):
         assert out["headline"][key] == out["rows"][-1]["medians"][key]
     assert out["headline"]["target_tasks_per_s"] == 500.0 and isinstance(out["headline"]["meets_target"], bool)
+    best = out["headline"]["best_vs_lane_ceiling_by_actors"]  # issue 31's goal: driver or leaders, every row
+    assert best == {"4": max(out["rows"][0]["medians"]["vs_lane_ceiling"],
+                             out["rows"][0]["medians"]["leaders_vs_lane_ceiling"])}
+    assert out["headline"]["target_vs_lane_ceiling"] == 0.9
+    assert out["headline"]["meets_vs_lane_target"] == (best["4"] >= 0.9)
     for r in out["rows"]:
         assert r["generators"] + r["trainers"] == r["actors"] and r["steps_measured"] == 1
         # one measured step: every micro-batch GEN + SCORE + UPDATE, then OPT_STEP and SYNC, all completed

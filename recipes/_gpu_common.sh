@@ -9,7 +9,8 @@
 #   GEN_ACCEL / TRN_ACCEL  Ray accelerator_type of the generator / trainer pool (heterogeneous clusters)
 #   REWARD       the reward function name (recipes name a default; a custom file: append
 #                reward.custom_reward_function.path=... and REWARD=custom)
-#   ROLLOUT      generator backend: diffusers (default) | vllm_omni (GPU only, untested: see docs/verl_omni.md)
+#   ROLLOUT      generator backend: diffusers (default) | vllm_omni (verl-omni's replicas: needs verl-omni; its
+#                architectures only, SD3.5, Qwen-Image and Wan2.2; never run on a GPU: see docs/verl_omni.md)
 #   TRAIN_FILES  the prompts (.txt or .parquet; unset: the 8 built-in prompts, too few for a batch of more than 8)
 #   DRY_RUN=1    compose, validate, print the plan and pools, start no worker (what CI runs)
 # Extra arguments of a recipe are Hydra overrides appended last (they win).

@@ -16,8 +16,8 @@ VERL_OMNI_SDE_KINDS = {"sde": ("flow_grpo", "sde"), "cps": ("flow_grpo", "cps"),
 #: rollout pipelines for these with flow_grpo / dance_grpo; `integrations.verl_omni_rollout.PROMPT_FIELDS`)
 VERL_OMNI_ARCHITECTURES = ("QwenImagePipeline", "StableDiffusion3Pipeline", "WanPipeline")
 #: the architectures whose server requests the ``verl_omni_replica`` engine builds from tokenizers alone, without the
-#: pipeline object (`integrations.verl_omni_replica.PROMPT_PIPES`); SD3's request needs per-encoder ids, not built yet
-REPLICA_ARCHITECTURES = ("QwenImagePipeline", "WanPipeline")
+#: pipeline object (`integrations.verl_omni_replica.PROMPT_PIPES`; SD3's as per-encoder ids, as verl-omni's agent loop)
+REPLICA_ARCHITECTURES = ("QwenImagePipeline", "StableDiffusion3Pipeline", "WanPipeline")
 #: the key that chooses between verl-omni's replicas and its in-process pipeline (`DigenRLConfig.generator_replicas`)
 REPLICAS_KEY = "trainer.digenrl.generator_replicas"
 
@@ -128,8 +128,8 @@ def check_replica_policy(spec: PolicySpec) -> tuple[str, str]:
     architecture = read_model_index(spec.model_path)["_class_name"]
     if architecture not in REPLICA_ARCHITECTURES:
         raise ValueError(f"actor_rollout_ref.model.path is a {architecture} with {key}: this engine builds the "
-                         f"server requests of {list(REPLICA_ARCHITECTURES)} only (the others' prompt ids come from "
-                         f"their pipeline object); {fix}")
+                         f"server requests of {list(REPLICA_ARCHITECTURES)} only (verl-omni's rollout pipelines); "
+                         f"{fix}")
     if spec.rollout.sde_type not in VERL_OMNI_SDE_KINDS:
         raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type={spec.rollout.sde_type!r} with {key}: verl-omni's "
                          f"rollout samples {sorted(VERL_OMNI_SDE_KINDS)}; use one of them, or {fix}")

@@ -30,7 +30,7 @@ vLLM-Omni's defaults. The Ray instance must have room beside the run's pools: {C
 (`REPLICA_BUNDLE`; the run's own local Ray start adds them, `trainer.runner.local_ray_resources`; a cluster joined
 through ``RAY_ADDRESS`` is checked, `check_room`). Limits, refused by name when the run is planned
 (`engines.spec.check_replica_policy`, from `PolicySpec`): architectures whose prompts are tokenized here without the
-pipeline (`PROMPT_PIPES`: Wan2.2 and Qwen-Image; SD3's server request needs per-encoder ids, not built yet), window
+pipeline (`PROMPT_PIPES`: Wan2.2, Qwen-Image, and SD3 with verl-omni's per-encoder ids, ``extra_prompt_ids``), window
 timestep selection, verl-omni's SDE kinds.
 """
 
@@ -190,9 +190,10 @@ def serve(server: Any, requests: Sequence[dict]) -> list[Any]:
     """verl-omni's `DiffusionOutput`s of the server's `generate` for `requests` (`server_requests`), in order."""
     import ray
 
+    optional = ("negative_prompt_ids", "extra_prompt_ids", "negative_extra_prompt_ids")  # SD3: per-encoder ids
     return ray.get([server.generate.remote(
         request_id=r["request_id"], prompt_ids=r["prompt"]["prompt_token_ids"], sampling_params=r["sampling_params"],
-        negative_prompt_ids=r["prompt"].get("negative_prompt_ids")) for r in requests])
+        **{k: r["prompt"].get(k) for k in optional}) for r in requests])
 
 
 def send_weights(server: Any, weights: Iterable[tuple[str, torch.Tensor]], *, replica_rank: int, tp: int,
@@ -288,8 +289,18 @@ class _QwenPromptPipe:
         return tokens.input_ids, tokens.attention_mask
 
 
+def _sd3_prompt_pipe(model_path: str) -> Any:
+    """What `verl_omni_rollout._sd3_fields` reads of the pipeline: its CLIP and T5 tokenizers, loaded as vLLM-Omni's
+    SD3 pipeline loads them (`CLIPTokenizer` from ``tokenizer``, `T5Tokenizer` from ``tokenizer_3``)."""
+    from transformers import CLIPTokenizer, T5Tokenizer
+
+    return SimpleNamespace(tokenizer=CLIPTokenizer.from_pretrained(model_path, subfolder="tokenizer"),
+                           tokenizer_3=T5Tokenizer.from_pretrained(model_path, subfolder="tokenizer_3"))
+
+
 #: architecture -> the tokenizer(s) the request fields are built with, without loading the pipeline
-PROMPT_PIPES = {"WanPipeline": _wan_prompt_pipe, "QwenImagePipeline": _QwenPromptPipe}
+PROMPT_PIPES = {"WanPipeline": _wan_prompt_pipe, "QwenImagePipeline": _QwenPromptPipe,
+                "StableDiffusion3Pipeline": _sd3_prompt_pipe}
 
 
 def training_schedule(model_config: Any, architecture: str, algorithm: str) -> torch.Tensor:

@@ -127,8 +127,21 @@ def _qwen_fields(pipe: Any, text: str, negative: str | None, max_len: int | None
 
 
 def _sd3_fields(pipe: Any, text: str, negative: str | None, max_len: int | None) -> dict[str, Any]:
-    # the text path of vLLM-Omni's SD3 pipeline (CLIP and T5 tokenized by the pipeline itself)
-    return {"prompt": text, **({"negative_prompt": negative} if negative is not None else {})}
+    # verl-omni's agent loop (`_tokenize_per_encoder`): per-encoder ids, unpadded, with special tokens, truncated at
+    # the encoder's length (CLIP: the tokenizer's, T5: max_sequence_length); the pipeline pads each with its
+    # tokenizer's pad token (`SD3TokenIdPromptMixin`), as its text path pads. The keys are verl-omni's
+    # (`sd3_flow_grpo.common`: its script's `model.extra_tokenizers`, clip = `tokenizer`, t5 = `tokenizer_3`);
+    # `prompt_token_ids`: the CLIP ids.
+    def ids(t: str) -> dict[str, list[int]]:
+        kw = {"add_special_tokens": True, "truncation": True}
+        return {"clip": pipe.tokenizer(t, max_length=pipe.tokenizer.model_max_length, **kw)["input_ids"],
+                "t5": pipe.tokenizer_3(t, max_length=max_len or 256, **kw)["input_ids"]}
+
+    extra = ids(text)
+    out = {"prompt_token_ids": extra["clip"], "extra_prompt_ids": extra}
+    if negative is not None:
+        out["negative_extra_prompt_ids"] = ids(negative)
+    return out
 
 
 def _wan_fields(pipe: Any, text: str, negative: str | None, max_len: int | None) -> dict[str, Any]:

@@ -140,20 +140,19 @@ def test_a_value_that_is_not_a_bool_names_the_key(wan_dir):
 
 
 @pytest.mark.parametrize("device,fix", [("cpu", f"set {KEY}=false"), ("cuda", f"set {A}.rollout.name=diffusers")])
-def test_a_model_the_replicas_cannot_serve_is_refused_when_the_run_is_planned(tmp_path, verl_omni_present, device,
-                                                                             fix):
-    """SD3 (its server request needs per-encoder ids, not built) is refused by name while the config is built, before
-    Ray or any worker starts, with the fix for the device; the architectures planned are the ones the engine builds
-    requests for."""
-    from digenrl_verl.engines.spec import REPLICA_ARCHITECTURES
+def test_a_model_the_replicas_cannot_serve_is_refused_when_the_run_is_planned(tiny_flux_dir, verl_omni_present,
+                                                                             device, fix):
+    """FLUX (verl-omni has no rollout pipeline for it) is refused by name while the config is built, before Ray or any
+    worker starts, with the fix for the device; the architectures planned are the ones the engine builds requests
+    for, verl-omni's (SD3 with per-encoder ids)."""
+    from digenrl_verl.engines.spec import REPLICA_ARCHITECTURES, VERL_OMNI_ARCHITECTURES
     from digenrl_verl.integrations.verl_omni_replica import PROMPT_PIPES
 
-    assert sorted(PROMPT_PIPES) == sorted(REPLICA_ARCHITECTURES)
-    sd3 = str(build_tiny_model_dir("StableDiffusion3Pipeline", tmp_path / "tiny_sd3"))
+    assert sorted(PROMPT_PIPES) == sorted(REPLICA_ARCHITECTURES) == sorted(VERL_OMNI_ARCHITECTURES)
     on = (f"{KEY}=true",) if device == "cpu" else CUDA
-    with pytest.raises(ValueError, match=rf"StableDiffusion3Pipeline with {A}[.]rollout[.]name=vllm_omni on "
+    with pytest.raises(ValueError, match=rf"FluxPipeline with {A}[.]rollout[.]name=vllm_omni on "
                                          rf"verl-omni's replicas \({KEY.replace('.', '[.]')}\).*{re.escape(fix)}"):
-        _build(sd3, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, *on)
+        _build(tiny_flux_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, *on)
 
 
 def test_a_weight_update_to_a_dead_worker_fails_instead_of_waiting_forever(ray_session):

@@ -40,7 +40,7 @@ import torch  # noqa: E402
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
 from _engine_harness import failure_summary  # noqa: E402
-from test_verl_omni_cpu_platform import ROWS, TOL, _rel, _spec  # noqa: E402
+from test_verl_omni_cpu_platform import ROWS, TOL, _in_process, _rel, _spec  # noqa: E402
 
 from digenrl_verl.engines.base import ENGINES  # noqa: E402
 from digenrl_verl.engines.spec import RolloutEngineSpec  # noqa: E402
@@ -159,7 +159,7 @@ def test_no_room_for_the_replica_is_refused_before_verl_waits_for_it(monkeypatch
     check_room(cfg)
 
 
-@pytest.mark.parametrize("arch", ["WanPipeline", "QwenImagePipeline"])
+@pytest.mark.parametrize("arch", ["WanPipeline", "QwenImagePipeline", "StableDiffusion3Pipeline"])
 def test_the_requests_built_without_the_pipeline_are_the_in_process_engines(arch, tmp_path):
     from digenrl_verl.integrations.verl_omni_replica import PROMPT_PIPES, check_replica_policy
     from digenrl_verl.integrations.verl_omni_rollout import server_requests
@@ -171,3 +171,27 @@ def test_the_requests_built_without_the_pipeline_are_the_in_process_engines(arch
     ours = server_requests(PROMPT_PIPES[arch](spec.model_path), arch, spec, local.sampling, rows)
     assert ours == local.server_requests(rows)
     assert all(r["prompt"]["prompt_token_ids"] for r in ours)
+
+
+def test_sd3_requests_carry_per_encoder_ids_that_sample_what_the_text_path_samples(tmp_path):
+    """SD3's request, as verl-omni's agent loop builds it (`extra_prompt_ids`: CLIP and T5 ids, which the server
+    takes), samples exactly what vLLM-Omni's text path samples (the request the in-process engine sent before):
+    latents and log-probs of two rows with guidance (negative ids too), through verl-omni's SD3 rollout pipeline."""
+    from vllm_omni.diffusion.request import OmniDiffusionRequest
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    from digenrl_verl.integrations.verl_omni_rollout import split_sampling
+
+    spec = _spec("StableDiffusion3Pipeline", str(build_tiny_model_dir("StableDiffusion3Pipeline", tmp_path / "m")))
+    engine = ENGINES.engine_class("verl_omni").from_policy(spec)
+    served = engine.server_requests(ROWS)
+    assert all(set(r["prompt"]["extra_prompt_ids"]) == {"clip", "t5"} and "negative_extra_prompt_ids" in r["prompt"]
+               for r in served)
+    texts = [OmniDiffusionRequest(prompt={"prompt": p, "negative_prompt": spec.pipeline.negative_prompt},
+                                  request_id=r["request_id"], sampling_params=OmniDiffusionSamplingParams(
+                                      **split_sampling(r["sampling_params"], OmniDiffusionSamplingParams)))
+             for p, r in zip(ROWS.prompts, served)]
+    ids, text = _in_process(engine, engine.requests(ROWS)), _in_process(engine, texts)
+    for a, b in zip(ids, text):
+        for k in ("latents", "log_probs"):
+            assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), k

@@ -8,9 +8,8 @@ weights go through verl-omni's checkpoint-engine manager over the package's gloo
 `CheckpointEngineWorker`, its next samples are the in-process pipeline's with those weights, not the old ones'.
 
 Qwen-Image with ``rollout.tensor_model_parallel_size=2`` (two vLLM-Omni workers over gloo, on two of Ray's logical
-GPUs), and on CUDA Wan2.2 and Qwen-Image with one worker; their requests are token ids, as the server takes them.
-SD3.5 is not here: verl-omni's agent loop sends it per-encoder ids (`extra_prompt_ids`), which the rollout engine does
-not build yet (it sends SD3 the prompt text, which only the in-process request carries).
+GPUs), and on CUDA Wan2.2, Qwen-Image and SD3.5 with one worker; their requests are token ids, as the server takes
+them (SD3.5: per-encoder ids, ``extra_prompt_ids``, as verl-omni's agent loop sends them).
 """
 
 from __future__ import annotations
@@ -47,8 +46,8 @@ HERE = Path(__file__).resolve().parent
 # test_verl_omni_replica_engine.py (the same server, its samples against the in-process pipeline's, new weights
 # followed, through the rollout engine), and the TP 2 case takes this test's checkpoint-engine path with two workers.
 # On CUDA (tests/gpu/run_replica_check.sh) each is a case here, Qwen-Image at TP 1 too.
-CASES = (("QwenImagePipeline", 2), *((("WanPipeline", 1), ("QwenImagePipeline", 1)) if torch.cuda.is_available()
-                                     else ()))
+CASES = (("QwenImagePipeline", 2), *((("WanPipeline", 1), ("QwenImagePipeline", 1), ("StableDiffusion3Pipeline", 1))
+                                     if torch.cuda.is_available() else ()))
 
 
 def _unbatched(value) -> torch.Tensor:

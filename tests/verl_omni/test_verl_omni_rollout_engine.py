@@ -230,12 +230,11 @@ def test_requests_and_outputs_are_what_verl_omnis_server_makes_of_them(case, ser
         fields, params = dict(req.prompt), req.sampling_params
         sampling = {**engine.sampling, "seed": params.seed, "global_steps": ROWS.step + 1,
                     "num_outputs_per_prompt": 1}
-        if "prompt_token_ids" in fields:  # SD3's requests carry text (the server takes ids per text encoder)
-            prompt, server_params = srv._preprocess_input(
-                fields["prompt_token_ids"], dict(sampling), {}, None, fields.get("negative_prompt_ids"))
-            assert prompt == fields
-        else:
-            _, server_params = srv._preprocess_input([0], dict(sampling), {}, None, None)
+        prompt, server_params = srv._preprocess_input(  # SD3: ids per text encoder too, as verl-omni's agent loop
+            fields["prompt_token_ids"], dict(sampling), {}, None, fields.get("negative_prompt_ids"),
+            extra_prompt_ids=fields.get("extra_prompt_ids"),
+            negative_extra_prompt_ids=fields.get("negative_extra_prompt_ids"))
+        assert prompt == fields
         theirs = server_params[-1]
         for name in (*engine.sampling, "seed", "num_outputs_per_prompt"):
             mine = getattr(params, name, None) if hasattr(type(params), name) else params.extra_args.get(name)

@@ -25,6 +25,9 @@ class DataSpec:
     val_max_samples: int = -1
     source_key: str = "data_source"  # the parquet column of a prompt's data source (data.reward_fn_key)
     negative_prompt_key: str = "negative_prompt"  # the parquet column of a row's negative prompt (verl-omni's key)
+    #: verl-omni's data.dataloader_num_workers: prompts are read once by the driver, but a checkpoint carries the state
+    #: of verl-omni's training dataloader with that many workers (`data.pt`), so that its own trainer resumes it
+    loader_workers: int = 0
 
     def __post_init__(self) -> None:
         n = self.val_max_samples

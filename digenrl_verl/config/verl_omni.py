@@ -318,7 +318,6 @@ NO_EFFECT: dict[str, str] = {
     "data.truncation": "verl's RLHFDataset stores it and never reads it (no effect in verl-omni either); prompts are "
                        f"cut at {A}.rollout.pipeline.max_sequence_length tokens by the pipeline",
     "data.return_raw_chat": "chat prompts become their user text",
-    "data.dataloader_num_workers": "prompts are read once by the driver",
     "data.tokenizer": "the pipeline's own tokenizers are used",
     "data.apply_chat_template_kwargs": _CHAT_PROMPTS,
     "data.custom_cls": "prompts come from .txt or verl-style .parquet files",
@@ -1436,7 +1435,8 @@ def build_data(keys: RecipeKeys) -> DataSpec:
         return DataSpec(train_files=keys("data.train_files"), prompt_key=keys("data.prompt_key"),
                         seed=_data_seed(keys), shuffle=bool(keys("data.shuffle")),
                         val_files=keys("data.val_files"), val_max_samples=keys("data.val_max_samples"),
-                        source_key=str(keys("data.reward_fn_key")), negative_prompt_key=_negative_prompt_key(keys))
+                        source_key=str(keys("data.reward_fn_key")), negative_prompt_key=_negative_prompt_key(keys),
+                        loader_workers=int(keys("data.dataloader_num_workers")))
     except ConfigError as e:
         raise e.under("data") from None
 

@@ -116,6 +116,38 @@ class VerlOmniPrompts(list):
         return orders[epoch]
 
 
+#: the file verl's trainer writes its training dataloader's state to, in each `global_step_<k>/` (and reads back)
+LOADER_STATE_FILE = "data.pt"
+
+
+def verl_loader_state(prompts, batch_size: int, seed: int, shuffle: bool, workers: int, steps: int) -> dict | None:
+    """What verl-omni's trainer saves as `global_step_<steps>/data.pt` (`train_dataloader.state_dict()`: verl's
+    `StatefulDataLoader` over `create_rl_sampler`, `drop_last=True`, `data.dataloader_num_workers` = `workers`) after
+    `steps` steps, so that its trainer resumes a checkpoint of this run at the next step's prompts; None where
+    verl-omni's dataset did not read `prompts` (`VerlOmniPrompts`) or no step was taken.
+
+    The same loader, sampler and epochs (a new iterator per epoch, as verl's `for batch in dataloader` loop takes one)
+    over a stand-in dataset of the same length: the sampler's state depends on the length, the seed and the batches
+    taken, not on the rows, so no row is read. Worker processes (the state is per worker when `workers` > 0) start
+    from a forkserver, never forked from this process."""
+    if not isinstance(prompts, VerlOmniPrompts) or steps <= 0 or len(prompts) < batch_size:
+        return None
+    from omegaconf import OmegaConf
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl_omni.utils.dataset.rl_dataset import create_rl_sampler
+
+    rows = list(range(len(prompts)))
+    sampler = create_rl_sampler(OmegaConf.create({"shuffle": bool(shuffle), "seed": int(seed)}), rows)
+    loader = StatefulDataLoader(rows, batch_size=batch_size, drop_last=True, sampler=sampler, num_workers=workers,
+                                collate_fn=list, multiprocessing_context="forkserver" if workers > 0 else None)
+    taken = 0
+    while True:  # verl's epochs: `for batch in dataloader`, saved after the step's batch
+        for _ in loader:
+            taken += 1
+            if taken == steps:
+                return loader.state_dict()
+
+
 def _verl_omni_rows(paths: list[str], prompt_key: str, source_key: str):
     """(prompts, sources, extras) of parquet files as verl-omni's `create_rl_dataset` gives the rows (no tokenizer
     or processor: `verl_omni_dataset_reason`); a file without the `source_key` column names its rows' source, as in

@@ -43,7 +43,7 @@ from digenrl_verl.schedule.trace import Decision, Trace
 from digenrl_verl.schedule.types import Task, TaskKind, worker_pool, worker_rank
 from digenrl_verl.trainer.checkpoint import CheckpointWriter, checkpoint_dir, read_meta
 from digenrl_verl.trainer.config import SCHEDULE_POOL_NAMES, RunSpec
-from digenrl_verl.trainer.data import PromptStream, load_prompts, make_step_batch
+from digenrl_verl.trainer.data import LOADER_STATE_FILE, PromptStream, load_prompts, make_step_batch, verl_loader_state
 from digenrl_verl.trainer.elastic import ElasticRayExecutor, GeneratorSupervisor
 from digenrl_verl.trainer.ray_executor import RayExecutor
 from digenrl_verl.trainer.ray_runtime import LOCAL_NODE_IP, init_local_ray
@@ -544,6 +544,7 @@ class DigenRLTrainer:
         version = ray.get([a.save_checkpoint.remote(str(tmp)) for a in trainers], timeout=timeout_s)[0]
         if version != step:
             raise RuntimeError(f"checkpoint of step {step} found the trainer at version {version}")
+        self._save_loader_state(tmp, version)
         meta = {
             "global_step": version, "policy_version": version,
             "data_cursor": version * self.run.prompts_per_step,
@@ -558,6 +559,16 @@ class DigenRLTrainer:
         path = writer.commit(tmp, version, meta)
         self.last_checkpoint = path
         return path
+
+    def _save_loader_state(self, folder: Path, step: int) -> None:
+        """verl-omni's dataloader state after `step` steps into `folder` (verl's `data.pt`, `verl_loader_state`), where
+        verl-omni's dataset read the prompts: verl-omni's own trainer then resumes this checkpoint at the next step's
+        prompts. This run resumes from its step count (`step_batch`) and never reads it."""
+        data = self.run.data
+        state = verl_loader_state(self._prompts, self.run.prompts_per_step, data.seed, data.shuffle,
+                                  data.loader_workers, step)
+        if state is not None:
+            torch.save(state, Path(folder) / LOADER_STATE_FILE)
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore every worker from `path` (trainers: weights + optimizer + RNG; generators: weights)."""

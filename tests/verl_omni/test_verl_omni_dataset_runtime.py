@@ -133,3 +133,61 @@ def test_the_plan_names_verl_omnis_dataset_code(tmp_path):
         [lines[name]] = [d for d in keys.decisions if d.startswith("data.train_files: ")]
     assert "read by verl-omni's own dataset code (create_rl_dataset" in lines["parquet"]
     assert "this package's rules" in lines["text"] and "t.txt is not parquet" in lines["text"]
+
+
+def _resumed_texts(dataset, config, workers: int, state: dict, count: int) -> list[list[str]]:
+    """The user texts of the next `count` batches of verl-omni's training dataloader (its dataset, sampler and
+    collate function, `workers` worker processes forked as its trainer's are: verl's dataset does not pickle its rows)
+    resumed from `state`, as verl's loop takes them."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl_omni.utils.dataset.rl_dataset import create_rl_sampler, get_collate_fn
+
+    loader = StatefulDataLoader(dataset=dataset, batch_size=BATCH, num_workers=workers, drop_last=True,
+                                collate_fn=get_collate_fn(config), sampler=create_rl_sampler(config, dataset))
+    loader.load_state_dict(state)
+    out: list[list[str]] = []
+    while len(out) < count:  # the rest of this epoch, then new epochs
+        out += [[chat_text(m) for m in b["raw_prompt"]] for b in loader][: count - len(out)]
+    return out
+
+
+def _loader_state_after(dataset, config, workers: int, steps: int) -> dict:
+    """verl-omni's own dataloader's `state_dict()` after `steps` batches (what its trainer writes as data.pt)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl_omni.utils.dataset.rl_dataset import create_rl_sampler, get_collate_fn
+
+    loader = StatefulDataLoader(dataset=dataset, batch_size=BATCH, num_workers=workers, drop_last=True,
+                                collate_fn=get_collate_fn(config), sampler=create_rl_sampler(config, dataset))
+    taken = 0
+    while True:
+        for _ in loader:
+            taken += 1
+            if taken == steps:
+                return loader.state_dict()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_checkpoints_loader_state_resumes_verl_omnis_dataloader_as_its_own(tmp_path, workers):
+    """`verl_loader_state` (a checkpoint's `data.pt`, issue 30 cross-resume): verl-omni's own training dataloader
+    (its dataset with a tokenizer, its sampler, `data.dataloader_num_workers` workers) resumed from it yields what it
+    yields resumed from its own state after the same steps, across epoch ends (k = 3 ends the first epoch). Without
+    workers that is the run's next steps. With workers it is not, for verl-omni's own state either (torchdata's
+    multi-process resume with this sampler; measured: after 2 of an epoch's 3 batches it repeats prompts of the
+    epoch's first two): the checkpoint resumes verl-omni's trainer as its own checkpoint would."""
+    from verl_omni.utils.dataset.rl_dataset import create_rl_dataset
+
+    path = _recipe_parquet(tmp_path / "train.parquet")
+    prompts, sources, extras = load_prompts(path, "prompt", with_extras=True, source_key="data_source")
+    runner = _runner_steps(prompts, sources, extras, 42, True, 8)
+    config = OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 512, "filter_overlong_prompts": False,
+                               "shuffle": True, "seed": 42, "reward_fn_key": "data_source"})
+    dataset = create_rl_dataset([path], config, qwen2_tokenizer(), None, is_train=True)
+    for k in (2, 3, 5):
+        ours = _resumed_texts(dataset, config, workers, data.verl_loader_state(prompts, BATCH, 42, True, workers, k),
+                              8 - k)
+        theirs = _resumed_texts(dataset, config, workers, _loader_state_after(dataset, config, workers, k), 8 - k)
+        assert ours == theirs, (workers, k)
+        if workers == 0:
+            assert ours == [texts for texts, _, _ in runner[k:]], k
+    assert data.verl_loader_state(prompts, BATCH, 42, True, workers, 0) is None  # nothing taken, nothing to resume
+    assert data.verl_loader_state(list(prompts), BATCH, 42, True, workers, 1) is None  # not verl-omni's dataset

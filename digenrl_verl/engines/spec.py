@@ -37,8 +37,8 @@ class RolloutEngineSpec:
             to one of the last two (`config.verl_omni.generator_engine_name`).
         dtype: the engine's model dtype (`actor_rollout_ref.rollout.dtype`): the generators sample in it; trainers
             (TAG, colocated) sample with the model they train.
-        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`, recorded (not yet passed to verl-omni's
-            replicas, which start with verl-omni's rollout config defaults).
+        engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`: verl-omni's replicas take them in their
+            rollout config (its server passes them to `AsyncOmni`; on CPU with ``max_num_seqs=1``).
         runs_here: check that the engine can run in this process (its packages, a CUDA device). False only for a
             dry run's plan (`trainer.digenrl.dry_run`), which is made for the cluster, not for this machine; the
             engine still checks when it is built.

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ class ReplicaConfig:
         tp: ``rollout.tensor_model_parallel_size`` (the replica's devices: Ray's logical GPUs on CPU).
         dtype: the replica's weights' dtype.
         replica_rank: the replica's rank (names its Ray actors and ZMQ handles; one per generator rank).
+        engine_kwargs: ``actor_rollout_ref.rollout.engine_kwargs.vllm_omni`` as (key, value) pairs: the replica's
+            rollout config takes them as verl-omni's does (its server passes them to `AsyncOmni`).
     """
 
     model: str
@@ -81,6 +84,7 @@ class ReplicaConfig:
     tp: int = 1
     dtype: str = "float32"
     replica_rank: int = 0
+    engine_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 def cuda_host() -> bool:
@@ -95,11 +99,13 @@ def checkpoint_engine_overrides() -> list[str]:
             "checkpoint_engine.custom_backend_module=digenrl_verl.weights.gloo_checkpoint_engine"]
 
 
-def one_request_at_a_time() -> list[str]:
-    """On CPU, one request per vLLM-Omni batch, as the CPU tests of verl-omni's own trainer run it: vLLM-Omni 0.27's
-    result pump can file a batch's outputs before the per-request ids exist (patches/vllm-omni-0.27.0rc1/README.md),
-    and the server's `generate` then stops in its 30 s wait. On GPUs, vLLM-Omni's default."""
-    return [] if cuda_host() else ["+engine_kwargs.vllm_omni.max_num_seqs=1"]
+def engine_kwargs_overrides(user: Iterable[tuple[str, Any]]) -> list[str]:
+    """The user's ``engine_kwargs.vllm_omni`` as overrides of the replica's rollout config; on CPU with one request per
+    vLLM-Omni batch, as the CPU tests of verl-omni's own trainer run it: vLLM-Omni 0.27's result pump can file a
+    batch's outputs before the per-request ids exist (patches/vllm-omni-0.27.0rc1/README.md), and the server's
+    `generate` then stops in its 30 s wait. On GPUs, the user's values over vLLM-Omni's defaults."""
+    kwargs = {**dict(user), **({} if cuda_host() else {"max_num_seqs": 1})}
+    return [f"++engine_kwargs.vllm_omni.{k}={json.dumps(v)}" for k, v in sorted(kwargs.items())]
 
 
 def replica_configs(cfg: ReplicaConfig) -> tuple[Any, Any]:
@@ -118,7 +124,7 @@ def replica_configs(cfg: ReplicaConfig) -> tuple[Any, Any]:
         rollout = compose(config_name="diffusion_rollout", overrides=[
             "name=vllm_omni", f"tensor_model_parallel_size={cfg.tp}", f"dtype={cfg.dtype}", "load_format=auto",
             "nnodes=1", f"n_gpus_per_node={cfg.tp}", "rollout_attn_backend=null", "enforce_eager=true", *size,
-            *checkpoint_engine_overrides(), *one_request_at_a_time()])
+            *checkpoint_engine_overrides(), *engine_kwargs_overrides(cfg.engine_kwargs)])
     return rollout, model
 
 
@@ -354,7 +360,7 @@ class VerlOmniReplicaEngine(InPlaceWeights):
         p = spec.pipeline
         config = ReplicaConfig(model=spec.model_path, algorithm=algorithm, height=p.height, width=p.width,
                                steps=spec.rollout.num_inference_steps, dtype=spec.engine.dtype,
-                               replica_rank=generator_rank())
+                               replica_rank=generator_rank(), engine_kwargs=tuple(spec.engine.engine_kwargs.items()))
         replica = start_replica(config)
         schedule = training_schedule(replica_configs(config)[1], architecture, algorithm)
         return cls(replica, config, spec, PROMPT_PIPES[architecture](spec.model_path), schedule,

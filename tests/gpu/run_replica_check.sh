@@ -6,7 +6,9 @@
 # the lent GPU image does not have yet: build it with scripts/verl_omni_venv.sh (CUDA torch), then
 #   bash tests/gpu/run_replica_check.sh            # TP 1 cases (Wan2.2, Qwen-Image; one GPU), about 3 minutes
 #   bash tests/gpu/run_replica_check.sh -k tp2     # TP 2 (two GPUs)
-# Not part of run_gpu_checks.sh, whose 8-minute window it would not fit beside the other checks.
+# Not part of run_gpu_checks.sh, whose 8-minute window it would not fit beside the other checks. The in-process
+# references (verl-omni's pipeline, engine `verl_omni`, CPU only) are drawn in a child with CUDA hidden
+# (`cpu_references`); that child has run on CPU only.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"

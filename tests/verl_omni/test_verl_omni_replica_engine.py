@@ -195,3 +195,18 @@ def test_sd3_requests_carry_per_encoder_ids_that_sample_what_the_text_path_sampl
     for a, b in zip(ids, text):
         for k in ("latents", "log_probs"):
             assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), k
+
+
+def test_the_users_engine_kwargs_reach_the_replicas_rollout_config():
+    """`actor_rollout_ref.rollout.engine_kwargs.vllm_omni` (the spec's `engine_kwargs`) is in the replica's rollout
+    config as verl-omni's own run would have it (its server hands it to `AsyncOmni`); on CPU one request per batch."""
+    from digenrl_verl.integrations.verl_omni_replica import ReplicaConfig, replica_configs
+
+    cfg = ReplicaConfig(model="/m", algorithm="flow_grpo", height=32, width=32, steps=4,
+                        engine_kwargs=(("max_num_seqs", 8), ("request_batch_max_wait_ms", 10), ("enforce_eager", True)))
+    rollout, _ = replica_configs(cfg)
+    want = {"max_num_seqs": 1 if not torch.cuda.is_available() else 8, "request_batch_max_wait_ms": 10,
+            "enforce_eager": True}
+    assert dict(rollout.engine_kwargs.vllm_omni) == want
+    assert dict(replica_configs(ReplicaConfig(model="/m", algorithm="flow_grpo", height=32, width=32, steps=4))[0]
+                .engine_kwargs.vllm_omni) == ({} if torch.cuda.is_available() else {"max_num_seqs": 1})

@@ -14,6 +14,7 @@ them (SD3.5: per-encoder ids, ``extra_prompt_ids``, as verl-omni's agent loop se
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -60,9 +61,9 @@ def _errors(got: list[dict], want: list[dict]) -> dict[str, float]:
     return {k: max(_rel(g[k], _unbatched(w[k])) for g, w in zip(got, want)) for k in ("latents", "log_probs")}
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{a}-tp{t}" for a, t in CASES])
-def replica_run(request, tmp_path_factory):
-    (arch, tp), work = request.param, tmp_path_factory.mktemp(request.param[0])
+def references(arch: str, tp: int, work: Path) -> tuple[dict, dict]:
+    """The replica child's job (its requests, the new weights' file) and the in-process pipeline's samples it is held
+    to (before, after the update, the old weights' after), drawn by the ``verl_omni`` engine in this process."""
     spec = _spec(arch, str(build_tiny_model_dir(arch, work / "model")))
     engine = ENGINES.engine_class("verl_omni").from_policy(spec)
     job = {"model": spec.model_path, "algorithm": VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][0],
@@ -76,7 +77,35 @@ def replica_run(request, tmp_path_factory):
     engine.hand_over({n: p.detach() + 0.05 * torch.randn(p.shape, generator=gen) for n, p in engine.state.items()}, 1)
     save_file({n: t.clone().contiguous() for n, t in pipeline_weights(engine.shadow, lora=False)},
               job["update"]["weights_file"])
-    refs = {"tp": tp, "before": want, "after": _in_process(engine, engine.requests(second)), "after_old": old}
+    return job, {"tp": tp, "before": want, "after": _in_process(engine, engine.requests(second)), "after_old": old}
+
+
+#: `references` in a child with CUDA hidden: the in-process pipeline is CPU only (`vllm_omni_cpu` refuses a process
+#: that sees CUDA), so on a CUDA host (tests/gpu/run_replica_check.sh) the references are drawn there
+_CPU_CHILD = """
+import sys, torch
+from pathlib import Path
+sys.path.append({here!r})
+from test_verl_omni_replica_on_cpu import references
+torch.save(references({arch!r}, {tp}, Path({work!r})), {out!r})
+"""
+
+
+def cpu_references(arch: str, tp: int, work: Path) -> tuple[dict, dict]:
+    if not torch.cuda.is_available():
+        return references(arch, tp, work)
+    out = work / "references.pt"
+    code = _CPU_CHILD.format(here=str(HERE), arch=arch, tp=tp, work=str(work), out=str(out))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, failure_summary(proc.stdout + proc.stderr)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{a}-tp{t}" for a, t in CASES])
+def replica_run(request, tmp_path_factory):
+    (arch, tp), work = request.param, tmp_path_factory.mktemp(request.param[0])
+    job, refs = cpu_references(arch, tp, work)
     (work / "job.pkl").write_bytes(pickle.dumps(job))
     proc = subprocess.run([sys.executable, str(HERE / "_replica_child.py"), str(work / "job.pkl"),
                            str(work / "out.pt")], capture_output=True, text=True, timeout=900)

@@ -21,6 +21,11 @@ loss and the advantages' mean against the advantages' scale: means of ±A terms 
 The bench's JSON is checked for its shape (each run's medians, `speedup` > 0, `max_weight_rel_err` <= 1e-5, the
 baseline named), not for its figures (docs/benchmarks.md has those).
 
+Cross-resume (item 2): each trainer resumes the other's checkpoint of step 1 and trains step 2 as its own
+uninterrupted run did (weights and metrics within 1e-5): verl-omni's stock trainer from (b)'s (its actor files, and
+the `data.pt` dataloader state the flag writes for it: `test_the_flags_checkpoints_carry_verl_omnis_dataloader_state`
+holds it equal to (a)'s own at every step), the flag from (a)'s. Each resumed run is one more process (~2 min).
+
 Mutation: ``DIGENRL_EQUIVALENCE_LOSS_SCALE=1.001`` puts `_loss_scale_hook` on the flag's run's PYTHONPATH (the bench's
 `--flag-pythonpath`; its losses times 1.001, `_loss_scale_hook/sitecustomize.py`); the test must then fail.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,14 +56,21 @@ from digenrl_verl.bench.e2e_verl_omni import (  # noqa: E402
     RECIPE_NAME,
     TOL,
     Run,
+    _execute,
     compare,
     first_gradient,
     flag_argv,
     load_run,
+    lora,
+    metric_errors,
+    run_env,
     same,
     shared_files,
+    stock_argv,
+    with_overrides,
     worst,
 )
+from digenrl_verl.trainer.data import LOADER_STATE_FILE  # noqa: E402
 
 NAME = RECIPE_NAME
 STEPS = DEFAULT_STEPS
@@ -168,3 +181,60 @@ def test_the_flags_run_passes_the_qwen_image_twins_checks(runs):
     _, b = runs
     assert NAME == TWIN_RUN_ELSEWHERE and set(TWIN_EXTRA) <= set(b.argv), sorted(set(TWIN_EXTRA) - set(b.argv))
     check_twin_run(NAME, b.console, b.out / "run", b.argv, b.out, steps=STEPS)
+
+
+def _same_state(ours, theirs) -> bool:
+    """Equal nested dicts / lists of plain values and tensors."""
+    import torch
+
+    if isinstance(theirs, dict):
+        return isinstance(ours, dict) and ours.keys() == theirs.keys() and all(
+            _same_state(ours[k], theirs[k]) for k in theirs)
+    if isinstance(theirs, (list, tuple)):
+        return len(ours) == len(theirs) and all(_same_state(x, y) for x, y in zip(ours, theirs))
+    if isinstance(theirs, torch.Tensor):
+        return isinstance(ours, torch.Tensor) and torch.equal(ours, theirs)
+    return ours == theirs
+
+
+@pytest.mark.slow
+def test_the_flags_checkpoints_carry_verl_omnis_dataloader_state(runs):
+    """Each of (b)'s checkpoints holds the `data.pt` verl-omni's trainer writes at that step (its training
+    dataloader's state: sampler generator, batches taken, epoch), equal to (a)'s own, so that verl-omni's trainer
+    resumes (b) at the next step's prompts (step 3 starts a new epoch of the 5 prompts, 2 per step)."""
+    import torch
+
+    a, b = runs
+    for step in range(1, STEPS + 1):
+        theirs = torch.load(a.checkpoints / f"global_step_{step}" / LOADER_STATE_FILE, weights_only=False)
+        ours = torch.load(b.checkpoints / f"global_step_{step}" / LOADER_STATE_FILE, weights_only=False)
+        assert _same_state(ours, theirs), (step, ours, theirs)
+
+
+def _resume(kind: str, source, a, root: Path, step: int = 1):
+    """Run `kind` ("stock" or "flag") for `step` + 1 steps from a copy of `source`'s checkpoint of `step`, under
+    `root/<kind>_from_<source.kind>`, its command line (a)'s or (b)'s as the bench builds them; validation off."""
+    out = root / f"{kind}_from_{source.kind}"
+    checkpoints = out / ("checkpoints" if kind == "stock" else "run/checkpoints")
+    checkpoints.mkdir(parents=True)
+    shutil.copytree(source.checkpoints / f"global_step_{step}", checkpoints / f"global_step_{step}")
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(step))  # verl's pointer: resume_mode auto
+    argv = (stock_argv if kind == "stock" else flag_argv)(a.argv, out, step + 1)
+    _execute(kind, with_overrides(argv, ["trainer.test_freq=-1"]), out, run_env(kind))
+    return load_run(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["stock", "flag"])
+def test_each_trainer_resumes_the_others_checkpoint(runs, kind, tmp_path):
+    """verl-omni's stock trainer resumes (b)'s checkpoint of step 1, and the flag resumes (a)'s; either trains step 2
+    as its own uninterrupted run did: LoRA weights and metrics within 1e-5 (issue 30 item 2, cross-resume)."""
+    a, b = runs
+    own, other = (a, b) if kind == "stock" else (b, a)
+    resumed = _resume(kind, other, a, tmp_path)
+    assert sorted(resumed.steps) == [2], (sorted(resumed.steps), resumed.console[-3000:])
+    err, name = worst(lora(resumed, 2), lora(own, 2))
+    errors = metric_errors(own.steps[2], resumed.steps[2])
+    print(f"{kind} resumed from the {other.kind} run's step 1: step 2's worst tensor {name} {err:.2e}; "
+          f"metrics {({k: f'{e:.1e}' for k, e in errors.items()})}")
+    assert err <= TOL and max(errors.values()) <= TOL, (name, err, errors)

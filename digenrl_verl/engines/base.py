@@ -8,7 +8,7 @@ own policy. Engines return plain tensors; the worker turns them into DataProtos,
 the engines apart.
 
 `ENGINES` knows every engine by name before any backend module is imported: what it needs (third-party
-packages, found with `importlib.util.find_spec` and never imported here; a CUDA device) is declared with the
+packages, found with `importlib.util.find_spec` and never imported here) is declared with the
 name, so the config can validate `actor_rollout_ref.rollout.name` without importing a backend. Each backend
 module binds its class to its name with `@ENGINES.register(name)`.
 """
@@ -159,7 +159,6 @@ class EngineEntry:
     Args:
         name: the value of `actor_rollout_ref.rollout.name`.
         packages: third-party packages the engine imports when it is built.
-        cuda: needs a CUDA device.
         title: the engine's name in messages.
         install_hint: how to get the packages (shown when they are missing).
         module: the module that binds the class, imported on first use when no other import has (a backend that
@@ -168,7 +167,6 @@ class EngineEntry:
 
     name: str
     packages: tuple[str, ...] = ()
-    cuda: bool = False
     title: str = ""
     install_hint: str = ""
     module: str = ""
@@ -178,8 +176,6 @@ class EngineEntry:
         missing = [m for m in self.packages if importlib.util.find_spec(m) is None]
         if missing:
             return f"{' and '.join(missing)} not installed"
-        if self.cuda and not torch.cuda.is_available():
-            return f"no CUDA device ({self.title or self.name} has no CPU execution path)"
         return None
 
     def require(self) -> None:

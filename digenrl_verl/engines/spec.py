@@ -27,7 +27,7 @@ class RolloutEngineSpec:
     """The generators' sampling engine (`actor_rollout_ref.rollout.*`).
 
     Validation needs no backend module: the name must be declared in `engines.base.ENGINES`, and the engine must
-    be able to run here (its packages found, a CUDA device where it needs one), else ValueError naming the key
+    be able to run here (its packages found), else ValueError naming the key
     and the fix.
 
     Args:
@@ -39,7 +39,7 @@ class RolloutEngineSpec:
             (TAG, colocated) sample with the model they train.
         engine_kwargs: `actor_rollout_ref.rollout.engine_kwargs.vllm_omni`: verl-omni's replicas take them in their
             rollout config (its server passes them to `AsyncOmni`; on CPU with ``max_num_seqs=1``).
-        runs_here: check that the engine can run in this process (its packages, a CUDA device). False only for a
+        runs_here: check that the engine can run in this process (its packages). False only for a
             dry run's plan (`trainer.digenrl.dry_run`), which is made for the cluster, not for this machine; the
             engine still checks when it is built.
         colocated: trainer ranks (TAG micro-batches, the colocated mode) sample with a colocated copy of this engine

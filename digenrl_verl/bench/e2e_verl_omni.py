@@ -18,8 +18,10 @@ run's steps; the whole process's wall time (interpreter start to exit: imports, 
 run's own end-of-run evaluation: (a)'s validation, (b)'s final evaluation); `speedup` = a / b of both, also pass by
 pass; `max_weight_rel_err`: every step's LoRA weights of (b) against (a)'s, from each run's own checkpoint
 (`global_step_N/actor/model_world_size_1_rank_0.pt`), max |Δ| / max |w| of the worst tensor (`worst`); the step
-metrics of `METRICS` likewise (`max_metric_rel_err`). verl-omni's v1 `separate_async` (its own disaggregated mode) is
-not a baseline here yet (`V1_SEPARATE_ASYNC`).
+metrics of `METRICS` likewise (`max_metric_rel_err`); both runs' reward curves (`CURVE_METRIC` by step).
+`--staleness 1` runs (b) with TCSS one version ahead: its weights differ by design (`within_tolerance` null), and the
+reward curves are the comparison. verl-omni's v1 `separate_async` (its own disaggregated mode) is not a baseline here
+yet (`V1_SEPARATE_ASYNC`).
 
 The tiny Qwen-Image OCR LoRA recipe (`write_inputs`: its override list, verl-omni's data layout with the negative
 prompt column, a stand-in reward: the image's mean intensity), and for both runs (`SAME`):
@@ -153,17 +155,21 @@ def missing_verl_omni() -> str | None:
 @dataclass(frozen=True)
 class BenchConfig:
     """The bench's options (`parser`): steps of each run, paired runs, the folder kept (None: a temporary one), a
-    folder put first on (b)'s PYTHONPATH only."""
+    folder put first on (b)'s PYTHONPATH only, (b)'s TCSS staleness (1: the weights differ by design; the reward
+    curves are the comparison)."""
 
     steps: int = DEFAULT_STEPS
     repeat: int = 5
     keep: str | None = None
     flag_pythonpath: str | None = None
     json: bool = False
+    staleness: int = 0
 
     def __post_init__(self):
         if self.steps < 1 or self.repeat < 1:
             raise ValueError(f"--steps {self.steps} / --repeat {self.repeat}: each must be >= 1")
+        if self.staleness not in (0, 1):
+            raise ValueError(f"--staleness {self.staleness}: trainer.digenrl.tcss.staleness is 0 or 1")
 
 
 # ------------------------------------------------------------------------------------------ the command lines
@@ -212,10 +218,11 @@ def shared_files(stock: list[str]) -> list[str]:
     return [a for a in stock if _key(a) in SHARED_KEYS]
 
 
-def flag_argv(stock: list[str], out: Path, steps: int) -> list[str]:
+def flag_argv(stock: list[str], out: Path, steps: int, staleness: int = 0) -> list[str]:
     """(b)'s command line: the Qwen-Image twin's of test_verl_omni_entry_points (`_twin_argv(RECIPE_NAME, out,
     extra=...)`, a test holds them equal), reading (a)'s model, data and reward (`SHARED_KEYS`), plus `FLAG` and
-    `same`; its output in `out/run`, checkpoints in `out/run/checkpoints`. Writes nothing."""
+    `same`; its output in `out/run`, checkpoints in `out/run/checkpoints`; `staleness` 1: TCSS one version ahead.
+    Writes nothing."""
     from digenrl_verl.integrations.verl_omni import ENTRY_POINT_NAME
 
     recipe, run = RECIPES[RECIPE_NAME], out / "run"
@@ -225,7 +232,8 @@ def flag_argv(stock: list[str], out: Path, steps: int) -> list[str]:
                                 f"{A}.rollout.nnodes=0", f"trainer.digenrl.output_dir={run}",
                                 f"{A}.actor.strategy=fsdp2", f"{A}.model.attn_backend=native",
                                 f"trainer.default_local_dir={run}/checkpoints",
-                                f"trainer.trainer_class={ENTRY_POINT_NAME}", *FLAG, *shared_files(stock), *same(steps)])
+                                f"trainer.trainer_class={ENTRY_POINT_NAME}", *FLAG, *shared_files(stock), *same(steps),
+                                *([f"trainer.digenrl.tcss.staleness={staleness}"] if staleness else [])])
 
 
 # ------------------------------------------------------------------------------------------ the runs
@@ -300,14 +308,17 @@ def load_run(out: Path) -> Run:
 
 
 def run_pair(stock: list[str], root: Path, steps: int, pythonpath: str | None = None,
-             label: str = "") -> tuple[Run, Run]:
-    """(a) then (b) in `root/stock` and `root/flag`, a progress line before each (prefixed by `label`)."""
+             label: str = "", staleness: int = 0) -> tuple[Run, Run]:
+    """(a) then (b) (at `staleness`) in `root/stock` and `root/flag`, a progress line before each (prefixed by
+    `label`)."""
     runs = []
-    for kind, build, name in (("stock", stock_argv, f"(a) {BASELINE}"), ("flag", flag_argv, f"(b) {CANDIDATE}")):
+    argvs = {"stock": lambda out: stock_argv(stock, out, steps),
+             "flag": lambda out: flag_argv(stock, out, steps, staleness)}
+    for kind, name in (("stock", f"(a) {BASELINE}"), ("flag", f"(b) {CANDIDATE}, staleness {staleness}")):
         out = root / kind
         out.mkdir(parents=True)
         print(f"{label}: {name}: {steps} step(s) in {out} ...", flush=True)
-        _execute(kind, build(stock, out, steps), out, run_env(kind, pythonpath))
+        _execute(kind, argvs[kind](out), out, run_env(kind, pythonpath))
         runs.append(load_run(out))
     return runs[0], runs[1]
 
@@ -390,11 +401,17 @@ def timing(run: Run, steps: int) -> dict:
             "testing_s": sum(float(m.get("timing_s/testing", 0.0)) for m in run.steps.values())}
 
 
-def one_pass(stock: list[str], root: Path, steps: int, label: str, pythonpath: str | None) -> dict:
-    """(a) then (b) once, timed and compared; progress lines as it goes."""
+#: the reward curve reported step by step for both runs
+CURVE_METRIC = "critic/rewards/mean"
+
+
+def one_pass(stock: list[str], root: Path, steps: int, label: str, pythonpath: str | None,
+             staleness: int = 0) -> dict:
+    """(a) then (b) once, timed and compared, both reward curves; progress lines as it goes."""
     t0, load0 = time.monotonic(), os.getloadavg()[0]
-    a, b = run_pair(stock, root, steps, pythonpath, label)
+    a, b = run_pair(stock, root, steps, pythonpath, label, staleness)
     row = {"stock": timing(a, steps), "flag": timing(b, steps), **compare(a, b, steps),
+           "reward_curves": {r.kind: [r.steps[s][CURVE_METRIC] for s in range(1, steps + 1)] for r in (a, b)},
            "load_average_start": load0, "load_average_end": os.getloadavg()[0]}
     print(f"{label}: (a) {a.seconds:.0f} s, step {row['stock']['step_s_median']:.1f} s; (b) {b.seconds:.0f} s, step "
           f"{row['flag']['step_s_median']:.1f} s; weights within {row['max_weight_rel_err']:.1e} "
@@ -424,7 +441,9 @@ def summarise(passes: list[dict], cfg: BenchConfig) -> dict:
     out["max_weight_rel_err"] = max(p["max_weight_rel_err"] for p in passes)
     out["max_metric_rel_err"] = max(p["max_metric_rel_err"] for p in passes)
     out["tolerance"] = TOL
-    out["within_tolerance"] = out["max_weight_rel_err"] <= TOL and out["max_metric_rel_err"] <= TOL
+    out["staleness"] = cfg.staleness  # 1: (b) runs ahead by design; its weights are not held to (a)'s
+    out["within_tolerance"] = (out["max_weight_rel_err"] <= TOL and out["max_metric_rel_err"] <= TOL
+                               if cfg.staleness == 0 else None)
     argv = passes[0]["stock"]["argv"]
     out["config"] = {"recipe": RECIPE_NAME, "entry_point": ENTRY, "steps": cfg.steps, "repeat": cfg.repeat,
                      "prompts_per_step": int(value(argv, "data.train_batch_size")),
@@ -453,6 +472,9 @@ def table(out: dict) -> str:
     console.print(f"speedup a/b: step {s['step_s']:.2f}x, wall {s['wall_s']:.2f}x; max_weight_rel_err "
                   f"{out['max_weight_rel_err']:.1e}, max_metric_rel_err {out['max_metric_rel_err']:.1e} (tolerance "
                   f"{TOL:g}); v1 separate_async: {V1_SEPARATE_ASYNC}")
+    curves = out["passes"][0]["reward_curves"]
+    console.print(f"{CURVE_METRIC} by step, pass 1 ((b) at staleness {out['staleness']}): "
+                  + "; ".join(f"{k} " + " ".join(f"{v:.4f}" for v in curves[k]) for k in ("stock", "flag")))
     return console.export_text()
 
 
@@ -467,6 +489,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", metavar="DIR", default=None,
                    help="keep every run's folder under DIR (new or empty); without it they go to a temporary "
                         "folder, removed at the end")
+    p.add_argument("--staleness", type=int, default=d.staleness, choices=(0, 1),
+                   help="(b)'s trainer.digenrl.tcss.staleness (default 0, on-policy: the same weights as (a); 1: the "
+                        "reward curves side by side, the weights differ by design)")
     p.add_argument("--flag-pythonpath", metavar="DIR", default=None,
                    help="put DIR first on run (b)'s PYTHONPATH only (the equivalence test's loss-scale mutation)")
     return p
@@ -487,8 +512,8 @@ def run(cfg: BenchConfig, root: Path) -> dict:
     print(f"baseline (a): {BASELINE}; (b): {CANDIDATE}; {cfg.steps} steps, {cfg.repeat} pass(es), in {root}",
           flush=True)
     stock = write_inputs(root / "data")
-    passes = [one_pass(stock, root / f"pass{k}", cfg.steps, f"pass {k}/{cfg.repeat}", cfg.flag_pythonpath)
-              for k in range(1, cfg.repeat + 1)]
+    passes = [one_pass(stock, root / f"pass{k}", cfg.steps, f"pass {k}/{cfg.repeat}", cfg.flag_pythonpath,
+                       cfg.staleness) for k in range(1, cfg.repeat + 1)]
     out = {**summarise(passes, cfg), "keep": str(root) if cfg.keep else None}
     print(table(out), flush=True)
     return out

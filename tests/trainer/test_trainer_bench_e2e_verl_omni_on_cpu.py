@@ -73,7 +73,8 @@ def _pass(stock_s: float, flag_s: float, err: float) -> dict:
                 "step_s": [step_s] * 3, "step_s_median": step_s, "testing_s": 0.0}
 
     return {"stock": run(stock_s, 10 * stock_s), "flag": run(flag_s, 10 * flag_s), "max_weight_rel_err": err,
-            "max_metric_rel_err": 0.0, "per_step": []}
+            "max_metric_rel_err": 0.0, "per_step": [],
+            "reward_curves": {"stock": [0.40, 0.41, 0.42], "flag": [0.40, 0.43, 0.44]}}
 
 
 def test_the_json_has_medians_speedups_and_the_worst_error():
@@ -86,3 +87,18 @@ def test_the_json_has_medians_speedups_and_the_worst_error():
     assert out["max_weight_rel_err"] == 3e-6 and out["within_tolerance"] is True
     assert out["baseline_name"] == bench.BASELINE and out["config"]["prompts_per_step"] == 2
     assert "speedup a/b: step 2.50x" in bench.table(out)
+
+
+def test_staleness_one_runs_the_flag_ahead_and_reports_the_reward_curves(tmp_path):
+    """`--staleness 1` (issue 30 item 2): (b)'s command line is the on-policy one plus TCSS staleness 1; its weights
+    are not held to (a)'s (`within_tolerance` null) and the table shows both reward curves."""
+    on = bench.flag_argv(STOCK, tmp_path, 3)
+    ahead = bench.flag_argv(STOCK, tmp_path, 3, staleness=1)
+    assert "trainer.digenrl.tcss.staleness=0" in on
+    assert ahead == [a.replace("tcss.staleness=0", "tcss.staleness=1") for a in on]
+    out = bench.summarise([_pass(4.0, 2.0, 0.3)], bench.BenchConfig(steps=3, repeat=1, staleness=1))
+    assert out["staleness"] == 1 and out["within_tolerance"] is None
+    assert "critic/rewards/mean by step, pass 1 ((b) at staleness 1): stock 0.4000 0.4100 0.4200; flag 0.4000 " \
+           "0.4300 0.4400" in bench.table(out)
+    with pytest.raises(ValueError, match="--staleness 2"):
+        bench.BenchConfig(staleness=2)

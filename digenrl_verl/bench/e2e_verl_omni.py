@@ -314,7 +314,8 @@ def run_pair(stock: list[str], root: Path, steps: int, pythonpath: str | None = 
     runs = []
     argvs = {"stock": lambda out: stock_argv(stock, out, steps),
              "flag": lambda out: flag_argv(stock, out, steps, staleness)}
-    for kind, name in (("stock", f"(a) {BASELINE}"), ("flag", f"(b) {CANDIDATE}, staleness {staleness}")):
+    ahead = f", but TCSS staleness {staleness}" if staleness else ""
+    for kind, name in (("stock", f"(a) {BASELINE}"), ("flag", f"(b) {CANDIDATE}{ahead}")):
         out = root / kind
         out.mkdir(parents=True)
         print(f"{label}: {name}: {steps} step(s) in {out} ...", flush=True)

@@ -10,6 +10,7 @@ runs exactly this and prints the resolved plan and pools.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -226,6 +227,20 @@ def negative_prompt_columns(data: DataSpec, validation: ValidationSpec) -> dict[
             for key, files in settings.items()}
 
 
+def warn_barrier_every_step(keys: RecipeKeys, digenrl: DigenRLConfig, periods: Mapping[str, int]) -> None:
+    """TCSS staleness 1 with a barrier after every step (a checkpoint, `trainer.save_freq=1`, or a validation,
+    `trainer.test_freq=1`) never runs a step ahead: the driver plans no step past a barrier whose work has not ended
+    (`schedule.driver`), so every sample is on-policy. Warned by name and said in the plan."""
+    every_step = [k for k, every in periods.items() if every == 1]
+    if digenrl.tcss.staleness > 0 and every_step:
+        note = (f"trainer.digenrl.tcss.staleness={digenrl.tcss.staleness} has no effect with {every_step[0]}=1: a "
+                "checkpoint or validation after every step is a barrier that drains the pipeline, so generation "
+                f"never runs a step ahead (every sample on-policy); set {every_step[0]} above 1 (or -1) for TCSS to "
+                "overlap steps")
+        warnings.warn(note, UserWarning, stacklevel=3)
+        keys.decide(f"{note} (warned)")
+
+
 def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None = None) -> RunSpec:
     """Validate `cfg` and build the run's specs. Raises ValueError naming the key, the value and the fix.
 
@@ -257,6 +272,8 @@ def build_run(cfg: DictConfig, *, start_step: int = 0, host: HostConfig | None =
         raise ValueError(f"trainer.total_training_steps={shape.total_steps} is already reached by the checkpoint "
                          f"(step {start_step}); raise it to continue training")
     logging = build_logging(keys)
+    warn_barrier_every_step(keys, digenrl, {"trainer.save_freq": checkpoint.every,
+                                            "trainer.test_freq": validation.every})
     warn_unknown(keys)  # after every builder: the keys nothing read are known now
     schedule = schedule_of(digenrl, num_steps=num_steps, start_step=start_step, prompts_per_step=shape.prompts,
                            n=shape.n, checkpoint_every=checkpoint.every, micro_batch_size=shape.micro_batch_size,

@@ -176,3 +176,18 @@ def test_pools_may_share_a_gpu_by_fraction():
     for bad, why in (({"use_gpu": True, "gpu_fraction": 0.3}, "1/k"), ({"gpu_fraction": 0.5}, "use_gpu=true")):
         with pytest.raises(ValueError, match=rf"trainer\.digenrl\.pools\.trainer\.gpu_fraction=.*{why}"):
             DigenRLConfig.from_node({"pools": {"trainer": bad}})
+
+
+@pytest.mark.parametrize("barrier", ["trainer.save_freq=1", "trainer.test_freq=1"])
+def test_staleness_with_a_barrier_after_every_step_is_warned_by_name(tiny_flux_dir, barrier):
+    """A checkpoint or a validation after every step drains the pipeline: TCSS staleness 1 never runs ahead (a
+    20-step run of bench e2e --baseline verl_omni --staleness 1 with save_freq=1 had 0 stale samples)."""
+    key = barrier.split("=")[0]
+    with pytest.warns(UserWarning, match=rf"tcss\.staleness=1 has no effect with {key}=1"):
+        run = _build(tiny_flux_dir, DISAGG, "trainer.digenrl.tcss.staleness=1", barrier)
+    assert any(d.startswith("trainer.digenrl.tcss.staleness=1 has no effect") for d in run.decisions)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _build(tiny_flux_dir, DISAGG, "trainer.digenrl.tcss.staleness=1", "trainer.save_freq=2")
+        _build(tiny_flux_dir, DISAGG, barrier)  # on-policy: nothing to warn
+    assert not [w for w in caught if "tcss.staleness" in str(w.message)]

@@ -307,15 +307,22 @@ def load_run(out: Path) -> Run:
     return Run("flag", console, steps, out / "run" / "checkpoints", meta["seconds"], meta["argv"], out)
 
 
+def ahead_overrides(steps: int, staleness: int) -> list[str]:
+    """Both runs' overrides at (b)'s `staleness` 1: one checkpoint, after the last step (a checkpoint after every
+    step is a barrier: TCSS would never run ahead, `trainer.config.warn_barrier_every_step`)."""
+    return [f"trainer.save_freq={steps}"] if staleness else []
+
+
 def run_pair(stock: list[str], root: Path, steps: int, pythonpath: str | None = None,
              label: str = "", staleness: int = 0) -> tuple[Run, Run]:
     """(a) then (b) (at `staleness`) in `root/stock` and `root/flag`, a progress line before each (prefixed by
     `label`)."""
     runs = []
-    argvs = {"stock": lambda out: stock_argv(stock, out, steps),
-             "flag": lambda out: flag_argv(stock, out, steps, staleness)}
-    ahead = f", but TCSS staleness {staleness}" if staleness else ""
-    for kind, name in (("stock", f"(a) {BASELINE}"), ("flag", f"(b) {CANDIDATE}{ahead}")):
+    ahead = ahead_overrides(steps, staleness)
+    argvs = {"stock": lambda out: with_overrides(stock_argv(stock, out, steps), ahead),
+             "flag": lambda out: with_overrides(flag_argv(stock, out, steps, staleness), ahead)}
+    but = f", but TCSS staleness {staleness}" if staleness else ""
+    for kind, name in (("stock", f"(a) {BASELINE}"), ("flag", f"(b) {CANDIDATE}{but}")):
         out = root / kind
         out.mkdir(parents=True)
         print(f"{label}: {name}: {steps} step(s) in {out} ...", flush=True)
@@ -368,13 +375,14 @@ def first_gradient(run: Run) -> dict:
     return {k: m for k, m in moments.items() if bool(m.abs().max() > 0)}
 
 
-def compare(a: Run, b: Run, steps: int) -> dict:
-    """Every step's weights (`worst`, with its tensor) and metrics (`metric_errors`) of (b) against (a)."""
+def compare(a: Run, b: Run, steps: int, checkpointed: int = 1) -> dict:
+    """Every step's metrics (`metric_errors`) of (b) against (a), and the weights (`worst`, with its tensor) of every
+    `checkpointed`-th step (the runs' `trainer.save_freq`)."""
     missing = [(r.kind, s) for r in (a, b) for s in range(1, steps + 1) if s not in r.steps]
     if missing:
         raise ValueError(f"steps without metrics (run, step): {missing}; see each run's console.log")
     per_step = []
-    for step in range(1, steps + 1):
+    for step in range(checkpointed, steps + 1, checkpointed):
         err, name = worst(lora(b, step), lora(a, step))
         per_step.append({"step": step, "weight_rel_err": err, "worst_tensor": name,
                          "metric_rel_err": metric_errors(a.steps[step], b.steps[step])})
@@ -411,7 +419,7 @@ def one_pass(stock: list[str], root: Path, steps: int, label: str, pythonpath: s
     """(a) then (b) once, timed and compared, both reward curves; progress lines as it goes."""
     t0, load0 = time.monotonic(), os.getloadavg()[0]
     a, b = run_pair(stock, root, steps, pythonpath, label, staleness)
-    row = {"stock": timing(a, steps), "flag": timing(b, steps), **compare(a, b, steps),
+    row = {"stock": timing(a, steps), "flag": timing(b, steps), **compare(a, b, steps, steps if staleness else 1),
            "reward_curves": {r.kind: [r.steps[s][CURVE_METRIC] for s in range(1, steps + 1)] for r in (a, b)},
            "load_average_start": load0, "load_average_end": os.getloadavg()[0]}
     print(f"{label}: (a) {a.seconds:.0f} s, step {row['stock']['step_s_median']:.1f} s; (b) {b.seconds:.0f} s, step "

@@ -96,6 +96,7 @@ def test_staleness_one_runs_the_flag_ahead_and_reports_the_reward_curves(tmp_pat
     ahead = bench.flag_argv(STOCK, tmp_path, 3, staleness=1)
     assert "trainer.digenrl.tcss.staleness=0" in on
     assert ahead == [a.replace("tcss.staleness=0", "tcss.staleness=1") for a in on]
+    assert bench.ahead_overrides(20, 1) == ["trainer.save_freq=20"] and bench.ahead_overrides(20, 0) == []
     out = bench.summarise([_pass(4.0, 2.0, 0.3)], bench.BenchConfig(steps=3, repeat=1, staleness=1))
     assert out["staleness"] == 1 and out["within_tolerance"] is None
     assert "critic/rewards/mean by step, pass 1 ((b) at staleness 1): stock 0.4000 0.4100 0.4200; flag 0.4000 " \

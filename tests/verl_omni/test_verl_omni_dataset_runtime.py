@@ -59,16 +59,25 @@ def calls(monkeypatch):
     return counts
 
 
+def _verl_loader(dataset, config, workers: int = 0):
+    """verl-omni's training dataloader as its trainers build it: its dataset, sampler and collate function in a
+    StatefulDataLoader with drop_last=True and `workers` worker processes (forked, as its trainer's are: verl's
+    dataset does not pickle its rows)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl_omni.utils.dataset.rl_dataset import create_rl_sampler, get_collate_fn
+
+    return StatefulDataLoader(dataset=dataset, batch_size=BATCH, num_workers=workers, drop_last=True,
+                              collate_fn=get_collate_fn(config), sampler=create_rl_sampler(config, dataset))
+
+
 def _verl_omni_steps(path: str, seed: int, shuffle: bool, epochs: int):
     """verl-omni's training batches: (user texts, data sources, ground truths) per step."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-    from verl_omni.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler, get_collate_fn
+    from verl_omni.utils.dataset.rl_dataset import create_rl_dataset
 
     config = OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 512, "filter_overlong_prompts": False,
                                "shuffle": shuffle, "seed": seed, "reward_fn_key": "data_source"})
     dataset = create_rl_dataset([path], config, qwen2_tokenizer(), None, is_train=True)
-    loader = StatefulDataLoader(dataset=dataset, batch_size=BATCH, num_workers=0, drop_last=True,
-                                collate_fn=get_collate_fn(config), sampler=create_rl_sampler(config, dataset))
+    loader = _verl_loader(dataset, config)
     return [([chat_text(m) for m in b["raw_prompt"]], list(b["data_source"]),
              [r["ground_truth"] for r in b["reward_model"]]) for _ in range(epochs) for b in loader]
 
@@ -136,14 +145,9 @@ def test_the_plan_names_verl_omnis_dataset_code(tmp_path):
 
 
 def _resumed_texts(dataset, config, workers: int, state: dict, count: int) -> list[list[str]]:
-    """The user texts of the next `count` batches of verl-omni's training dataloader (its dataset, sampler and
-    collate function, `workers` worker processes forked as its trainer's are: verl's dataset does not pickle its rows)
-    resumed from `state`, as verl's loop takes them."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-    from verl_omni.utils.dataset.rl_dataset import create_rl_sampler, get_collate_fn
-
-    loader = StatefulDataLoader(dataset=dataset, batch_size=BATCH, num_workers=workers, drop_last=True,
-                                collate_fn=get_collate_fn(config), sampler=create_rl_sampler(config, dataset))
+    """The user texts of the next `count` batches of verl-omni's training dataloader (`_verl_loader`) resumed from
+    `state`, as verl's loop takes them."""
+    loader = _verl_loader(dataset, config, workers)
     loader.load_state_dict(state)
     out: list[list[str]] = []
     while len(out) < count:  # the rest of this epoch, then new epochs
@@ -153,11 +157,7 @@ def _resumed_texts(dataset, config, workers: int, state: dict, count: int) -> li
 
 def _loader_state_after(dataset, config, workers: int, steps: int) -> dict:
     """verl-omni's own dataloader's `state_dict()` after `steps` batches (what its trainer writes as data.pt)."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-    from verl_omni.utils.dataset.rl_dataset import create_rl_sampler, get_collate_fn
-
-    loader = StatefulDataLoader(dataset=dataset, batch_size=BATCH, num_workers=workers, drop_last=True,
-                                collate_fn=get_collate_fn(config), sampler=create_rl_sampler(config, dataset))
+    loader = _verl_loader(dataset, config, workers)
     taken = 0
     while True:
         for _ in loader:

@@ -105,11 +105,7 @@ class VerlOmniPrompts(list):
         (a new iterator per epoch, as the dataloader takes one)."""
         key = (int(seed), bool(shuffle))
         if key not in self._orders:
-            from omegaconf import OmegaConf
-            from verl_omni.utils.dataset.rl_dataset import create_rl_sampler
-
-            config = OmegaConf.create({"shuffle": bool(shuffle), "seed": int(seed)})
-            self._orders[key] = (create_rl_sampler(config, self.dataset), [])
+            self._orders[key] = (verl_omni_sampler(self.dataset, seed, shuffle), [])
         sampler, orders = self._orders[key]
         while len(orders) <= epoch:
             orders.append([int(i) for i in sampler])
@@ -134,20 +130,25 @@ def verl_loader_state(prompts, batch_size: int, seed: int, shuffle: bool, worker
     about 1.5 s forked)."""
     if not isinstance(prompts, VerlOmniPrompts) or steps <= 0 or len(prompts) < batch_size:
         return None
-    from omegaconf import OmegaConf
     from torchdata.stateful_dataloader import StatefulDataLoader
-    from verl_omni.utils.dataset.rl_dataset import create_rl_sampler
 
     rows = list(range(len(prompts)))
-    sampler = create_rl_sampler(OmegaConf.create({"shuffle": bool(shuffle), "seed": int(seed)}), rows)
-    loader = StatefulDataLoader(rows, batch_size=batch_size, drop_last=True, sampler=sampler, num_workers=workers,
-                                collate_fn=list)
+    loader = StatefulDataLoader(rows, batch_size=batch_size, drop_last=True, num_workers=workers, collate_fn=list,
+                                sampler=verl_omni_sampler(rows, seed, shuffle))
     taken = 0
     while True:  # verl's epochs: `for batch in dataloader`, saved after the step's batch
         for _ in loader:
             taken += 1
             if taken == steps:
                 return loader.state_dict()
+
+
+def verl_omni_sampler(dataset, seed: int, shuffle: bool):
+    """verl-omni's training sampler over `dataset` for data.seed / data.shuffle (`create_rl_sampler`)."""
+    from omegaconf import OmegaConf
+    from verl_omni.utils.dataset.rl_dataset import create_rl_sampler
+
+    return create_rl_sampler(OmegaConf.create({"shuffle": bool(shuffle), "seed": int(seed)}), dataset)
 
 
 def _verl_omni_rows(paths: list[str], prompt_key: str, source_key: str):

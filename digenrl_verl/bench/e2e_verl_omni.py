@@ -87,8 +87,25 @@ ENTRY = "verl_omni.trainer.main_diffusion"  # both runs: verl-omni's v0 entry po
 BASELINE = "verl-omni a1139baf stock main_diffusion (v0, colocated hybrid)"
 CANDIDATE = ("the same command line with trainer.trainer_class=digenrl (disaggregated: 1 generator + 1 trainer "
              "worker, staleness 0, GAP, TSP, TAG of one micro-batch)")
-V1_SEPARATE_ASYNC = ("not built: verl-omni's v1 separate_async (verl_omni.trainer.main_diffusion_v1 "
-                     "trainer.use_v1=true) has not run on CPU yet")
+#: (c), with `--with-separate-async`: verl-omni's own disaggregated mode, its v1 entry point as the SD3.5 example
+#: calls it (`run_sd35_medium_ocr_lora_v1_separate_async.sh`)
+V1_ENTRY = "verl_omni.trainer.main_diffusion_v1"
+SEPARATE_ASYNC_BASELINE = ("verl-omni a1139baf stock main_diffusion_v1 (v1 separate_async: its standalone vLLM-Omni "
+                           "rollout replica on a device of its own, on-policy as its SD3.5 example: sync_compatible, "
+                           "parameter_sync_step 1, max_off_policy_threshold 1, no warm-up)")
+V1_SEPARATE_ASYNC = f"run as (c) with --with-separate-async: {SEPARATE_ASYNC_BASELINE}"
+#: (c)'s overrides on (a)'s command line (module docstring): verl-omni's v1 selection and the SD3.5 example's own
+#: on-policy settings, its standalone replica (one node of one device: on CPU one of Ray's logical GPUs, the actor's
+#: pool holding the other), its weights to that replica over the package's gloo checkpoint engine (verl-omni refuses
+#: `naive` there and verl's `nccl` needs CUDA), and verl-omni's TransferQueue with one storage unit
+SEPARATE_ASYNC = ("trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async",
+                  "trainer.v1.separate_async.num_warmup_batches=0", "trainer.v1.separate_async.parameter_sync_step=1",
+                  "trainer.v1.separate_async.sync_compatible=1", "trainer.v1.sampler.max_off_policy_threshold=1",
+                  "trainer.v1.sampler.max_off_policy_strategy=drop",
+                  f"{A}.rollout.nnodes=1", f"{A}.rollout.n_gpus_per_node=1",
+                  f"{A}.rollout.checkpoint_engine.backend=gloo",
+                  f"{A}.rollout.checkpoint_engine.custom_backend_module=digenrl_verl.weights.gloo_checkpoint_engine",
+                  "+ray_kwargs.ray_init.num_gpus=2", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
 STEP_METRIC = "timing_s/step"
 DEFAULT_STEPS = 3
 TOL = 1e-5
@@ -123,7 +140,12 @@ METRICS = {"critic/rewards/mean": None, "critic/rewards/max": None, "critic/rewa
 #: VERL_USE_EXTERNAL_MODULES), offline, no compilation
 ENV = {"HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0",
        "TOKENIZERS_PARALLELISM": "false", "VERL_PLATFORM": "cpu"}
-STOCK_ENV = {"DIGENRL_CPU_RAY_GPUS": "1"}  # (a) only: its hybrid replica's device slot, one of Ray's logical GPUs
+STOCK_ENV = {"DIGENRL_CPU_RAY_GPUS": "1"}  # (a), (c): the replicas' device slots, Ray's logical GPUs
+#: the entry point of each run kind
+ENTRIES = {"stock": ENTRY, "flag": ENTRY, "separate_async": V1_ENTRY}
+#: each run kind's name in the progress lines, the table and the JSON
+NAMES = {"stock": f"(a) {BASELINE}", "flag": "(b) trainer.trainer_class=digenrl",
+         "separate_async": f"(c) {SEPARATE_ASYNC_BASELINE}"}
 REFUSED = ("--baseline verl_omni needs verl-omni a1139baf with its v0 hook (patches/verl-omni-a1139baf/), which "
            "{why}; build the tier venv once with `bash scripts/test_verl_omni.sh` (or `bash scripts/verl_omni_venv.sh` "
            "and the patches it applies) and run `source scripts/verl_omni_venv.sh && $VERL_OMNI_PY -m "
@@ -164,6 +186,7 @@ class BenchConfig:
     flag_pythonpath: str | None = None
     json: bool = False
     staleness: int = 0
+    with_separate_async: bool = False
 
     def __post_init__(self):
         if self.steps < 1 or self.repeat < 1:
@@ -181,21 +204,25 @@ def with_overrides(argv: list[str], extra) -> list[str]:
     return out
 
 
-def write_inputs(data: Path) -> list[str]:
+def write_inputs(data: Path, recipe_name: str = RECIPE_NAME) -> list[str]:
     """The recipe's overrides for verl-omni's own entry point, the files they name written under `data`: the tiny
-    model, the stand-in reward, the prompts in verl-omni's layout (system and user turns, a negative prompt)."""
+    model, the stand-in reward, the prompts in verl-omni's layout (Qwen-Image: system and user turns, a negative
+    prompt, as its `data_process/qwenimage_ocr.py` writes them; the others: the user turn, as the twins'). Any recipe
+    of `RECIPES` (`verl_omni_matrix` runs each); the bench's is `RECIPE_NAME`."""
     import pandas as pd
 
     from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_SYSTEM as SYSTEM
     from digenrl_verl.models.tiny import build_tiny_model_dir
 
-    recipe = RECIPES[RECIPE_NAME]
+    recipe = RECIPES[recipe_name]
     model = build_tiny_model_dir(recipe.architecture, data / "model", seed=0)
     for file, fn in recipe.reward_files.items():
         (data / file).write_text(STAND_IN_REWARD.format(name=fn))
-    rows = [{"data_source": "flow_grpo/ocr",
-             "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f'A sign that reads "{w}"'}],
-             "negative_prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": " "}],
+    qwen = recipe.architecture == "QwenImagePipeline"
+    system = [{"role": "system", "content": SYSTEM}] if qwen else []
+    rows = [{"data_source": "flow_grpo/ocr" if qwen else "ocr",
+             "prompt": [*system, {"role": "user", "content": f'A sign that reads "{w}"'}],
+             **({"negative_prompt": [*system, {"role": "user", "content": " "}]} if qwen else {}),
              "reward_model": {"ground_truth": w, "style": "rule"}} for w in ("HELLO", "RL", "GPU", "PIPELINE")]
     for split in ("train", "test"):
         pd.DataFrame(rows).to_parquet(data / f"{split}.parquet")
@@ -236,11 +263,16 @@ def flag_argv(stock: list[str], out: Path, steps: int, staleness: int = 0) -> li
                                 *([f"trainer.digenrl.tcss.staleness={staleness}"] if staleness else [])])
 
 
+def separate_async_argv(stock: list[str], out: Path, steps: int) -> list[str]:
+    """(c)'s command line: (a)'s (`stock_argv`, its checkpoints under `out`) with `SEPARATE_ASYNC`, for `V1_ENTRY`."""
+    return with_overrides(stock_argv(stock, out, steps), SEPARATE_ASYNC)
+
+
 # ------------------------------------------------------------------------------------------ the runs
 @dataclass
 class Run:
-    """One run's kind ("stock" or "flag"), console, per-step metrics (global step -> name -> value), checkpoints,
-    wall time, command line and folder."""
+    """One run's kind ("stock", "flag" or "separate_async"), console, per-step metrics (global step -> name ->
+    value), checkpoints, wall time, command line and folder."""
 
     kind: str
     console: str
@@ -271,9 +303,9 @@ def console_steps(console: str) -> dict[int, dict[str, float]]:
 
 
 def run_env(kind: str, pythonpath: str | None = None) -> dict:
-    """The environment of run `kind`: this one, `ENV` (and `STOCK_ENV` for the stock run), `pythonpath` first on the
-    flag's run's PYTHONPATH (e.g. a test's sitecustomize mutation)."""
-    env = {**os.environ, **ENV, **(STOCK_ENV if kind == "stock" else {})}
+    """The environment of run `kind`: this one, `ENV` (and `STOCK_ENV` for verl-omni's own runs), `pythonpath` first
+    on the flag's run's PYTHONPATH (e.g. a test's sitecustomize mutation)."""
+    env = {**os.environ, **ENV, **(STOCK_ENV if kind != "flag" else {})}
     env.pop("VERL_USE_EXTERNAL_MODULES", None)  # the plugin's verl.plugins entry point registers the platform
     if kind == "flag" and pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, *filter(None, [env.get("PYTHONPATH")])])
@@ -281,9 +313,10 @@ def run_env(kind: str, pythonpath: str | None = None) -> dict:
 
 
 def _execute(kind: str, argv: list[str], out: Path, env: dict) -> None:
-    """`python -m ENTRY argv` in `out`; its console in `out/console.log`, `out/run.json` its kind, command line and
-    wall time (interpreter start to exit). Raises RunFailed on a non-zero exit."""
-    cmd = [sys.executable, "-m", ENTRY, *argv, f"hydra.run.dir={out / 'hydra'}"]
+    """`python -m <its entry point> argv` (`ENTRIES[kind]`) in `out`; its console in `out/console.log`, `out/run.json`
+    its kind, command line and wall time (interpreter start to exit). Raises RunFailed on a non-zero exit."""
+    entry = ENTRIES[kind]
+    cmd = [sys.executable, "-m", entry, *argv, f"hydra.run.dir={out / 'hydra'}"]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=3600)
     seconds = time.monotonic() - start
@@ -292,7 +325,7 @@ def _execute(kind: str, argv: list[str], out: Path, env: dict) -> None:
     (out / "run.json").write_text(json.dumps({"kind": kind, "argv": argv, "seconds": seconds,
                                               "returncode": proc.returncode}))
     if proc.returncode != 0:
-        raise RunFailed(f"run ({kind}) `python -m {ENTRY}` exited {proc.returncode} after {seconds:.0f} s; its "
+        raise RunFailed(f"run ({kind}) `python -m {entry}` exited {proc.returncode} after {seconds:.0f} s; its "
                         f"console: {out / 'console.log'}; its last lines:\n{console[-3000:]}", console)
 
 
@@ -300,8 +333,9 @@ def load_run(out: Path) -> Run:
     """A finished run read back from its folder (`console.log`, `run.json`; the flag's metrics.jsonl)."""
     meta = json.loads((out / "run.json").read_text())
     console = (out / "console.log").read_text()
-    if meta["kind"] == "stock":
-        return Run("stock", console, console_steps(console), out / "checkpoints", meta["seconds"], meta["argv"], out)
+    if meta["kind"] != "flag":  # verl-omni's own trainers: verl's console logger
+        return Run(meta["kind"], console, console_steps(console), out / "checkpoints", meta["seconds"], meta["argv"],
+                   out)
     lines = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = {int(m["training/global_step"]): m for m in lines if "actor/grad_norm" in m}
     return Run("flag", console, steps, out / "run" / "checkpoints", meta["seconds"], meta["argv"], out)
@@ -314,21 +348,24 @@ def ahead_overrides(steps: int, staleness: int) -> list[str]:
 
 
 def run_pair(stock: list[str], root: Path, steps: int, pythonpath: str | None = None,
-             label: str = "", staleness: int = 0) -> tuple[Run, Run]:
-    """(a) then (b) (at `staleness`) in `root/stock` and `root/flag`, a progress line before each (prefixed by
-    `label`)."""
+             label: str = "", staleness: int = 0, separate_async: bool = False) -> tuple[Run, ...]:
+    """(a) then (b) (at `staleness`) in `root/stock` and `root/flag`, then, with `separate_async`, (c) in
+    `root/separate_async`; a progress line before each (prefixed by `label`)."""
     runs = []
     ahead = ahead_overrides(steps, staleness)
     argvs = {"stock": lambda out: with_overrides(stock_argv(stock, out, steps), ahead),
-             "flag": lambda out: with_overrides(flag_argv(stock, out, steps, staleness), ahead)}
+             "flag": lambda out: with_overrides(flag_argv(stock, out, steps, staleness), ahead),
+             "separate_async": lambda out: with_overrides(separate_async_argv(stock, out, steps), ahead)}
     but = f", but TCSS staleness {staleness}" if staleness else ""
-    for kind, name in (("stock", f"(a) {BASELINE}"), ("flag", f"(b) {CANDIDATE}{but}")):
+    names = [("stock", f"(a) {BASELINE}"), ("flag", f"(b) {CANDIDATE}{but}")]
+    names += [("separate_async", NAMES["separate_async"])] if separate_async else []
+    for kind, name in names:
         out = root / kind
         out.mkdir(parents=True)
         print(f"{label}: {name}: {steps} step(s) in {out} ...", flush=True)
         _execute(kind, argvs[kind](out), out, run_env(kind, pythonpath))
         runs.append(load_run(out))
-    return runs[0], runs[1]
+    return tuple(runs)
 
 
 # ------------------------------------------------------------------------------------------ the comparison
@@ -354,10 +391,12 @@ def worst(ours: dict, theirs: dict) -> tuple[float, str]:
                for k in theirs)
 
 
-def metric_errors(a: dict, b: dict) -> dict[str, float]:
-    """|b - a| / scale for each compared metric (METRICS), a being verl-omni's."""
+def metric_errors(a: dict, b: dict, names=None) -> dict[str, float]:
+    """|b - a| / scale for each compared metric (METRICS, or those of them in `names`), a being verl-omni's."""
     out = {}
     for name, scale in METRICS.items():
+        if names is not None and name not in names:
+            continue
         ref = abs(a[name]) if scale is None else (abs(a[scale]) if isinstance(scale, str) else scale)
         out[name] = abs(b[name] - a[name]) / max(ref, 1e-30)
     return out
@@ -375,19 +414,26 @@ def first_gradient(run: Run) -> dict:
     return {k: m for k, m in moments.items() if bool(m.abs().max() > 0)}
 
 
-def compare(a: Run, b: Run, steps: int, checkpointed: int = 1) -> dict:
+def compare(a: Run, b: Run, steps: int, checkpointed: int = 1, strict: bool = True) -> dict:
     """Every step's metrics (`metric_errors`) of (b) against (a), and the weights (`worst`, with its tensor) of every
-    `checkpointed`-th step (the runs' `trainer.save_freq`)."""
+    `checkpointed`-th step (the runs' `trainer.save_freq`). `strict` False (another trainer of verl-omni's, (c)): a
+    metric of METRICS that either run does not log is left out and listed (`missing_metrics`)."""
     missing = [(r.kind, s) for r in (a, b) for s in range(1, steps + 1) if s not in r.steps]
     if missing:
         raise ValueError(f"steps without metrics (run, step): {missing}; see each run's console.log")
-    per_step = []
+    per_step, absent = [], set()
     for step in range(checkpointed, steps + 1, checkpointed):
         err, name = worst(lora(b, step), lora(a, step))
+        names = None
+        if not strict:
+            names = {k for k in METRICS if all(k in r.steps[step] and (not isinstance(sc := METRICS[k], str)
+                                                                         or sc in r.steps[step]) for r in (a, b))}
+            absent |= set(METRICS) - names
         per_step.append({"step": step, "weight_rel_err": err, "worst_tensor": name,
-                         "metric_rel_err": metric_errors(a.steps[step], b.steps[step])})
-    return {"per_step": per_step, "max_weight_rel_err": max(s["weight_rel_err"] for s in per_step),
-            "max_metric_rel_err": max(e for s in per_step for e in s["metric_rel_err"].values())}
+                         "metric_rel_err": metric_errors(a.steps[step], b.steps[step], names)})
+    out = {"per_step": per_step, "max_weight_rel_err": max(s["weight_rel_err"] for s in per_step),
+           "max_metric_rel_err": max((e for s in per_step for e in s["metric_rel_err"].values()), default=0.0)}
+    return out if strict else {**out, "missing_metrics": sorted(absent)}
 
 
 # ------------------------------------------------------------------------------------------ the bench
@@ -415,16 +461,25 @@ CURVE_METRIC = "critic/rewards/mean"
 
 
 def one_pass(stock: list[str], root: Path, steps: int, label: str, pythonpath: str | None,
-             staleness: int = 0) -> dict:
-    """(a) then (b) once, timed and compared, both reward curves; progress lines as it goes."""
+             staleness: int = 0, separate_async: bool = False) -> dict:
+    """(a) then (b) once (and (c) with `separate_async`), timed and compared ((b) and (c) each against (a)), the
+    reward curves; progress lines as it goes."""
     t0, load0 = time.monotonic(), os.getloadavg()[0]
-    a, b = run_pair(stock, root, steps, pythonpath, label, staleness)
-    row = {"stock": timing(a, steps), "flag": timing(b, steps), **compare(a, b, steps, steps if staleness else 1),
-           "reward_curves": {r.kind: [r.steps[s][CURVE_METRIC] for s in range(1, steps + 1)] for r in (a, b)},
+    runs = run_pair(stock, root, steps, pythonpath, label, staleness, separate_async)
+    a, b = runs[:2]
+    checkpointed = steps if staleness else 1
+    row = {"stock": timing(a, steps), "flag": timing(b, steps), **compare(a, b, steps, checkpointed),
+           "reward_curves": {r.kind: [r.steps[s][CURVE_METRIC] for s in range(1, steps + 1)] for r in runs},
            "load_average_start": load0, "load_average_end": os.getloadavg()[0]}
-    print(f"{label}: (a) {a.seconds:.0f} s, step {row['stock']['step_s_median']:.1f} s; (b) {b.seconds:.0f} s, step "
-          f"{row['flag']['step_s_median']:.1f} s; weights within {row['max_weight_rel_err']:.1e} "
-          f"({time.monotonic() - t0:.0f} s)", flush=True)
+    line = (f"{label}: (a) {a.seconds:.0f} s, step {row['stock']['step_s_median']:.1f} s; (b) {b.seconds:.0f} s, step "
+            f"{row['flag']['step_s_median']:.1f} s; weights within {row['max_weight_rel_err']:.1e}")
+    if separate_async:
+        c = runs[2]
+        row["separate_async"] = timing(c, steps)
+        row["separate_async_vs_stock"] = compare(a, c, steps, checkpointed, strict=False)
+        line += (f"; (c) {c.seconds:.0f} s, step {row['separate_async']['step_s_median']:.1f} s, weights "
+                 f"{row['separate_async_vs_stock']['max_weight_rel_err']:.1e} from (a)'s")
+    print(f"{line} ({time.monotonic() - t0:.0f} s)", flush=True)
     return row
 
 
@@ -437,16 +492,32 @@ def _row(kind: str, name: str, passes: list[dict]) -> dict:
 
 def summarise(passes: list[dict], cfg: BenchConfig) -> dict:
     """The bench JSON: a row per run kind (medians), the speed-ups (of the medians, and pass by pass), the errors."""
-    rows = [_row("stock", f"(a) {BASELINE}", passes), _row("flag", "(b) trainer.trainer_class=digenrl", passes)]
+    with_c = "separate_async" in passes[0]
+    rows = [_row(kind, NAMES[kind], passes) for kind in ("stock", "flag", *(["separate_async"] if with_c else []))]
     out = {"bench": "e2e", "baseline": "verl_omni", "baseline_name": BASELINE, "candidate": CANDIDATE,
-           "v1_separate_async": V1_SEPARATE_ASYNC, "step_time": f"median over a run's steps of `{STEP_METRIC}` "
+           "v1_separate_async": V1_SEPARATE_ASYNC if with_c else
+           f"not run (pass --with-separate-async): {SEPARATE_ASYNC_BASELINE}",
+           "step_time": f"median over a run's steps of `{STEP_METRIC}` "
            "(module docstring: what each run's covers)", "wall_time": "the whole process, interpreter start to exit",
            "rows": rows, "speedup": {}, "speedup_per_pass": {}, "speedup_paired_median": {}}
-    a, b = rows
-    for k in ("step_s", "wall_s"):
-        out["speedup"][k] = a[k] / b[k]
-        out["speedup_per_pass"][k] = [x / y for x, y in zip(a[f"{k}_runs"], b[f"{k}_runs"])]
-        out["speedup_paired_median"][k] = statistics.median(out["speedup_per_pass"][k])
+    b = rows[1]
+    for key, base in (("", rows[0]), ("_vs_separate_async", rows[2] if with_c else None)):
+        if base is None:
+            continue
+        out[f"speedup{key}"], out[f"speedup_per_pass{key}"], out[f"speedup_paired_median{key}"] = {}, {}, {}
+        for k in ("step_s", "wall_s"):
+            out[f"speedup{key}"][k] = base[k] / b[k]
+            out[f"speedup_per_pass{key}"][k] = [x / y for x, y in zip(base[f"{k}_runs"], b[f"{k}_runs"])]
+            out[f"speedup_paired_median{key}"][k] = statistics.median(out[f"speedup_per_pass{key}"][k])
+    if with_c:
+        errs = [p["separate_async_vs_stock"] for p in passes]
+        out["separate_async"] = {
+            "baseline_name": SEPARATE_ASYNC_BASELINE, "entry_point": V1_ENTRY, "overrides": list(SEPARATE_ASYNC),
+            "max_weight_rel_err_vs_stock": max(e["max_weight_rel_err"] for e in errs),
+            "max_metric_rel_err_vs_stock": max(e["max_metric_rel_err"] for e in errs),
+            "missing_metrics": sorted({m for e in errs for m in e["missing_metrics"]}),
+            "within_tolerance_of_stock": all(e["max_weight_rel_err"] <= TOL and e["max_metric_rel_err"] <= TOL
+                                             for e in errs)}
     out["max_weight_rel_err"] = max(p["max_weight_rel_err"] for p in passes)
     out["max_metric_rel_err"] = max(p["max_metric_rel_err"] for p in passes)
     out["tolerance"] = TOL
@@ -480,10 +551,16 @@ def table(out: dict) -> str:
     s = out["speedup"]
     console.print(f"speedup a/b: step {s['step_s']:.2f}x, wall {s['wall_s']:.2f}x; max_weight_rel_err "
                   f"{out['max_weight_rel_err']:.1e}, max_metric_rel_err {out['max_metric_rel_err']:.1e} (tolerance "
-                  f"{TOL:g}); v1 separate_async: {V1_SEPARATE_ASYNC}")
+                  f"{TOL:g}); v1 separate_async: {out['v1_separate_async']}")
+    if "separate_async" in out:
+        c, e = out["speedup_vs_separate_async"], out["separate_async"]
+        console.print(f"speedup c/b: step {c['step_s']:.2f}x, wall {c['wall_s']:.2f}x; (c)'s weights against (a)'s: "
+                      f"max_weight_rel_err {e['max_weight_rel_err_vs_stock']:.1e}, max_metric_rel_err "
+                      f"{e['max_metric_rel_err_vs_stock']:.1e}" + (f" (not logged by both: {e['missing_metrics']})"
+                                                                   if e["missing_metrics"] else ""))
     curves = out["passes"][0]["reward_curves"]
     console.print(f"{CURVE_METRIC} by step, pass 1 ((b) at staleness {out['staleness']}): "
-                  + "; ".join(f"{k} " + " ".join(f"{v:.4f}" for v in curves[k]) for k in ("stock", "flag")))
+                  + "; ".join(f"{k} " + " ".join(f"{v:.4f}" for v in curves[k]) for k in curves))
     return console.export_text()
 
 
@@ -501,6 +578,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--staleness", type=int, default=d.staleness, choices=(0, 1),
                    help="(b)'s trainer.digenrl.tcss.staleness (default 0, on-policy: the same weights as (a); 1: the "
                         "reward curves side by side, the weights differ by design)")
+    p.add_argument("--with-separate-async", action="store_true",
+                   help=f"each pass runs (c) too, after (b): {SEPARATE_ASYNC_BASELINE} (entry point {V1_ENTRY}); "
+                        "the JSON adds its row, speedup_vs_separate_async (c / b) and its weights against (a)'s")
     p.add_argument("--flag-pythonpath", metavar="DIR", default=None,
                    help="put DIR first on run (b)'s PYTHONPATH only (the equivalence test's loss-scale mutation)")
     return p
@@ -518,11 +598,12 @@ def _root(keep: str | None) -> Path:
 
 def run(cfg: BenchConfig, root: Path) -> dict:
     """The inputs once, `cfg.repeat` passes of (a) then (b), the JSON (printed as a table)."""
-    print(f"baseline (a): {BASELINE}; (b): {CANDIDATE}; {cfg.steps} steps, {cfg.repeat} pass(es), in {root}",
+    third = f"; (c): {SEPARATE_ASYNC_BASELINE}" if cfg.with_separate_async else ""
+    print(f"baseline (a): {BASELINE}; (b): {CANDIDATE}{third}; {cfg.steps} steps, {cfg.repeat} pass(es), in {root}",
           flush=True)
     stock = write_inputs(root / "data")
     passes = [one_pass(stock, root / f"pass{k}", cfg.steps, f"pass {k}/{cfg.repeat}", cfg.flag_pythonpath,
-                       cfg.staleness) for k in range(1, cfg.repeat + 1)]
+                       cfg.staleness, cfg.with_separate_async) for k in range(1, cfg.repeat + 1)]
     out = {**summarise(passes, cfg), "keep": str(root) if cfg.keep else None}
     print(table(out), flush=True)
     return out

@@ -116,13 +116,14 @@ class DigenRLConfig(ScheduleSettings):
             because their environment pins MKL's rounding (`digenrl_verl.platform.process_env`: ``MKL_CBWR``).
             False (default): batched, as verl-omni's rollout.
         generator_replicas: with ``actor_rollout_ref.rollout.name=vllm_omni``, whether each generator rank starts one
-            of verl-omni's standalone rollout replicas (`vLLMOmniReplica`: its server, vLLM-Omni's `AsyncOmni` and
-            its diffusion workers) and samples through its server API (rollout engine ``verl_omni_replica``), or
-            runs verl-omni's rollout pipeline in its own process (rollout engine ``verl_omni``, CPU only). null
-            (default) = auto: replicas on CUDA (the path verl-omni itself takes on GPUs), the in-process pipeline on
-            CPU (a replica start costs ~100 s there). true / false are honoured on both devices (false on CUDA is
-            refused: the in-process pipeline is CPU only). On CPU the run's own local Ray instance gets one logical
-            GPU and 2 more CPUs per generator rank for the replicas. No effect with another rollout engine (warned).
+            of verl-omni's rollout replicas on its own bundle and device (`vLLMOmniReplica.init_colocated`: its
+            server, vLLM-Omni's `AsyncOmni` and its diffusion workers) and samples through its server API (rollout
+            engine ``verl_omni_replica``), or runs verl-omni's rollout pipeline in its own process (rollout engine
+            ``verl_omni``, CPU only). null (default) = auto: replicas on CUDA (the path verl-omni itself takes on
+            GPUs), the in-process pipeline on CPU (a replica start costs ~100 s there). true / false are honoured on
+            both devices (false on CUDA is refused: the in-process pipeline is CPU only). On CPU the run's own local
+            Ray instance gets one logical GPU and one more CPU per generator rank for the replicas. No effect with
+            another rollout engine (warned).
     """
 
     task_timeout_s: Optional[float] = 600.0  # the product's default; the simulator's runs have no timeout

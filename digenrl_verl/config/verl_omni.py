@@ -39,7 +39,7 @@ from digenrl_verl.diffusion.advantages import AdvantageConfig
 from digenrl_verl.diffusion.loss import LossConfig
 from digenrl_verl.diffusion.rollout import RolloutConfig
 from digenrl_verl.diffusion.selection import auto_selection
-from digenrl_verl.engines.base import ENGINES, REPLICA_BUNDLE, VERL_OMNI, VERL_OMNI_REPLICA, VLLM_OMNI
+from digenrl_verl.engines.base import ENGINES, VERL_OMNI, VERL_OMNI_REPLICA, VLLM_OMNI
 from digenrl_verl.engines.spec import REPLICAS_KEY
 from digenrl_verl.errors import ConfigError
 from digenrl_verl.models.config import LoraConfig, PipelineConfig
@@ -964,7 +964,7 @@ def _check_pool_sizes(digenrl: DigenRLConfig, samples: int) -> None:
 
 def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str) -> str:
     """The generators' rollout engine: `rollout.name`, but ``vllm_omni`` (what verl-omni's scripts set) is verl-omni's
-    own rollout: its standalone replicas (``verl_omni_replica``, the path verl-omni takes on GPUs) or its registered
+    own rollout: its rollout replicas (``verl_omni_replica``, the path verl-omni takes on GPUs) or its registered
     rollout pipeline in each generator's process (``verl_omni``, CPU only), chosen by
     ``trainer.digenrl.generator_replicas`` (`REPLICAS_KEY`; null = replicas on CUDA, the pipeline on CPU). The same
     choice in a dry run (it plans for the cluster); a real run without verl-omni is refused here, naming the key and
@@ -1000,15 +1000,15 @@ def generator_engine_name(keys: RecipeKeys, digenrl: DigenRLConfig, device: str)
 def replica_decision(digenrl: DigenRLConfig, device: str, how: str) -> str:
     """The plan's line for verl-omni's replicas as the generators (`generator_engine_name`)."""
     ranks = digenrl.pools[digenrl.generator_role].size
-    where = (f"on Ray's GPUs: each replica's pool asks {REPLICA_BUNDLE} per device beside the {ranks} generator "
-             "workers' own bundles (the cluster must have them free)" if device == "cuda" else
-             "on Ray's logical GPUs: the run's own local Ray instance gets one logical GPU and 2 more CPUs per "
-             "generator rank for them (a cluster given by RAY_ADDRESS must have them free)")
+    where = ("its device is the rank's own GPU (the rank's worker and the replica's worker take half of the bundle's "
+             "GPU each)" if device == "cuda" else
+             "its device is the rank's own bundle's logical GPU (the run's own local Ray instance gets one per "
+             "generator rank, and one more CPU in each generator bundle)")
     return (f"{A}.rollout.name=vllm_omni on {device.upper()} ({REPLICAS_KEY}={how}): each of the {ranks} generator "
-            "ranks starts one of verl-omni's standalone rollout replicas (vLLMOmniReplica.init_standalone: its "
-            "server, AsyncOmni and diffusion worker, the path verl-omni takes on GPUs) and samples through its "
-            f"server API (rollout engine verl_omni_replica), {where}; new weights reach it as verl's server adapter "
-            "sends them")
+            "ranks starts one of verl-omni's rollout replicas on its own placement-group bundle "
+            "(vLLMOmniReplica.init_colocated, verl's colocated rollout mode: its server, AsyncOmni and diffusion "
+            f"worker) and samples through its server API (rollout engine verl_omni_replica); {where}; new weights "
+            "reach it as verl's server adapter sends them")
 
 
 def build_engine(keys: RecipeKeys, digenrl: DigenRLConfig, device: str = "cpu") -> RolloutEngineSpec:

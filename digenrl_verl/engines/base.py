@@ -249,9 +249,6 @@ VERL_OMNI = ENGINES.declare(EngineEntry(
     "verl_omni", packages=("verl_omni", "vllm_omni"), title="verl-omni's rollout pipeline",
     install_hint="verl-omni with its vLLM-Omni (docs/verl_omni.md)",
     module="digenrl_verl.integrations.verl_omni_rollout"))
-#: what verl's standalone replica pool asks per device of one `verl_omni_replica` (`init_standalone`:
-#: max_colocate_count 2 CPUs and the device; ``GPU`` is Ray's logical GPU on CPU); the runner reserves it
-REPLICA_BUNDLE = {"CPU": 2.0, "GPU": 1.0}
 VERL_OMNI_REPLICA = ENGINES.declare(EngineEntry(
     "verl_omni_replica", packages=("verl_omni", "vllm_omni", "ray"), title="verl-omni's rollout replica",
     install_hint="verl-omni with its vLLM-Omni (docs/verl_omni.md)",

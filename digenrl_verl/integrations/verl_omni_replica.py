@@ -1,8 +1,11 @@
 """Generators on verl-omni's own rollout replica (rollout engine ``verl_omni_replica``, issue 29 item 2): each
-generator rank starts one standalone `vLLMOmniReplica` the way verl-omni's separate mode starts its rollout
-(`init_standalone`: verl's resource pool and worker group of `CheckpointEngineWorker`s, verl-omni's
-`vLLMOmniHttpServer` actor, vLLM-Omni's `AsyncOmni`, its spawned diffusion workers loading verl-omni's registered
-rollout pipeline), and samples through the server's `generate`, the call verl-omni's agent loop makes.
+generator rank starts one `vLLMOmniReplica` on its own placement-group bundle, the way verl starts a rollout replica
+beside the processes of a resource pool (`RolloutReplica.init_colocated`: a worker group of verl's
+`CheckpointEngineWorker` on the bundle, verl-omni's `vLLMOmniHttpServer` actor, vLLM-Omni's `AsyncOmni`, its spawned
+diffusion workers loading verl-omni's registered rollout pipeline on the worker's device), and samples through the
+server's `generate`, the call verl-omni's agent loop makes. The rank and its replica share the bundle's device
+(`workers.pools.PoolSpec.hosts_replica`: the rank's worker and the replica's worker take half of it each), so a
+generator rank costs one GPU, its replica included.
 
 Requests are the ``verl_omni`` engine's (`verl_omni_rollout.server_requests`: the same prompt fields, verl-omni's
 sampling dict and per-rollout seeds from the row's position in the step batch), so a row draws the same sample on
@@ -24,11 +27,9 @@ A run takes this engine with ``actor_rollout_ref.rollout.name=vllm_omni``: on CU
 ``trainer.digenrl.generator_replicas=true`` (`config.verl_omni.generator_engine_name`; null = auto, the CPU default
 being verl-omni's pipeline in the generator's process, ``verl_omni``). On CPU the replica's devices are Ray's
 logical GPUs (`platform.cpu.logical_gpus`, which the run turns on in its generators' environment:
-`trainer.runner.worker_env`) and vLLM-Omni takes one request per batch
+`trainer.runner.worker_env`; the generator bundles hold one each) and vLLM-Omni takes one request per batch
 (``max_num_seqs=1``: its 0.27 request-batch race on CPU, patches/vllm-omni-0.27.0rc1); on CUDA Ray's GPUs and
-vLLM-Omni's defaults. The Ray instance must have room beside the run's pools: {CPU: 2, GPU: 1} per replica device
-(`REPLICA_BUNDLE`; the run's own local Ray start adds them, `trainer.runner.local_ray_resources`; a cluster joined
-through ``RAY_ADDRESS`` is checked, `check_room`). Limits, refused by name when the run is planned
+vLLM-Omni's defaults. Limits, refused by name when the run is planned
 (`engines.spec.check_replica_policy`, from `PolicySpec`): architectures whose prompts are tokenized here without the
 pipeline (`PROMPT_PIPES`: Wan2.2, Qwen-Image, and SD3 with verl-omni's per-encoder ids, ``extra_prompt_ids``), window
 timestep selection, verl-omni's SDE kinds.
@@ -41,6 +42,7 @@ import itertools
 import json
 import os
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,12 +50,13 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from digenrl_verl.engines.base import ENGINES, REPLICA_BUNDLE, InPlaceWeights, Rollout, RolloutRows
+from digenrl_verl.engines.base import ENGINES, InPlaceWeights, Rollout, RolloutRows
 from digenrl_verl.engines.spec import REPLICAS_KEY, VERL_OMNI_SDE_KINDS, PolicySpec, check_replica_policy
 from digenrl_verl.integrations.verl_omni_rollout import (
     pipeline_weights, sampling_dict, server_requests, shadow_transformer, stack_rollout, trajectory_rows)
 from digenrl_verl.models.pipeline_adapter import to_uint8
 from digenrl_verl.models.registry import read_model_index
+from digenrl_verl.workers.pools import BUNDLE_VAR
 
 ENGINE_NAME = "verl_omni_replica"
 KEY = f"actor_rollout_ref.rollout.name={ENGINE_NAME}"
@@ -142,8 +145,12 @@ def run_async(coro: Any) -> Any:
 
 
 def start_replica(cfg: ReplicaConfig) -> Any:
-    """verl-omni's `vLLMOmniReplica` for `cfg`, started standalone (`init_standalone`) on the Ray cluster this
-    process is connected to; RuntimeError naming what to set when Ray is not up or, on CPU, has no logical GPUs."""
+    """verl-omni's `vLLMOmniReplica` for `cfg`, started on this generator rank's own placement-group bundle, as
+    verl's colocated rollout mode starts a replica beside the processes of a resource pool
+    (`RolloutReplica.init_colocated` on `own_bundle_pool`): its `CheckpointEngineWorker` takes the other half of
+    the bundle's device, and verl-omni's server runs vLLM-Omni on that device (``CUDA_VISIBLE_DEVICES`` of the
+    worker). RuntimeError naming what to set when Ray is not up, this process is not on a bundle with a device, or,
+    on CPU, not in the logical-GPU mode."""
     import ray
     from verl_omni.workers.rollout.vllm_rollout.vllm_omni_async_server import vLLMOmniReplica
 
@@ -156,27 +163,35 @@ def start_replica(cfg: ReplicaConfig) -> Any:
         raise RuntimeError(f"{KEY} on CPU: the replica's devices are Ray's logical GPUs, and this process is not in "
                            f"their mode ({LOGICAL_GPUS_VAR}=1, which a run sets in its generators' environment when "
                            f"{REPLICAS_KEY}=true); start the generators through the run")
-    check_room(cfg)
+    pool = own_bundle_pool(cfg)
     rollout, model = replica_configs(cfg)
     replica = vLLMOmniReplica(cfg.replica_rank, rollout, model, gpus_per_node=cfg.tp)
-    run_async(replica.init_standalone())
+    # its actors' names are global in the Ray cluster: a rank's replacement (elastic pool) starts its own
+    replica.name_suffix = f"_{uuid.uuid4().hex[:6]}"
+    run_async(replica.init_colocated(pool))
     return replica
 
 
-def check_room(cfg: ReplicaConfig) -> None:
-    """RuntimeError naming what to give the Ray cluster when it has no room for the replica now: verl's standalone
-    pool asks one bundle {CPU: 2, GPU: 1} per device (`REPLICA_BUNDLE`) and waits for it without a timeout."""
-    import ray
+def own_bundle_pool(cfg: ReplicaConfig) -> Any:
+    """verl's `SubRayResourcePool` of this process's own bundle (`workers.pools.BUNDLE_VAR` in its placement group):
+    the replica's worker asks half of the bundle's GPU share (``max_colocate_count``), this process holds the
+    other half (`PoolSpec.hosts_replica`)."""
+    from ray.util.placement_group import get_current_placement_group
+    from verl.single_controller.ray.base import SubRayResourcePool
 
-    need = {k: v * cfg.tp for k, v in REPLICA_BUNDLE.items()}
-    free = ray.available_resources()
-    short = {k: f"{free.get(k, 0):g} free of {v:g} needed" for k, v in need.items() if free.get(k, 0) < v}
-    if short:
-        raise RuntimeError(f"{KEY}: the Ray cluster has no room for generator rank {cfg.replica_rank}'s replica "
-                           f"({short}; its pool takes {REPLICA_BUNDLE} per device, "
-                           "actor_rollout_ref.rollout.tensor_model_parallel_size devices). Give the Ray instance "
-                           "more CPUs / GPUs (on CPU Ray's logical GPUs: `ray start --num-gpus N --num-cpus M` for a "
-                           f"cluster given by RAY_ADDRESS; a run's own local instance gets them from {REPLICAS_KEY})")
+    pg, index = get_current_placement_group(), os.environ.get(BUNDLE_VAR)
+    gpus = pg.bundle_specs[int(index)].get("GPU", 0.0) if pg is not None and index is not None else 0.0
+    if not gpus:
+        raise RuntimeError(f"{KEY}: the replica shares its generator rank's placement-group bundle, and this process "
+                           f"is on none with a GPU share (placement group {pg}, {BUNDLE_VAR}={index}); start the "
+                           "generators through the run (their pool's bundles then hold the replicas' devices)")
+    if cfg.tp != 1:
+        raise RuntimeError(f"{KEY}: a replica of tensor_model_parallel_size={cfg.tp} spans {cfg.tp} devices, and a "
+                           "generator rank's bundle holds one; set actor_rollout_ref.rollout.tensor_model_parallel_size"
+                           "=1")
+    return SubRayResourcePool(placement_groups=[pg], start_bundle_index=int(index), subgroup_world_size=cfg.tp,
+                              process_on_nodes=[pg.bundle_count], use_gpu=True, max_colocate_count=round(2 / gpus),
+                              name_prefix=f"digenrl_replica_{cfg.replica_rank}_")
 
 
 def server_facts() -> dict:
@@ -328,7 +343,7 @@ def generator_rank() -> int:
 
 @ENGINES.register(ENGINE_NAME)
 class VerlOmniReplicaEngine(InPlaceWeights):
-    """Samples with one verl-omni standalone rollout replica (module docstring).
+    """Samples with one of verl-omni's rollout replicas, on this generator rank's own bundle (module docstring).
 
     Args:
         replica: the started `vLLMOmniReplica` (`start_replica`).

@@ -34,7 +34,7 @@ from verl.trainer.ppo.metric_utils import process_validation_metrics
 
 from digenrl_verl.diffusion.loss import LossStats
 from digenrl_verl.diffusion.rollout import RolloutConfig
-from digenrl_verl.engines.base import REPLICA_BUNDLE, VERL_OMNI_REPLICA
+from digenrl_verl.engines.base import VERL_OMNI_REPLICA
 from digenrl_verl.metric_names import METRICS as M
 from digenrl_verl.platform import process_env, select_cpu_platform
 from digenrl_verl.schedule.cost import CostProfiler
@@ -53,7 +53,8 @@ from digenrl_verl.weights.sync import CollectiveSpec, free_port
 from digenrl_verl.workers import roles
 from digenrl_verl.workers.training import TRAINING_ENGINES
 from digenrl_verl.workers.judge import JudgePool
-from digenrl_verl.workers.pools import PoolManager, PoolSpec, check_placeable, make_ray_pool, make_worker_group
+from digenrl_verl.workers.pools import (
+    BUNDLE_VAR, PoolManager, PoolSpec, check_placeable, make_ray_pool, make_worker_group)
 
 POOL_ROLE = {pool: role for role, pool in SCHEDULE_POOL_NAMES.items()}  # schedule pool name -> role
 
@@ -112,7 +113,7 @@ def _at(metric: str) -> int:
 
 
 def replica_devices(run: RunSpec) -> int:
-    """Ray's logical GPUs the generators of a CPU run take for verl-omni's standalone replicas
+    """Ray's logical GPUs the generators of a CPU run hold for verl-omni's replicas on their bundles
     (`trainer.digenrl.generator_replicas`: rollout engine ``verl_omni_replica``, one replica of TP 1 per generator
     rank); 0 for every other run."""
     if run.policy.engine.name != VERL_OMNI_REPLICA.name or run.policy.device != "cpu":
@@ -120,20 +121,36 @@ def replica_devices(run: RunSpec) -> int:
     return run.digenrl.pools[run.digenrl.generator_role].size
 
 
+def hosts_replicas(run: RunSpec, role: str) -> bool:
+    """Whether `role`'s ranks each start one of verl-omni's rollout replicas (rollout engine ``verl_omni_replica``,
+    one replica of TP 1 per generator rank), on their own bundle (`PoolSpec.hosts_replica`)."""
+    return run.policy.engine.name == VERL_OMNI_REPLICA.name and role == run.digenrl.generator_role
+
+
+def pool_spec(run: RunSpec, role: str, name: str, nodes: tuple[int, ...] | None = None) -> PoolSpec:
+    """The Ray resource pool of `role` (`trainer.digenrl.pools.<role>`), named `name`; `nodes`: workers per node
+    (default the pool's shape; a grown generator rank's own pool: (1,))."""
+    cfg = run.digenrl.pools[role]
+    return PoolSpec(name, nodes or (cfg.workers_per_node,) * cfg.nnodes, use_gpu=cfg.use_gpu,
+                    accelerator_type=cfg.accelerator_type, custom_resource=cfg.custom_resource,
+                    gpu_fraction=cfg.gpu_fraction, hosts_replica=hosts_replicas(run, role))
+
+
 def local_ray_resources(run: RunSpec) -> tuple[int, int | None]:
-    """(num_cpus, num_gpus) of the run's own local Ray instance: one CPU per pool worker and per replica of a judge
-    on its own pool (colocated replicas reserve none), at least 2; with verl-omni's replicas as the generators
-    (`replica_devices`), each adds verl's standalone pool bundle (`REPLICA_BUNDLE`: 2 CPUs and one logical GPU).
-    num_gpus None: Ray counts the host's GPUs."""
+    """(num_cpus, num_gpus) of the run's own local Ray instance: the CPUs of the pools' bundles and one per replica
+    of a judge on its own pool (colocated replicas reserve none), at least 2; with verl-omni's replicas as the
+    generators on a CPU host (`replica_devices`), the generator bundles' logical GPUs and one CPU more, which each
+    replica's server takes while Ray places it (it holds none once placed). num_gpus None: Ray counts the host's
+    GPUs."""
     d = run.digenrl
-    cpus = sum(d.pools[r].size for r in d.roles)
+    cpus = sum(pool_spec(run, r, r).bundle()["CPU"] * d.pools[r].size for r in d.roles)
     judge = run.reward.reward_model
     if judge is not None and judge.pool is not None and not judge.pool.colocated:
         cpus += judge.pool.replicas
     devices = replica_devices(run)
     if not devices:
-        return max(cpus, 2), None
-    return max(cpus, 2) + int(REPLICA_BUNDLE["CPU"]) * devices, int(REPLICA_BUNDLE["GPU"]) * devices
+        return max(int(cpus), 2), None
+    return max(int(cpus), 2) + 1, devices
 
 
 def worker_env(run: RunSpec, role: str) -> dict[str, str]:
@@ -255,10 +272,7 @@ class DigenRLTrainer:
         """One verl RayWorkerGroup per role on its own resource pool; then the shared process group."""
         d = self.run.digenrl
         self.run_id = run_id = uuid.uuid4().hex[:6]  # placement-group names are global in a Ray cluster
-        specs = {f"{r}_pool": PoolSpec(f"{r}_pool_{run_id}_", (d.pools[r].workers_per_node,) * d.pools[r].nnodes,
-                                       use_gpu=d.pools[r].use_gpu, accelerator_type=d.pools[r].accelerator_type,
-                                       custom_resource=d.pools[r].custom_resource,
-                                       gpu_fraction=d.pools[r].gpu_fraction) for r in d.roles}
+        specs = {f"{r}_pool": pool_spec(self.run, r, f"{r}_pool_{run_id}_") for r in d.roles}
         names = {("trainer" if r == "colocated" else r): f"{r}_pool" for r in d.roles}
         self.pool_manager = manager = PoolManager(specs, names)
         self.start_judge_pool(tuple(specs.values()))
@@ -343,21 +357,19 @@ class DigenRLTrainer:
                 rank % pool_cfg.workers_per_node
         else:
             if rank not in self.own_pools:
-                spec = PoolSpec(f"generator_pool_{self.run_id}_r{rank}_", (1,), use_gpu=pool_cfg.use_gpu,
-                                accelerator_type=pool_cfg.accelerator_type, custom_resource=pool_cfg.custom_resource,
-                                gpu_fraction=pool_cfg.gpu_fraction)
+                spec = pool_spec(self.run, "generator", f"generator_pool_{self.run_id}_r{rank}_", nodes=(1,))
                 check_placeable(spec, "generator")
                 self.own_pools[rank] = make_ray_pool(spec)
             pg, bundle = self.own_pools[rank].get_placement_groups(device_name=device)[0], 0
         cls = RayClassWithInitArgs(cls=ray.remote(self.worker_class("generator")), **self.worker_args("generator"))
         env = {"WORLD_SIZE": str(max(wg.world_size, rank + 1)), "RANK": str(rank), "WG_BACKEND": "ray",
                "WG_PREFIX": f"digenrl_generator_{self.run_id}", "RAY_LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": str(wg.master_address), "MASTER_PORT": str(wg.master_port),
+               "MASTER_ADDR": str(wg.master_address), "MASTER_PORT": str(wg.master_port), BUNDLE_VAR: str(bundle),
                **worker_env(self.run, "generator")}
         cls.update_options({"runtime_env": {"env_vars": env},
                             "name": f"digenrl_generator_{self.run_id}_r{rank}_{uuid.uuid4().hex[:4]}"})
         return cls(placement_group=pg, placement_group_bundle_idx=bundle, use_gpu=pool_cfg.use_gpu,
-                   num_gpus=pool_cfg.gpu_fraction, device_name=device)
+                   num_gpus=pool_spec(self.run, "generator", "").worker_gpus, device_name=device)
 
     def stop_generator(self, rank: int, actor) -> None:
         """Stop a generator actor; a grown rank's own placement group goes back to the cluster."""

@@ -10,6 +10,12 @@ run then fit on one GPU (each bundle asks for that fraction, each worker `num_gp
 both the same device). Pools that share a device cannot use NCCL between them (NCCL refuses two ranks on
 one GPU): their collectives must use gloo.
 
+A generator pool whose ranks each start a rollout replica (`hosts_replica`: verl-omni's replicas as the generators)
+shares every bundle between the rank and its replica, as verl's colocated rollout mode shares a hybrid engine's
+bundle (`RolloutReplica.init_colocated`): the bundle holds the device (on a CPU host one of Ray's logical GPUs), the
+rank's worker takes half of it, the replica's worker the other half (`integrations.verl_omni_replica`), and one more
+CPU is there for verl's port-finding task on the bundle. Each worker finds its bundle in ``DIGENRL_PG_BUNDLE``.
+
 A pool may also name an accelerator type (Ray `accelerator_type`, GPU only) or a custom Ray resource
 (any machine): each bundle then asks for a sliver of that resource, so heterogeneous clusters place the
 generator and trainer pools on the nodes that advertise it.
@@ -25,6 +31,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from verl.single_controller.ray.base import RayResourcePool, RayWorkerGroup
 
 ROLES = ("generator", "trainer", "reward")
+#: a pool worker's bundle index in its placement group (its replica's bundle: `PoolSpec.hosts_replica`)
+BUNDLE_VAR = "DIGENRL_PG_BUNDLE"
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,9 @@ class PoolSpec:
         use_gpu: one GPU per worker process when True.
         accelerator_type: Ray accelerator type for GPU pools (e.g. "H100"), or None.
         custom_resource: a Ray custom resource every bundle must hold (heterogeneous placement), or None.
-        gpu_fraction: GPUs per worker process when use_gpu (1, or 1/k for an integer k to share a device).
+        gpu_fraction: GPUs per bundle when use_gpu (1, or 1/k for an integer k to share a device).
+        hosts_replica: each bundle also holds its rank's rollout replica (module docstring): the bundle has a GPU
+            share even on CPU (Ray's logical GPU) and 2 CPUs, and the rank's worker takes half of the GPU share.
     """
 
     name: str
@@ -46,6 +56,7 @@ class PoolSpec:
     accelerator_type: str | None = None
     custom_resource: str | None = None
     gpu_fraction: float = 1.0
+    hosts_replica: bool = False
 
     def __post_init__(self) -> None:
         k = 1.0 / self.gpu_fraction if self.gpu_fraction > 0 else 0.0
@@ -62,13 +73,18 @@ class PoolSpec:
     def world_size(self) -> int:
         return sum(self.process_on_nodes)
 
+    @property
+    def worker_gpus(self) -> float:
+        """GPUs a worker process of this pool asks of its bundle (half of it when the bundle hosts a replica)."""
+        return self.gpu_fraction / 2 if self.hosts_replica else self.gpu_fraction
+
     def bundle(self) -> dict[str, float]:
         """The Ray placement bundle of one worker of this pool."""
-        out: dict[str, float] = {"CPU": 1}
-        if self.use_gpu:
+        out: dict[str, float] = {"CPU": 2 if self.hosts_replica else 1}
+        if self.use_gpu or self.hosts_replica:
             out["GPU"] = self.gpu_fraction
-            if self.accelerator_type:
-                out[f"accelerator_type:{self.accelerator_type}"] = 1e-3
+        if self.use_gpu and self.accelerator_type:
+            out[f"accelerator_type:{self.accelerator_type}"] = 1e-3
         if self.custom_resource:
             out[self.custom_resource] = 1e-3
         return out
@@ -125,11 +141,12 @@ def check_placeable(spec: PoolSpec, role: str) -> None:
 
 def pool_needs(spec: PoolSpec) -> dict[str, float]:
     """The Ray resources a pool's placement groups take, in all."""
-    needs = {"CPU": float(spec.world_size)}
-    if spec.use_gpu:
-        needs["GPU"] = float(spec.world_size) * spec.gpu_fraction
-        if spec.accelerator_type:
-            needs[f"accelerator_type:{spec.accelerator_type}"] = 1e-3
+    bundle = spec.bundle()
+    needs = {"CPU": float(spec.world_size) * bundle["CPU"]}
+    if "GPU" in bundle:
+        needs["GPU"] = float(spec.world_size) * bundle["GPU"]
+    if spec.use_gpu and spec.accelerator_type:
+        needs[f"accelerator_type:{spec.accelerator_type}"] = 1e-3
     if spec.custom_resource:
         needs[spec.custom_resource] = 1e-3 * spec.world_size
     return needs
@@ -145,7 +162,8 @@ def make_ray_pool(spec: PoolSpec):
     """A verl `RayResourcePool` for `spec`, with custom resources added to its bundles when asked."""
     class _Pool(RayResourcePool):
         def get_placement_groups(self, strategy="STRICT_PACK", name=None, device_name="cuda"):
-            if self.pgs is not None or (spec.custom_resource is None and spec.bundle().get("GPU", 1) == 1):
+            if self.pgs is not None or (spec.custom_resource is None and not spec.hosts_replica
+                                        and spec.bundle().get("GPU", 1) == 1):
                 return super().get_placement_groups(strategy=strategy, name=name, device_name=device_name)
             bundle = spec.bundle()
             pgs = [
@@ -161,7 +179,7 @@ def make_ray_pool(spec: PoolSpec):
         use_gpu=spec.use_gpu,
         name_prefix=spec.name,
         # verl gives each worker num_gpus = 1 / max_colocate_count (a fraction of the device when shared)
-        max_colocate_count=round(1 / spec.gpu_fraction) if spec.use_gpu else 1,
+        max_colocate_count=round(1 / spec.worker_gpus) if spec.use_gpu else 1,
         accelerator_type=spec.accelerator_type if spec.use_gpu else None,
     )
 
@@ -174,11 +192,16 @@ def make_worker_group(resource_pool, ray_cls_with_init, *, name_prefix: str, dev
 
     verl's `RayWorkerGroup` takes `master_addr` / `master_port` keyword arguments but its base class's `__init__`
     resets both to None before the workers start, so verl always runs its port-finding task; this subclass keeps
-    the given address."""
+    the given address. Each worker's environment also names its bundle (`BUNDLE_VAR`)."""
     class _WorkerGroup(RayWorkerGroup):
         def __init__(self, **kwargs) -> None:
             self._given_rendezvous = rendezvous  # before super().__init__: it starts the workers
             super().__init__(**kwargs)
+
+        def _create_worker(self, rank, pg_idx, pg, local_rank, resource_pool, ray_cls_with_init, worker_env,
+                           detached):
+            env = {**(worker_env or {}), BUNDLE_VAR: str(local_rank)}
+            super()._create_worker(rank, pg_idx, pg, local_rank, resource_pool, ray_cls_with_init, env, detached)
 
         def _get_master_addr_port(self, pg, bundle_index=0, master_port_range=None):
             if self._given_rendezvous is None:

@@ -1,10 +1,13 @@
 """`trainer.digenrl.generator_replicas` with `rollout.name=vllm_omni` (what verl-omni's scripts set): verl-omni's
-standalone rollout replicas as the generators (rollout engine ``verl_omni_replica``) or its rollout pipeline in each
-generator's process (``verl_omni``, CPU only). null (default) = auto: replicas on CUDA, the pipeline on CPU.
+rollout replicas as the generators, each on its generator rank's own bundle and device (rollout engine
+``verl_omni_replica``), or its rollout pipeline in each generator's process (``verl_omni``, CPU only). null
+(default) = auto: replicas on CUDA, the pipeline on CPU.
 
 * The run plans it, a dry run as a real run: the engine, the key in plan.json, a decision saying what it chose.
-* The run gives the replicas of a CPU run their resources itself: its local Ray instance one logical GPU and 2 more
-  CPUs per generator rank (`local_ray_resources`), its generators' processes Ray's logical-GPU mode (`worker_env`);
+* A generator rank and its replica share the rank's bundle (`pool_spec`: the bundle holds the device, the rank's
+  worker asks half of it): one GPU per generator rank on CUDA, the replica included.
+* The run gives the replicas of a CPU run their resources itself: its local Ray instance one logical GPU and one more
+  CPU per generator bundle (`local_ray_resources`), its generators' processes Ray's logical-GPU mode (`worker_env`);
   nothing for a run without replicas.
 * Refused before any worker starts, naming the key and the fix: false on CUDA; a model the replicas cannot serve;
   a real run without verl-omni.
@@ -27,7 +30,7 @@ from digenrl_verl.main import TINY_CPU, compose
 from digenrl_verl.models import build_tiny_model_dir
 from digenrl_verl.platform.cpu import LOGICAL_GPUS_VAR
 from digenrl_verl.trainer.config import build_run
-from digenrl_verl.trainer.runner import local_ray_resources, worker_env
+from digenrl_verl.trainer.runner import local_ray_resources, pool_spec, worker_env
 
 A = "actor_rollout_ref"
 KEY = "trainer.digenrl.generator_replicas"
@@ -60,10 +63,13 @@ def test_the_key_plans_the_replicas_and_gives_them_ray_resources(wan_dir, verl_o
     assert spec.policy.engine.name == "verl_omni_replica"
     assert spec.plan()["config"][KEY] is True
     said = [d for d in spec.decisions if d.startswith(f"{A}.rollout.name=vllm_omni on CPU ({KEY}=true)")]
-    assert len(said) == 1 and "one logical GPU and 2 more CPUs per generator rank" in said[0], spec.decisions
+    assert len(said) == 1 and "on its own placement-group bundle" in said[0], spec.decisions
+    assert "logical GPU (the run's own local Ray instance gets one per generator rank" in said[0]
     assert "engines: generation verl_omni_replica" in spec.describe()
-    # 1 trainer + 2 generator workers, and per generator rank verl's standalone replica bundle {CPU: 2, GPU: 1}
-    assert local_ray_resources(spec) == (3 + 2 * 2, 2)
+    # 1 trainer bundle {CPU: 1}, 2 generator bundles {CPU: 2, GPU: 1} (rank + replica), 1 CPU to place the servers
+    assert pool_spec(spec, "generator", "g").bundle() == {"CPU": 2, "GPU": 1.0}
+    assert pool_spec(spec, "trainer", "t").bundle() == {"CPU": 1}
+    assert local_ray_resources(spec) == (1 + 2 * 2 + 1, 2)
     assert worker_env(spec, "generator")[LOGICAL_GPUS_VAR] == "1"
     assert LOGICAL_GPUS_VAR not in worker_env(spec, "trainer")
 
@@ -106,7 +112,8 @@ def test_a_cuda_run_takes_verl_omnis_replicas_and_says_so_in_plan_json(wan_dir, 
                      f"trainer.digenrl.output_dir={tmp_path}")
     assert spec.policy.device == "cuda" and spec.policy.engine.name == "verl_omni_replica"
     said = [d for d in spec.decisions if d.startswith(f"{A}.rollout.name=vllm_omni on CUDA ({KEY}=auto)")]
-    assert len(said) == 1 and "standalone rollout replicas" in said[0], spec.decisions
+    assert len(said) == 1 and "on its own placement-group bundle" in said[0], spec.decisions
+    assert "its device is the rank's own GPU" in said[0]
     plan = spec.plan()
     assert plan["config"][KEY] is None and any(d.startswith(f"{A}.rollout.name=vllm_omni on CUDA ({KEY}=auto)")
                                                for d in plan["decisions"]), plan["decisions"]
@@ -114,6 +121,23 @@ def test_a_cuda_run_takes_verl_omnis_replicas_and_says_so_in_plan_json(wan_dir, 
     assert local_ray_resources(spec)[1] is None and LOGICAL_GPUS_VAR not in worker_env(spec, "generator")
     explicit, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, *CUDA, f"{KEY}=true")
     assert explicit.policy.engine.name == "verl_omni_replica"
+
+
+def test_on_cuda_a_generator_rank_and_its_replica_share_one_gpu(wan_dir):
+    """The generator rank's bundle holds one GPU; the rank's worker asks half of it (verl's worker group:
+    max_colocate_count 2), the replica's worker the other half (`own_bundle_pool`). The pool asks one GPU per
+    generator rank, not two; the trainer pool and a run without replicas are as before."""
+    from digenrl_verl.workers.pools import make_ray_pool, pool_needs
+
+    spec, _ = _build(wan_dir, f"{A}.rollout.name=vllm_omni", *DISAGGREGATED, *CUDA)
+    gen = pool_spec(spec, "generator", "g")
+    assert gen.hosts_replica and gen.bundle() == {"CPU": 2, "GPU": 1.0} and gen.worker_gpus == 0.5
+    assert pool_needs(gen) == {"CPU": 2.0 * gen.world_size, "GPU": 1.0 * gen.world_size}
+    assert make_ray_pool(gen).max_colocate_count == 2
+    trainer = pool_spec(spec, "trainer", "t")
+    assert not trainer.hosts_replica and trainer.worker_gpus == 1.0 and trainer.bundle() == {"CPU": 1, "GPU": 1.0}
+    plain, _ = _build(wan_dir, f"{A}.rollout.name=diffusers", *DISAGGREGATED, *CUDA)
+    assert pool_spec(plain, "generator", "g").worker_gpus == 1.0
 
 
 def test_in_process_pipeline_on_cuda_is_refused_naming_the_key(wan_dir):

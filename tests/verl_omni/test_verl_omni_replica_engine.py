@@ -1,11 +1,14 @@
-"""The rollout engine ``verl_omni_replica`` (issue 29 item 2): a generator's samples from verl-omni's own standalone
-rollout replica (`vLLMOmniReplica.init_standalone` -> `vLLMOmniHttpServer` -> vLLM-Omni's `AsyncOmni` -> its spawned
-diffusion worker), built by `ENGINES` from a `PolicySpec` inside a Ray actor, as a generator worker holds it (the
-replica's placement group, worker group and server started from that actor), in a fresh interpreter with Ray's
-logical GPUs as the device slots (`_replica_child.py`, engine mode).
+"""The rollout engine ``verl_omni_replica`` (issue 29 item 2): a generator's samples from verl-omni's own rollout
+replica (`vLLMOmniReplica.init_colocated` -> `vLLMOmniHttpServer` -> vLLM-Omni's `AsyncOmni` -> its spawned
+diffusion worker), built by `ENGINES` from a `PolicySpec` inside a Ray actor on a generator pool's bundle, as a
+generator worker holds it (the replica's worker group and server started from that actor), in a fresh interpreter
+with Ray's logical GPUs as the device slots (`_replica_child.py`, engine mode).
 
 * A real replica: verl-omni's server actor on the package's CPU platform, one spawned vLLM-Omni diffusion worker, no
   in-process harness in the server's process nor in the engine's actor.
+* On the generator's own device: verl's colocated rollout mode, the replica's worker in the generator's placement
+  group, in a Ray instance with one GPU, which the generator's bundle holds (a replica asking for a device of its
+  own, as `init_standalone` does, would wait for it forever).
 * Its `Rollout` for the rows equals the in-process ``verl_omni`` engine's (same requests, verl-omni's per-rollout
   seeds): latents, log-probs <= 1e-5; σ, step indices and versions equal; the decoded samples within one uint8
   level (fp32 rounding in another process).
@@ -85,6 +88,8 @@ def test_the_replica_engine_samples_what_the_in_process_engine_samples(run):
     got, refs = run
     server = got["server"]
     assert got["replica"] == "vLLMOmniReplica" and not got["harness_here"], got
+    assert got["mode"] == "colocated" and got["cluster_gpus"] == 1.0, got  # the generator's bundle holds the GPU
+    assert got["worker_pgs"] == [got["host_pg"]], got  # the replica's worker on the generator's own bundle
     assert server["platform"] == "CpuOmniPlatform" and not server["harness_imported"], server
     workers = [name for name in server["workers"] if name.startswith("vLLM-Omni::DiffusionWorker")]
     assert len(workers) == 1, server["workers"]
@@ -134,7 +139,8 @@ def test_vllm_omni_chooses_the_replicas_on_cuda_and_the_pipeline_on_cpu_unless_t
     assert name == "verl_omni" and said[-1].startswith(f"actor_rollout_ref.rollout.name=vllm_omni on CPU ({key}=auto)")
     assert f"{key}=true starts verl-omni's replicas" in said[-1]
     name, said = _choice(generator_replicas=True)
-    assert name == "verl_omni_replica" and "standalone rollout replicas" in said[-1] and f"({key}=true)" in said[-1]
+    assert name == "verl_omni_replica" and f"({key}=true)" in said[-1]
+    assert "on its own placement-group bundle" in said[-1]
     assert _choice(generator_replicas=True, dry_run=True)[0] == "verl_omni_replica"
     name, said = _choice("cuda")
     assert name == "verl_omni_replica" and said[-1].startswith(f"actor_rollout_ref.rollout.name=vllm_omni on CUDA "
@@ -144,19 +150,30 @@ def test_vllm_omni_chooses_the_replicas_on_cuda_and_the_pipeline_on_cpu_unless_t
         _choice("cuda", generator_replicas=False)
 
 
-def test_no_room_for_the_replica_is_refused_before_verl_waits_for_it(monkeypatch):
-    """verl's standalone pool waits for its placement group without a timeout (a run with every CPU of its Ray
-    instance in the package's pools waited 20 minutes); the engine refuses first, naming what is short."""
+def test_a_replica_outside_a_generator_bundle_is_refused_naming_the_fix(ray_session, monkeypatch):
+    """The replica shares its generator rank's bundle; a process on none (or on a bundle without a GPU share) is told
+    to start the generators through the run, before verl places anything."""
     import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from digenrl_verl.integrations.verl_omni_replica import ReplicaConfig, check_room
+    from digenrl_verl.integrations.verl_omni_replica import ReplicaConfig, own_bundle_pool
+    from digenrl_verl.workers.pools import BUNDLE_VAR
 
     cfg = ReplicaConfig(model="m", algorithm="dance_grpo", height=32, width=32, steps=4)
-    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 1.0, "GPU": 1.0})
-    with pytest.raises(RuntimeError, match=r"no room .*'CPU': '1 free of 2 needed'"):
-        check_room(cfg)
-    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
-    check_room(cfg)
+    monkeypatch.delenv(BUNDLE_VAR, raising=False)
+    with pytest.raises(RuntimeError, match="on none with a GPU share .*start the generators through the run"):
+        own_bundle_pool(cfg)
+    pg = placement_group([{"CPU": 1}])
+    ray.get(pg.ready())
+    try:
+        probe = ray.remote(lambda: own_bundle_pool(cfg)).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0),
+            runtime_env={"env_vars": {BUNDLE_VAR: "0"}})
+        with pytest.raises(ray.exceptions.RayTaskError, match="on none with a GPU share"):
+            ray.get(probe.remote())
+    finally:
+        remove_placement_group(pg)
 
 
 @pytest.mark.parametrize("arch", ["WanPipeline", "QwenImagePipeline", "StableDiffusion3Pipeline"])

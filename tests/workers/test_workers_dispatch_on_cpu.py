@@ -1,4 +1,5 @@
-"""GAP-aware splitting and gathering of a step's DataProto (no Ray needed)."""
+"""GAP-aware splitting and gathering of a step's DataProto (no Ray needed); the pools' bundles and what each worker
+knows of its own."""
 
 import numpy as np
 import pytest
@@ -57,3 +58,44 @@ def test_a_pool_the_cluster_cannot_place_fails_fast_naming_it(ray_session):
     manager = PoolManager({"g": PoolSpec("g", (1,), custom_resource="no_such_kind")}, {"generator": "g"})
     with pytest.raises(ValueError, match="trainer.digenrl.pools.generator.*no_such_kind"):
         manager.pool_for("generator")
+
+
+def test_each_pool_worker_knows_its_bundle_the_one_its_replica_shares(ray_session):
+    """`make_worker_group` tells each worker its placement-group bundle (`BUNDLE_VAR`, verl's local rank there):
+    a generator rank starts its rollout replica on that bundle (`PoolSpec.hosts_replica`)."""
+    import os
+
+    import ray
+    from ray.util.placement_group import remove_placement_group
+    from verl.single_controller.base import Worker
+    from verl.single_controller.ray.base import RayClassWithInitArgs
+
+    from digenrl_verl.workers.pools import BUNDLE_VAR, PoolSpec, make_ray_pool, make_worker_group
+
+    class _Probe(Worker):  # defined here: Ray ships it by value
+        def where(self) -> tuple[str, str]:
+            return os.environ[BUNDLE_VAR], ray.get_runtime_context().get_placement_group_id()
+
+    pool = make_ray_pool(PoolSpec("bundle_probe_", (2,)))
+    wg = make_worker_group(pool, RayClassWithInitArgs(cls=ray.remote(_Probe)), name_prefix="bundle_probe",
+                           device_name="cpu")
+    try:
+        got = ray.get([w.where.remote() for w in wg.workers])
+    finally:
+        for w in wg.workers:
+            ray.kill(w)
+        for pg in pool.pgs or []:
+            remove_placement_group(pg)
+    assert [b for b, _ in got] == ["0", "1"] and {pg for _, pg in got} == {pool.pgs[0].id.hex()}, got
+
+
+def test_a_bundle_that_hosts_a_replica_holds_the_device_and_halves_the_workers_share():
+    from digenrl_verl.workers.pools import PoolSpec, make_ray_pool, pool_needs
+
+    cpu = PoolSpec("g", (2,), hosts_replica=True)  # CPU: the device is one of Ray's logical GPUs
+    assert cpu.bundle() == {"CPU": 2, "GPU": 1.0} and pool_needs(cpu) == {"CPU": 4.0, "GPU": 2.0}
+    shared = PoolSpec("g", (1,), use_gpu=True, gpu_fraction=0.5, hosts_replica=True)
+    assert shared.bundle() == {"CPU": 2, "GPU": 0.5} and shared.worker_gpus == 0.25
+    assert make_ray_pool(shared).max_colocate_count == 4
+    plain = PoolSpec("g", (1,), use_gpu=True)
+    assert plain.bundle() == {"CPU": 1, "GPU": 1.0} and plain.worker_gpus == 1.0

@@ -362,47 +362,70 @@ TWIN_EXTRA = ("actor_rollout_ref.rollout.name=vllm_omni", "actor_rollout_ref.rol
               "trainer.digenrl.tag.static_k=1")
 
 
+#: the twin whose generators run on verl-omni's rollout replicas (the CUDA default; on CPU with the key below)
+TWIN_ON_REPLICAS = "wan22_dancegrpo"
+REPLICAS = "trainer.digenrl.generator_replicas"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(TWINS) - {TWIN_RUN_ELSEWHERE}))
 def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp_path):
-    """verl-omni's script as written (`rollout.name=vllm_omni`; SD3.5 LoRA with cps, Qwen-Image LoRA, Wan2.2
-    DanceGRPO full fine-tune, each with an SDE window), its blockers switched off but trainer.use_v1, its `tiny`
-    sizes, one generator and one trainer CPU worker from verl-omni's layout keys, through `python -m <its entry
-    point>`: v1 with `trainer.v1.trainer_mode=digenrl` (verl-omni's own task runner builds our trainer), v0 with
-    `trainer.trainer_class=digenrl`. The generators sample with verl-omni's own registered rollout pipeline, built by
-    vLLM-Omni's loader in the generator process (rollout engine verl_omni); the trainer pool (verl-omni's actor
-    worker) trains one real step on those samples; the new weights reach the pipeline (the run ends with the
-    generator at version 1); the TAG micro-batch runs on the trainer rank's own copy of the pipeline; the checkpoint
-    is in verl-omni's layout and verl-omni's stock worker resumes it. (The package's diffusers generators under
-    verl-omni's actor worker: `test_the_trainer_pool_runs_verl_omnis_worker_at_world_size_2`; the Qwen-Image twin:
-    TWIN_RUN_ELSEWHERE.)"""
+    """verl-omni's script as written (`rollout.name=vllm_omni`; SD3.5 LoRA with cps, Wan2.2 DanceGRPO full fine-tune,
+    each with an SDE window), its blockers switched off but trainer.use_v1, its `tiny` sizes, one generator and one
+    trainer CPU worker from verl-omni's layout keys, through `python -m <its entry point>`: v1 with
+    `trainer.v1.trainer_mode=digenrl` (verl-omni's own task runner builds our trainer), v0 with
+    `trainer.trainer_class=digenrl`. SD3.5's generators sample with verl-omni's own registered rollout pipeline,
+    built by vLLM-Omni's loader in the generator process (rollout engine verl_omni, the CPU default), and its TAG
+    micro-batch runs on the trainer rank's own copy of that pipeline. Wan2.2's (TWIN_ON_REPLICAS,
+    `generator_replicas=true`, what CUDA runs by default) sample on one of verl-omni's rollout replicas started on
+    the generator rank's own bundle (`init_colocated`: its server, AsyncOmni and a spawned diffusion worker, in a
+    Ray instance with one logical GPU, which the generator's bundle holds), and the trainer rank samples its TAG
+    micro-batch with its own diffusers engine. Either way the trainer pool (verl-omni's actor worker) trains one
+    real step on those samples; the new weights reach the generator (the run ends with it at version 1); the
+    checkpoint is in verl-omni's layout and verl-omni's stock worker resumes it. (The package's diffusers generators
+    under verl-omni's actor worker: `test_the_trainer_pool_runs_verl_omnis_worker_at_world_size_2`; the Qwen-Image
+    twin: TWIN_RUN_ELSEWHERE.)"""
     entry = TWINS[name]
     plus = "+" if entry.endswith("_v1") else ""
-    argv = _twin_argv(name, tmp_path, extra=tuple(e if e.startswith("actor_") else plus + e for e in TWIN_EXTRA))
-    check_twin_run(name, _run_twin(entry, argv, tmp_path), tmp_path / "run", argv, tmp_path, steps=1)
+    replicas = (f"{REPLICAS}=true",) if name == TWIN_ON_REPLICAS else ()
+    argv = _twin_argv(name, tmp_path, extra=tuple(e if e.startswith("actor_") else plus + e
+                                                  for e in (*TWIN_EXTRA, *replicas)))
+    check_twin_run(name, _run_twin(entry, argv, tmp_path), tmp_path / "run", argv, tmp_path, steps=1,
+                   replicas=bool(replicas))
 
 
-def check_twin_run(name: str, text: str, out: Path, argv: list[str], tmp_path: Path, steps: int) -> None:
+def check_twin_run(name: str, text: str, out: Path, argv: list[str], tmp_path: Path, steps: int,
+                   replicas: bool = False) -> None:
     """A twin's run (console `text`, output folder `out`) of `steps` steps: handed over by verl-omni's entry point,
-    generators on verl-omni's rollout pipeline, real updates, every worker at the last version, TAG on the hybrid
-    pipeline, verl-omni's stock worker resuming its last checkpoint."""
+    generators on verl-omni's rollout pipeline (`replicas`: on its rollout replicas), real updates, every worker at
+    the last version, TAG on the hybrid pipeline (`replicas`: on the trainer's diffusers engine), verl-omni's stock
+    worker resuming its last checkpoint."""
     entry = TWINS[name]
     _check_handed_over(text, entry.endswith("_v1"))
-    assert ("actor_rollout_ref.rollout.name=vllm_omni on CPU (trainer.digenrl.generator_replicas=auto): the "
-            "generators sample with verl-omni's own") in text
-    assert "engines: generation verl_omni" in text
+    if replicas:
+        assert (f"actor_rollout_ref.rollout.name=vllm_omni on CPU ({REPLICAS}=true): each of the 1 generator ranks "
+                "starts one of verl-omni's rollout replicas on its own placement-group bundle") in text
+        assert "engines: generation verl_omni_replica" in text
+    else:
+        assert (f"actor_rollout_ref.rollout.name=vllm_omni on CPU ({REPLICAS}=auto): the generators sample with "
+                "verl-omni's own") in text
+        assert "engines: generation verl_omni " in text
     written = json.loads((out / "summary.json").read_text())
     summary, workers = written["summary"], written["workers"]
     lines = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "summary" not in m]
     trained = [m for m in lines if "actor/grad_norm" in m]  # training steps (validation lines are apart)
-    print(f"{name} via {entry} on verl-omni's rollout pipeline: summary {json.dumps(summary)}")
+    print(f"{name} via {entry} on verl-omni's rollout {'replica' if replicas else 'pipeline'}: summary "
+          f"{json.dumps(summary)}")
     print(f"{name} via {entry}: metrics lines {json.dumps(lines)}")
     assert summary["mode"] == "disaggregated" and summary["steps"] == steps and len(trained) == steps
     assert all(m["actor/grad_norm"] > 0 for m in trained)  # real updates
     assert summary["samples"] == 4 * steps  # tiny: 2 prompts x n=2 a step
     assert sorted(w["worker"] for w in workers) == ["gen:0", "trn:0"]
     assert {w["version"] for w in workers} == {steps}
-    _check_tag_on_the_hybrid_pipeline(text, out)
+    if replicas:
+        assert "trainer ranks generate their TAG micro-batches with their own diffusers engine" in text
+    else:
+        _check_tag_on_the_hybrid_pipeline(text, out)
     _check_host_resumes(out / "checkpoints", argv, tmp_path, steps)
 
 

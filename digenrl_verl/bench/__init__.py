@@ -12,4 +12,5 @@ BENCHMARKS: dict[str, str] = {
     "driver": "digenrl_verl.bench.driver",
     "tcss": "digenrl_verl.bench.tcss",
     "global_std": "digenrl_verl.bench.global_std",
+    "rollout": "digenrl_verl.bench.rollout",
 }

@@ -239,7 +239,7 @@ VERL_OMNI_VLLM_PIN = "0.27.0"
 VERL_OMNI_VLLM_OMNI_PIN = "0.27.0rc1"
 
 ENGINES = EngineRegistry()
-DIFFUSERS = ENGINES.declare(EngineEntry("diffusers"))
+DIFFUSERS = ENGINES.declare(EngineEntry("diffusers", module="digenrl_verl.engines.diffusers"))
 #: what verl-omni's scripts set: verl-omni's own rollout, which the config resolves to one of the two engines below
 #: (`config.verl_omni.generator_engine_name`, ``trainer.digenrl.generator_replicas``); no class is bound to it
 VLLM_OMNI = ENGINES.declare(EngineEntry(

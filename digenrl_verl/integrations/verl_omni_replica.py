@@ -365,6 +365,7 @@ class VerlOmniReplicaEngine(InPlaceWeights):
         self.architecture = read_model_index(spec.model_path)["_class_name"]
         self.sampling = sampling_dict(spec, VERL_OMNI_SDE_KINDS[spec.rollout.sde_type][1])
         self._updates = itertools.count()
+        self.replicas_started = 1  # and one more per replacement (`replace_replica`)
         self.weights_received()  # the replica holds exactly the shadow's weights from the start (LoRA merged)
 
     @classmethod
@@ -390,7 +391,17 @@ class VerlOmniReplicaEngine(InPlaceWeights):
         return server_requests(self.prompt_pipe, self.architecture, self.spec, self.sampling, rows)
 
     def generate(self, rows: RolloutRows) -> Rollout:
-        outputs = serve(self.server, self.server_requests(rows))
+        """The rows' samples from the replica; if one of its actors has died (the server, or the worker holding its
+        device), a new replica on the same bundle with the weights this engine holds, and the rows again: the same
+        requests and seeds draw the same samples, so nothing is lost (`replace_replica`, once per call)."""
+        from ray.exceptions import RayActorError
+
+        requests = self.server_requests(rows)
+        try:
+            outputs = serve(self.server, requests)
+        except RayActorError as e:
+            self.replace_replica(e)
+            outputs = serve(self.server, requests)
         for o in outputs:
             if o.log_probs is None or "all_latents" not in o.extra_fields:
                 raise RuntimeError(f"verl-omni's replica returned no trajectory (stop reason {o.stop_reason!r})")
@@ -412,9 +423,22 @@ class VerlOmniReplicaEngine(InPlaceWeights):
                          update_id=f"digenrl-{next(self._updates)}")
         ray.get(self.server.clear_kv_cache.remote())
 
+    def replace_replica(self, cause: BaseException) -> None:
+        """Stop what is left of the replica (its half of the bundle's device is freed with its worker), start a new
+        one on the same bundle (`start_replica`) and hand it the weights of the version this engine holds."""
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "generator rank %d: verl-omni's replica lost an actor (%s); starting a new one on the rank's bundle at "
+            "version %d", self.config.replica_rank, type(cause).__name__, self.version)
+        self.shutdown()
+        self.replica = start_replica(self.config)
+        self.replicas_started += 1
+        self.weights_received()
+
     def shutdown(self) -> None:
         """Stop the replica's server and worker actors (their diffusion workers exit with them)."""
         import ray
 
         for actor in [*self.replica.servers, *self.replica.workers]:
-            ray.kill(actor)
+            ray.kill(actor, no_restart=True)

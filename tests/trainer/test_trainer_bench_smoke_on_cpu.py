@@ -99,6 +99,15 @@ def _check_global_std(out: dict) -> None:
     assert out["summary"]["barrier_over_deferred"] > 0 and out["runs"][1]["update_overlap"] == 0.0
 
 
+def _check_rollout(out: dict) -> None:
+    """The package's own engine (the main suite has no verl-omni; the tier runs verl-omni's engines against each other:
+    tests/verl_omni/test_verl_omni_replica_engine.py)."""
+    assert out["bench"] == "rollout" and out["baseline"] == "diffusers" and out["within_tolerance"] is None
+    [row] = out["rows"]
+    assert row["engine"] == "diffusers" and row["start_s"] > 0 and row["samples_per_s"] > 0 and row["update_s"] > 0
+    assert len(row["round_s"]) == 1 and out["parity"] == {} and out["speedup"] == {}
+
+
 SMOKE: dict[str, Smoke] = {
     "tsp": Smoke(("--repeats", "1", "--no-memory"), _check_tsp),
     "bts": Smoke(("--repeat", "1"), _check_bts, timeout_s=120),
@@ -109,6 +118,8 @@ SMOKE: dict[str, Smoke] = {
     "tcss": Smoke(("--pairs", "2x2:0", "--arms", "on,clip", "--steps", "6"), _check_tcss, timeout_s=900),
     "global_std": Smoke(("--rounds", "1", "--steps", "2", "--warmup", "1", "--prompts", "2", "--n", "2"),
                         _check_global_std, timeout_s=900),
+    "rollout": Smoke(("--engines", "diffusers", "--rounds", "1", "--samples", "2", "--steps", "3"), _check_rollout,
+                     timeout_s=300),
 }
 
 

@@ -18,13 +18,6 @@ job.pkl: {"model": dir, "algorithm": verl-omni's algorithm name, "height", "step
           checkpoint engine after the first round, then the second round}
 out.pt: {"start_s", "generate_s", "server": {"platform", "harness_imported", "workers"}, "outputs": [{"latents",
          "log_probs", "timesteps"} per request], "updated": the same for the second round}
-
-Or, for tests/verl_omni/test_verl_omni_replica_engine.py, the rollout engine ``verl_omni_replica`` (which starts the
-same replica on the generator's own bundle, `init_colocated`, with the package's helpers,
-`integrations.verl_omni_replica`) in a Ray actor on a generator bundle, as a generator holds it:
-job.pkl: {"engine": its PolicySpec, "steps": [("generate", RolloutRows) | ("hand_over", state, version)]}
-out.pt: {"start_s", "replica", "mode", "host_pg", "worker_pgs", "cluster_gpus", "server", "harness_here",
-         "steps": [{"kind", "out": the Rollout or None, "s"}]}
 """
 
 from __future__ import annotations
@@ -100,65 +93,6 @@ async def _update_through_the_checkpoint_engine(rollout, replica, weights_file: 
     await Manager(config.checkpoint_engine, trainers, [replica]).update_weights(global_steps=1)
 
 
-class EngineHost:
-    """A Ray actor holding the rollout engine ``verl_omni_replica``, as a generator worker holds it: on a bundle of a
-    generator pool's shape ({CPU: 2, GPU: 1}, `PoolSpec.hosts_replica`; the Ray instance has this one GPU), its
-    bundle index in ``DIGENRL_PG_BUNDLE``; the replica's worker group and server are started from inside it."""
-
-    def start(self, spec) -> dict:
-        import ray
-        from ray.util.placement_group import get_current_placement_group
-
-        from digenrl_verl.engines.base import ENGINES
-        from digenrl_verl.integrations.verl_omni_replica import server_facts
-
-        t0 = time.perf_counter()
-        self.engine = ENGINES.engine_class("verl_omni_replica").from_policy(spec)
-        replica = self.engine.replica
-        worker_pgs = ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_placement_group_id())
-                              for w in replica.workers])
-        return {"start_s": time.perf_counter() - t0, "replica": type(replica).__qualname__,
-                "mode": replica.rollout_mode.value, "host_pg": get_current_placement_group().id.hex(),
-                "worker_pgs": worker_pgs, "cluster_gpus": ray.cluster_resources().get("GPU", 0.0),
-                "server": ray.get(self.engine.server.__ray_call__.remote(lambda self: server_facts())),
-                "harness_here": "digenrl_verl.integrations.vllm_omni_cpu" in sys.modules}
-
-    def step(self, kind: str, *args):
-        t0 = time.perf_counter()
-        out = self.engine.generate(*args) if kind == "generate" else self.engine.hand_over(*args)
-        return {"kind": kind, "out": out, "s": time.perf_counter() - t0}
-
-    def stop(self) -> None:
-        self.engine.shutdown()
-
-
-def _run_engine(job: dict) -> dict:
-    """The rollout engine ``verl_omni_replica`` in a Ray actor (`EngineHost`) on a generator bundle, built from the
-    job's `PolicySpec`, then its steps in order: ("generate", rows) -> the `Rollout`, ("hand_over", state,
-    version)."""
-    import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from digenrl_verl.workers.pools import BUNDLE_VAR, PoolSpec
-
-    from digenrl_verl.integrations.verl_omni_replica import cuda_host
-
-    spec = PoolSpec("generator_pool", (1,), use_gpu=cuda_host(), hosts_replica=True)
-    pg = placement_group([spec.bundle()])
-    ray.get(pg.ready())
-    host = ray.remote(EngineHost).options(  # a generator's share: half the GPU on CUDA, none asked on CPU
-        num_gpus=spec.worker_gpus if cuda_host() else 0,
-        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0),
-        runtime_env={"env_vars": {BUNDLE_VAR: "0"}}).remote()  # Ray merges the job's env_vars into these
-    result = {**ray.get(host.start.remote(job["engine"])), "steps": []}
-    for step in job["steps"]:
-        result["steps"].append(ray.get(host.step.remote(*step)))
-    ray.get(host.stop.remote())
-    ray.shutdown()
-    return result
-
-
 def main(job_path: str, out_path: str) -> None:
     import ray
     import torch
@@ -177,7 +111,7 @@ def main(job_path: str, out_path: str) -> None:
         job = pickle.load(f)
     ray.init(address="local", num_cpus=8, num_gpus=None if cuda else job.get("tp", 1), include_dashboard=False,
              runtime_env={"env_vars": env})
-    torch.save(_run_engine(job) if "engine" in job else asyncio.run(_run(job)), out_path)
+    torch.save(asyncio.run(_run(job)), out_path)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The rollout engine ``verl_omni_replica`` (issue 29 item 2): a generator's samples from verl-omni's own rollout
 replica (`vLLMOmniReplica.init_colocated` -> `vLLMOmniHttpServer` -> vLLM-Omni's `AsyncOmni` -> its spawned
 diffusion worker), built by `ENGINES` from a `PolicySpec` inside a Ray actor on a generator pool's bundle, as a
-generator worker holds it (the replica's worker group and server started from that actor), in a fresh interpreter
-with Ray's logical GPUs as the device slots (`_replica_child.py`, engine mode).
+generator worker holds it (the replica's worker group and server started from that actor), with Ray's logical GPUs as
+the device slots: `python -m digenrl_verl.bench rollout --engines verl_omni,verl_omni_replica` in a fresh process
+(its `--keep` file holds what is checked here; its JSON line is the bench's own smoke in this tier).
 
 * A real replica: verl-omni's server actor on the package's CPU platform, one spawned vLLM-Omni diffusion worker, no
   in-process harness in the server's process nor in the engine's actor.
@@ -15,17 +16,20 @@ with Ray's logical GPUs as the device slots (`_replica_child.py`, engine mode).
 * After a hand-over of new weights (the engine's weight path: into the trainers' shadow, then to the replica as
   verl's server adapter sends them), the next samples are the in-process engine's with the new weights, and not
   what the old weights sample.
+* A replica whose server dies is replaced on the same bundle, with the weights the engine holds, and the call's rows
+  are drawn again: the same samples.
 
 * Its server requests, built without a pipeline object (`verl_omni_replica.PROMPT_PIPES`: the tokenizers alone),
   equal the in-process engine's, which verl-omni's Qwen-Image pipeline tokenizes itself, for Wan2.2 and Qwen-Image.
 
 The replica runs Wan2.2 only: the cheapest (~60-130 s to start on CPU); Qwen-Image's replica (TP 2) serves the same
-requests in test_verl_omni_replica_on_cpu.py. One replica start for the module.
+requests in test_verl_omni_replica_on_cpu.py. Two replica starts for the module (the first, and its replacement).
 """
 
 from __future__ import annotations
 
-import pickle
+import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -43,49 +47,36 @@ import torch  # noqa: E402
 if str(Path(__file__).resolve().parent) not in sys.path:  # pytest's importlib mode leaves this folder out
     sys.path.append(str(Path(__file__).resolve().parent))
 from _engine_harness import failure_summary  # noqa: E402
-from test_verl_omni_cpu_platform import ROWS, TOL, _in_process, _rel, _spec  # noqa: E402
+from test_verl_omni_cpu_platform import ROWS, TOL, _in_process, _spec  # noqa: E402
 
+from digenrl_verl.bench.rollout import errors as _errors  # noqa: E402
 from digenrl_verl.engines.base import ENGINES  # noqa: E402
-from digenrl_verl.engines.spec import RolloutEngineSpec  # noqa: E402
 from digenrl_verl.models import build_tiny_model_dir  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 ARCH = "WanPipeline"
 EXACT = ("sigmas", "next_sigmas", "step_index", "policy_version")
 
 
-def _errors(got, want) -> dict[str, float]:
-    """Relative errors of the trajectories, and the largest image difference in uint8 levels."""
-    out = {k: _rel(got.tensors[k], want.tensors[k]) for k in ("latents", "next_latents", "rollout_log_probs")}
-    out["levels"] = int((got.images.int() - want.images.int()).abs().max())
-    return out
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The in-process engine's Rollouts (before, the same rows of step 2 with the old weights, then with new ones)
-    and the replica engine's for the same steps, in a fresh interpreter."""
+    """`bench rollout` of the in-process engine and the replica engine (module docstring): its JSON line and its
+    kept results (facts, the first round's, after-update and recovered rollouts of each engine)."""
     work = tmp_path_factory.mktemp("replica_engine")
-    spec = _spec(ARCH, str(build_tiny_model_dir(ARCH, work / "model")))
-    local = ENGINES.engine_class("verl_omni").from_policy(spec)
-    second = replace(ROWS, step=2)
-    refs = {"before": local.generate(ROWS), "after_old": local.generate(second)}
-    gen = torch.Generator().manual_seed(1)
-    state = {n: p.detach() + 0.05 * torch.randn(p.shape, generator=gen) for n, p in local.state.items()}
-    local.hand_over(state, 1)
-    refs["after"] = local.generate(second)
-    job = {"engine": replace(spec, engine=RolloutEngineSpec(name="verl_omni_replica", dtype="float32")),
-           "steps": [("generate", ROWS), ("hand_over", state, 1), ("generate", second)]}
-    (work / "job.pkl").write_bytes(pickle.dumps(job))
-    proc = subprocess.run([sys.executable, str(HERE / "_replica_child.py"), str(work / "job.pkl"),
-                           str(work / "out.pt")], capture_output=True, text=True, timeout=900)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "TORCH_COMPILE_DISABLE": "1"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "digenrl_verl.bench", "rollout", "--engines",
+                           "verl_omni,verl_omni_replica", "--rounds", "1", "--samples", str(len(ROWS.prompts)),
+                           "--keep", str(work), "--json"], capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, failure_summary(proc.stdout + proc.stderr)
-    return torch.load(work / "out.pt", weights_only=False), refs
+    print(proc.stdout.splitlines()[-2] if len(proc.stdout.splitlines()) > 1 else proc.stdout)
+    kept = torch.load(work / "rollout.pt", weights_only=False)
+    local, replica = kept["results"]
+    return json.loads(proc.stdout.splitlines()[-1]), local, replica
 
 
 @pytest.mark.slow  # Ray, verl-omni's server actor, AsyncOmni and its worker process
 def test_the_replica_engine_samples_what_the_in_process_engine_samples(run):
-    got, refs = run
+    out, local, got = run
     server = got["server"]
     assert got["replica"] == "vLLMOmniReplica" and not got["harness_here"], got
     assert got["mode"] == "colocated" and got["cluster_gpus"] == 1.0, got  # the generator's bundle holds the GPU
@@ -93,26 +84,41 @@ def test_the_replica_engine_samples_what_the_in_process_engine_samples(run):
     assert server["platform"] == "CpuOmniPlatform" and not server["harness_imported"], server
     workers = [name for name in server["workers"] if name.startswith("vLLM-Omni::DiffusionWorker")]
     assert len(workers) == 1, server["workers"]
-    rollout = got["steps"][0]["out"]
-    errors = _errors(rollout, refs["before"])
-    print(f"replica engine vs in-process {errors}; start {got['start_s']:.1f} s, {len(ROWS)} samples in "
-          f"{got['steps'][0]['s']:.1f} s")
+    rollout = got["first"]
+    errors = _errors(rollout, local["first"])
+    print(f"replica engine vs in-process {errors}; start {got['start_s']:.1f} s, {len(ROWS.prompts)} samples in "
+          f"{got['round_s'][0]:.1f} s")
     assert max(v for k, v in errors.items() if k != "levels") <= TOL and errors["levels"] <= 1, errors
     for key in EXACT:
-        assert torch.equal(rollout.tensors[key], refs["before"].tensors[key]), key
-    assert rollout.images.shape == refs["before"].images.shape and rollout.images.dtype == torch.uint8
+        assert torch.equal(rollout.tensors[key], local["first"].tensors[key]), key
+    assert rollout.images.shape == local["first"].images.shape and rollout.images.dtype == torch.uint8
+    assert out["bench"] == "rollout" and out["baseline"] == "verl_omni" and out["within_tolerance"] is True, out
+    assert [r["engine"] for r in out["rows"]] == ["verl_omni", "verl_omni_replica"]
+    assert set(out["speedup"]["verl_omni_replica"]) == {"start_s", "samples_per_s"}
 
 
 @pytest.mark.slow
 def test_a_hand_over_changes_the_replicas_next_samples_to_the_new_weights(run):
-    got, refs = run
-    rollout = got["steps"][2]["out"]
-    err, stale = _errors(rollout, refs["after"]), _errors(rollout, refs["after_old"])
-    print(f"after the hand-over {err} (update {got['steps'][1]['s']:.1f} s); against the old weights' samples "
-          f"{stale}")
+    _, local, got = run
+    rollout = got["after"]
+    err, stale = _errors(rollout, local["after"]), _errors(rollout, local["first"])
+    print(f"after the hand-over {err} (update {got['update_s']:.1f} s); against the old weights' samples {stale}")
     assert max(v for k, v in err.items() if k != "levels") <= TOL and err["levels"] <= 1, err
     assert stale["latents"] > 1e3 * TOL, stale  # not what the old weights sample
-    assert rollout.tensors["policy_version"].tolist() == [1] * len(ROWS)
+    assert rollout.tensors["policy_version"].tolist() == [1] * len(ROWS.prompts)
+
+
+@pytest.mark.slow
+def test_a_replica_that_died_is_replaced_on_its_bundle_and_the_rows_are_drawn_again(run):
+    """The replica's server is killed after the hand-over; the engine's next call finds it dead, starts a new replica
+    on the generator's bundle (the Ray instance has one GPU: the dead replica's half must come back to it), hands it
+    the weights of version 1, and draws the same rows again: the same samples as before the death, nothing lost."""
+    _, local, got = run
+    err = _errors(got["recovered"], local["after"])
+    print(f"after the server died: a new replica in {got['recovery_s']:.1f} s, its samples {err}")
+    assert got["replicas_started"] == 2
+    assert max(v for k, v in err.items() if k != "levels") <= TOL and err["levels"] <= 1, err
+    assert got["recovered"].tensors["policy_version"].tolist() == [1] * len(ROWS.prompts)
 
 
 def _choice(device: str = "cpu", **digenrl) -> tuple[str, list[str]]:

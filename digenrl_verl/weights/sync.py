@@ -144,31 +144,63 @@ _WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, tor
                 torch.int8, torch.uint8, torch.bool)
 
 
-def _broadcast_flat(tensors: Mapping[str, torch.Tensor], group) -> None:
+#: the most bytes one broadcast of a weight sync carries (a bucket); where a tensor lives elsewhere than the group's
+#: device (a generator's host-memory shadow under NCCL), each bucket is staged on the group's device
+BUCKET_BYTES = 512 << 20
+
+
+def _buckets(sizes: list[tuple[int, int]], limit: int) -> list[list[int]]:
+    """Consecutive index groups of (numel, element bytes) `sizes`, each at most `limit` bytes but for a single
+    tensor larger than that: the same on both sides of a broadcast, which know the same names, shapes and dtypes."""
+    out: list[list[int]] = []
+    used = limit
+    for i, (numel, width) in enumerate(sizes):
+        size = numel * width
+        if used + size > limit:
+            out.append([])
+            used = 0
+        out[-1].append(i)
+        used += size
+    return out
+
+
+def group_device(group) -> torch.device | None:
+    """The device a pair group's backend reads its tensors from: the current CUDA device for NCCL, else None (gloo
+    reads each tensor where it lives)."""
+    if isinstance(group, getattr(dist, "ProcessGroupNCCL", ())):
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def _broadcast_flat(tensors: Mapping[str, torch.Tensor], group, bucket_bytes: int = BUCKET_BYTES) -> None:
     """Pair-rank 0 (trainer rank 0) -> pair-rank 1, on a bare pair group (not registered with the default world,
     so through the group's own `broadcast`). A header of the sender's dtypes goes first: a receiver that holds a
     tensor in another dtype (a generator sampling in `rollout.dtype`) receives it in the sender's dtype and casts
-    it into place."""
+    it into place. Then one flat broadcast per bucket of one dtype (`_buckets`): a tensor held in another dtype, or
+    elsewhere than the group's device (`group_device`: a generator whose engine keeps the weights in host memory,
+    e.g. verl-omni's replica engine's shadow, under NCCL), is received into a staging buffer on that device."""
     opts = dist.BroadcastOptions()
     opts.rootRank, opts.rootTensor = 0, 0
     names = sorted(tensors)
     if not names:
         return
-    header = torch.tensor([_WIRE_DTYPES.index(tensors[n].dtype) for n in names], dtype=torch.int64,
-                          device=tensors[names[0]].device)  # where the group's backend reads (cuda for NCCL)
+    device = group_device(group) or tensors[names[0]].device  # where the group's backend reads (cuda for NCCL)
+    header = torch.tensor([_WIRE_DTYPES.index(tensors[n].dtype) for n in names], dtype=torch.int64, device=device)
     group.broadcast([header], opts).wait()  # the receiver's own dtypes are overwritten by the sender's
-    by_dtype: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for name, code in zip(names, header.tolist()):
-        live = tensors[name]
-        wire = live if live.dtype == _WIRE_DTYPES[code] else torch.empty_like(live, dtype=_WIRE_DTYPES[code])
-        by_dtype.setdefault(wire.dtype, []).append((live, wire))
-    for pairs in by_dtype.values():
-        wires = [w.detach() for _, w in pairs]
-        flat = torch._utils._flatten_dense_tensors(wires)
-        group.broadcast([flat], opts).wait()
-        with torch.no_grad():
-            for (live, _), new in zip(pairs, torch._utils._unflatten_dense_tensors(flat, wires)):
-                live.copy_(new)
+        by_dtype.setdefault(_WIRE_DTYPES[code], []).append(tensors[name])
+    for dtype, lives in by_dtype.items():
+        width = torch.empty((), dtype=dtype).element_size()
+        for bucket in _buckets([(t.numel(), width) for t in lives], bucket_bytes):
+            # the tensor itself where it can be; else a copy on the device (the sender's values go out of it)
+            pairs = [(lives[i], lives[i].detach().to(device=device, dtype=dtype)) for i in bucket]
+            wires = [w.detach() for _, w in pairs]
+            flat = torch._utils._flatten_dense_tensors(wires)
+            group.broadcast([flat], opts).wait()
+            with torch.no_grad():
+                for (live, _), new in zip(pairs, torch._utils._unflatten_dense_tensors(flat, wires)):
+                    live.copy_(new)
 
 
 def state_checksum(tensors: Mapping[str, torch.Tensor]) -> str:

@@ -75,6 +75,9 @@ class RolloutHost:
         t0 = time.perf_counter()
         out = None
         if kind == "kill_server":  # the replica's server dies; the engine finds out at its next call
+            from digenrl_verl.integrations.verl_omni_replica import server_facts
+
+            self.killed = ray.get(self.engine.server.__ray_call__.remote(lambda self: server_facts()))["worker_pids"]
             ray.kill(self.engine.server, no_restart=True)
         elif kind == "hand_over":
             self.engine.hand_over(*args)
@@ -82,6 +85,18 @@ class RolloutHost:
             out = self.engine.generate(*args)
         return {"kind": kind, "out": out, "s": time.perf_counter() - t0,
                 "replicas_started": getattr(self.engine, "replicas_started", None)}
+
+    def left_behind(self, wait_s: float = 30.0) -> list[int]:
+        """The killed server's child processes (vLLM-Omni's diffusion workers) still alive after `wait_s`."""
+        import psutil
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            alive = [pid for pid in getattr(self, "killed", []) if psutil.pid_exists(pid)
+                     and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.5)
 
     def trainable(self) -> dict:
         return {n: p.detach().clone() for n, p in self.engine.trainable().items()}
@@ -159,7 +174,8 @@ def measure(engine: str, spec, cfg: argparse.Namespace) -> dict:
         if engine == REPLICA:
             ray.get(host.step.remote("kill_server"))
             again = ray.get(host.step.remote("generate", rows(cfg.samples, 1)))
-            out.update(recovery_s=again["s"], recovered=again["out"], replicas_started=again["replicas_started"])
+            out.update(recovery_s=again["s"], recovered=again["out"], replicas_started=again["replicas_started"],
+                       left_behind=ray.get(host.left_behind.remote()))
         ray.get(host.stop.remote())
         return out
     finally:
@@ -182,7 +198,7 @@ def summarise(results: list[dict], cfg: argparse.Namespace) -> dict:
     rows_out, parity = [], {}
     for r in results:
         rows_out.append({k: r[k] for k in ("engine", "start_s", "samples_per_s", "round_s", "update_s", "recovery_s",
-                                           "replicas_started", "mode") if k in r})
+                                           "replicas_started", "left_behind", "mode") if k in r})
         if r is not base:
             parity[r["engine"]] = {"first": errors(r["first"], base["first"]),
                                    "after_update": errors(r["after"], base["after"])}

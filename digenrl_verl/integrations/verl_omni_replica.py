@@ -196,7 +196,7 @@ def own_bundle_pool(cfg: ReplicaConfig) -> Any:
 
 def server_facts() -> dict:
     """Run inside the server actor (`__ray_call__`): its vLLM-Omni platform, whether the in-process harness was
-    imported there, and the names of its child processes (vLLM-Omni's diffusion workers)."""
+    imported there, and the names and process ids of its child processes (vLLM-Omni's diffusion workers)."""
     import sys
 
     import psutil
@@ -204,7 +204,8 @@ def server_facts() -> dict:
 
     return {"platform": type(omni_platforms.current_omni_platform).__qualname__,
             "harness_imported": "digenrl_verl.integrations.vllm_omni_cpu" in sys.modules,
-            "workers": [p.name() for p in psutil.Process().children(recursive=True)]}
+            "workers": [p.name() for p in psutil.Process().children(recursive=True)],
+            "worker_pids": [p.pid for p in psutil.Process().children(recursive=True)]}
 
 
 def serve(server: Any, requests: Sequence[dict]) -> list[Any]:

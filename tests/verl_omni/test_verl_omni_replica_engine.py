@@ -17,7 +17,7 @@ the device slots: `python -m digenrl_verl.bench rollout --engines verl_omni,verl
   verl's server adapter sends them), the next samples are the in-process engine's with the new weights, and not
   what the old weights sample.
 * A replica whose server dies is replaced on the same bundle, with the weights the engine holds, and the call's rows
-  are drawn again: the same samples.
+  are drawn again: the same samples; the dead server's diffusion worker has exited.
 
 * Its server requests, built without a pipeline object (`verl_omni_replica.PROMPT_PIPES`: the tokenizers alone),
   equal the in-process engine's, which verl-omni's Qwen-Image pipeline tokenizes itself, for Wan2.2 and Qwen-Image.
@@ -117,6 +117,7 @@ def test_a_replica_that_died_is_replaced_on_its_bundle_and_the_rows_are_drawn_ag
     err = _errors(got["recovered"], local["after"])
     print(f"after the server died: a new replica in {got['recovery_s']:.1f} s, its samples {err}")
     assert got["replicas_started"] == 2
+    assert got["left_behind"] == []  # the dead server's diffusion worker exited with it (no process holds a device)
     assert max(v for k, v in err.items() if k != "levels") <= TOL and err["levels"] <= 1, err
     assert got["recovered"].tensors["policy_version"].tolist() == [1] * len(ROWS.prompts)
 

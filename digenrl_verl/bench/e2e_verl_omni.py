@@ -20,8 +20,25 @@ pass; `max_weight_rel_err`: every step's LoRA weights of (b) against (a)'s, from
 (`global_step_N/actor/model_world_size_1_rank_0.pt`), max |Δ| / max |w| of the worst tensor (`worst`); the step
 metrics of `METRICS` likewise (`max_metric_rel_err`); both runs' reward curves (`CURVE_METRIC` by step).
 `--staleness 1` runs (b) with TCSS one version ahead: its weights differ by design (`within_tolerance` null), and the
-reward curves are the comparison. verl-omni's v1 `separate_async` (its own disaggregated mode) is not a baseline here
-yet (`V1_SEPARATE_ASYNC`).
+reward curves are the comparison.
+
+`--with-separate-async` adds a third run to every pass, after (b):
+
+(c) verl-omni's OWN disaggregated mode, v1 `separate_async`: `python -m verl_omni.trainer.main_diffusion_v1` on
+    (a)'s command line plus `SEPARATE_ASYNC` (`separate_async_argv`): `trainer.use_v1=true
+    trainer.v1.trainer_mode=separate_async` with the on-policy settings of verl-omni's SD3.5 example
+    (`run_sd35_medium_ocr_lora_v1_separate_async.sh`: `sync_compatible=1`, `parameter_sync_step=1`,
+    `max_off_policy_threshold=1`, no warm-up batch), one standalone rollout replica (`rollout.nnodes=1`,
+    `rollout.n_gpus_per_node=1`: on CPU one of Ray's logical GPUs, so `ray_init.num_gpus=2`, the actor's pool holding
+    the other) beside the actor's colocated one, and the standalone replica's weights over the package's gloo
+    checkpoint engine (`digenrl_verl.weights.gloo_checkpoint_engine`, loaded by verl's own `custom_backend_module`
+    key: verl-omni asserts a non-`naive` backend there, `trainer_separate_async.py:98`, and verl's `nccl` needs
+    CUDA). Nothing of verl-omni is patched for it. Its `timing_s/step` covers what (a)'s does (generation on the
+    standalone replica to its weight update, the checkpoint save), its validation not. Its weights are compared
+    with (a)'s (`separate_async_vs_stock`; metrics that either does not log are listed, not compared) and the JSON
+    adds `speedup_vs_separate_async` = c / b. v1 orders a step's batch as its trajectories reach verl-omni's
+    TransferQueue (verl's `ReplayBuffer.sample`), not in the dataloader's order as v0 does, so its sums over the batch
+    round differently (docs/benchmarks.md has what that measured).
 
 The tiny Qwen-Image OCR LoRA recipe (`write_inputs`: its override list, verl-omni's data layout with the negative
 prompt column, a stand-in reward: the image's mean intensity), and for both runs (`SAME`):
@@ -140,7 +157,11 @@ METRICS = {"critic/rewards/mean": None, "critic/rewards/max": None, "critic/rewa
 #: VERL_USE_EXTERNAL_MODULES), offline, no compilation
 ENV = {"HF_HUB_OFFLINE": "1", "TORCH_COMPILE_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0",
        "TOKENIZERS_PARALLELISM": "false", "VERL_PLATFORM": "cpu"}
-STOCK_ENV = {"DIGENRL_CPU_RAY_GPUS": "1"}  # (a), (c): the replicas' device slots, Ray's logical GPUs
+#: (a), (c): the replicas' device slots are Ray's logical GPUs; and a Ray instance of their own: verl-omni's
+#: `ray.init()` without an address joins the latest Ray instance found on the host (`ray start`'s, another session's),
+#: where its `num_cpus` / `num_gpus` are refused ("When connecting to an existing cluster, num_cpus and num_gpus must
+#: not be provided"; seen on this shared host). (b)'s entry point starts its own unless RAY_ADDRESS names one.
+STOCK_ENV = {"DIGENRL_CPU_RAY_GPUS": "1", "RAY_ADDRESS": "local"}
 #: the entry point of each run kind
 ENTRIES = {"stock": ENTRY, "flag": ENTRY, "separate_async": V1_ENTRY}
 #: each run kind's name in the progress lines, the table and the JSON

@@ -11,6 +11,8 @@ one request per vLLM-Omni batch, Ray's logical GPUs), `--steps` steps with verl-
 as the scripts run it, and records for each: passed or failed, the wall time, the steps verl's console logged, and
 for a failure the lines that name why (`reason`). What each mode adds to the list (`MODE_OVERRIDES`):
 
+* every mode: the reward model's resource pool off where the script sets one (SD3.5: its VLM reward model's
+  device, switched off with the reward model in tiny runs; v0 would reserve it anyway and find no device for it);
 * v0: nothing but `trainer.use_v1=false` (the SD3.5 script is a v1 script) and the colocated replica's checkpoint
   engine `naive` (SD3.5's `nccl` is for its standalone replicas; verl's default);
 * v1 `sync`: `trainer.use_v1=true trainer.v1.trainer_mode=sync`, `naive`, TransferQueue with one storage unit;
@@ -42,6 +44,7 @@ from digenrl_verl.integrations.verl_omni_recipes import RECIPES
 
 V1_TQ = "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"  # one storage unit (8 CPU actors otherwise)
 NAIVE = f"{A}.rollout.checkpoint_engine.backend=naive"
+NO_REWARD_POOL = "reward.reward_model.enable_resource_pool=False"
 #: mode -> (entry point, what it adds to the recipe's command line)
 MODE_OVERRIDES = {
     "v0": (ENTRY, ("trainer.use_v1=false", NAIVE)),
@@ -53,8 +56,11 @@ MODES = tuple(MODE_OVERRIDES)
 #: workers); the scripts' own seeds, dtypes, LoRA targets and optimizer stay
 KEPT = tuple(o for o in SAME if o.split("=", 1)[0].lstrip("+").endswith(
     ("rollout.seed", "data.seed", "agent.num_workers", "dataloader_num_workers")))
-#: a failure's lines worth naming (the last of them are kept)
-REASON = re.compile(r"(Error|Exception|Traceback|assert|refus|not supported|Unknown|No module|Killed|Timeout)")
+#: a failure's lines that name it: exceptions as Python prints them (Ray's prefix allowed), else any line that says
+#: why (the last of them are kept; command-line echoes, longer than `LONG`, are not reasons)
+RAISED = re.compile(r"^(\(.*?\)\s*)?[\w.]*(Error|Exception|Interrupt|Timeout)\b\s*[:(]")
+REASON = re.compile(r"(Error|Exception|assert|refus|not supported|Unknown|No module|Killed|Timeout)")
+LONG = 600
 
 
 def argv_for(stock: list[str], mode: str, out: Path, steps: int) -> tuple[str, list[str]]:
@@ -63,15 +69,19 @@ def argv_for(stock: list[str], mode: str, out: Path, steps: int) -> tuple[str, l
     entry, extra = MODE_OVERRIDES[mode]
     keys = {o.split("=", 1)[0].lstrip("+~") for o in stock}
     kept = [o for o in KEPT if not (o.split("=", 1)[0].endswith("seed") and o.split("=", 1)[0] in keys)]
-    argv = with_overrides(stock, [f"trainer.total_training_steps={steps}", *kept, *extra,
+    # the reward model's own pool (SD3.5's script) goes with the reward model the tiny runs switch off: v0 reserves it
+    # whether or not a reward model runs (`main_diffusion.py:190-197`), one device no process uses
+    pool = [NO_REWARD_POOL] if f"{NO_REWARD_POOL.split('=')[0]}=True" in stock else []
+    argv = with_overrides(stock, [f"trainer.total_training_steps={steps}", *kept, *extra, *pool,
                                   f"trainer.default_local_dir={out / 'checkpoints'}", f"trainer.test_freq={steps}"])
     return entry, argv
 
 
 def reason(console: str, keep: int = 6) -> str:
-    """The console's last lines that name a failure (`REASON`), else its last lines."""
-    lines = [line.strip() for line in console.splitlines() if line.strip()]
-    named = [line for line in lines if REASON.search(line)]
+    """The console's last lines that name a failure (`RAISED`, else `REASON`), else its last lines."""
+    lines = [line.strip() for line in console.splitlines() if line.strip() and len(line) < LONG]
+    raised = list(dict.fromkeys(line for line in lines if RAISED.search(line)))  # once each, in order
+    named = raised or [line for line in lines if REASON.search(line)]
     return " | ".join((named or lines)[-keep:])[-1500:]
 
 

@@ -95,3 +95,23 @@ def test_the_matrix_runs_each_recipe_in_each_of_verl_omnis_modes(name, tmp_path)
     assert "| qwen | v0 | failed | 5 s | - | x / y |" in matrix.table(
         [{"recipe": "qwen", "mode": "v0", "passed": False, "seconds": 5.0, "steps_trained": [], "step_s": [],
           "validated": False, "reason": "x | y"}])
+
+
+def test_the_matrix_switches_the_reward_models_pool_off_with_it(tmp_path):
+    """SD3.5's script gives its (switched off) VLM reward model a pool of its own, which v0 would reserve anyway."""
+    recipe = RECIPES["sd35_flowgrpo_lora_v1_separate_async"]
+    stock = recipe.render("/m", "/d", "/d", switch_off=["reward.reward_model.enable"], extra=bench.CPU)
+    assert bench.value(stock, "reward.reward_model.enable_resource_pool") == "True"
+    for mode in matrix.MODES:
+        assert bench.value(matrix.argv_for(stock, mode, tmp_path, 1)[1], "reward.reward_model.enable_resource_pool") \
+            == "False"
+
+
+def test_a_failures_reason_is_the_exception_it_raised():
+    console = ("INFO x\n" + "['trainer.x=1', 'reward.custom_reward_function.name=compute_score_ocr'] " * 20 + "\n"
+               "Traceback (most recent call last):\n  File x\n"
+               "ray.exceptions.RayTaskError(ValueError): ray::TaskRunner\n"
+               "ValueError: Total available GPUs 1.0 is less than total desired GPUs 2\n")
+    assert matrix.reason(console) == ("ray.exceptions.RayTaskError(ValueError): ray::TaskRunner | ValueError: Total "
+                                      "available GPUs 1.0 is less than total desired GPUs 2")
+    assert matrix.reason("a\nb\n") == "a | b"

@@ -145,7 +145,7 @@ def test_the_bench_reports_the_speed_against_verl_omnis_trainer(bench):
     assert [s["step"] for s in out["passes"][0]["per_step"]] == list(range(1, STEPS + 1))
     assert out["max_weight_rel_err"] == compare(a, b, STEPS)["max_weight_rel_err"] <= TOL
     assert out["max_metric_rel_err"] <= TOL and out["within_tolerance"] is True
-    assert out["v1_separate_async"].startswith("not built")
+    assert out["v1_separate_async"].startswith("not run (pass --with-separate-async)")  # (c): ~4 min more
 
 
 @pytest.mark.slow

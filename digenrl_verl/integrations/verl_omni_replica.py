@@ -326,12 +326,19 @@ PROMPT_PIPES = {"WanPipeline": _wan_prompt_pipe, "QwenImagePipeline": _QwenPromp
 
 
 def training_schedule(model_config: Any, architecture: str, algorithm: str) -> torch.Tensor:
-    """σ_0..σ_N of verl-omni's training scheduler for the model (its registered `DiffusionModelBase`), fp32."""
+    """σ_0..σ_N of verl-omni's training scheduler for the model (its registered `DiffusionModelBase`), fp32;
+    ValueError naming the key when verl-omni registers no model for the architecture with that algorithm."""
     import verl_omni.pipelines  # noqa: F401  (registers the training adapters)
     from verl.utils.config import omega_conf_to_dataclass
     from verl_omni.pipelines.model_base import DiffusionModelBase
 
-    adapter = DiffusionModelBase.get_class_by_name(architecture, algorithm)
+    try:
+        adapter = DiffusionModelBase.get_class_by_name(architecture, algorithm)
+    except NotImplementedError as e:
+        kinds = sorted(k for k, (algo, _) in VERL_OMNI_SDE_KINDS.items() if algo != algorithm)
+        raise ValueError(f"actor_rollout_ref.rollout.algo.sde_type gives verl-omni's algorithm {algorithm}, for which "
+                         f"verl-omni registers no {architecture} ({e}); set sde_type to one of {kinds} if verl-omni "
+                         "registers the model for that algorithm, or actor_rollout_ref.rollout.name=diffusers") from e
     scheduler = adapter.build_scheduler(omega_conf_to_dataclass(model_config))
     return torch.as_tensor(scheduler.sigmas).detach().cpu().float()
 
@@ -378,8 +385,9 @@ class VerlOmniReplicaEngine(InPlaceWeights):
         config = ReplicaConfig(model=spec.model_path, algorithm=algorithm, height=p.height, width=p.width,
                                steps=spec.rollout.num_inference_steps, dtype=spec.engine.dtype,
                                replica_rank=generator_rank(), engine_kwargs=tuple(spec.engine.engine_kwargs.items()))
-        replica = start_replica(config)
+        # first: a model verl-omni does not register for the algorithm is refused before a replica starts
         schedule = training_schedule(replica_configs(config)[1], architecture, algorithm)
+        replica = start_replica(config)
         return cls(replica, config, spec, PROMPT_PIPES[architecture](spec.model_path), schedule,
                    shadow_transformer(spec), spec.start_version)
 

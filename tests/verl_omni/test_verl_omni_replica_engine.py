@@ -183,6 +183,19 @@ def test_a_replica_outside_a_generator_bundle_is_refused_naming_the_fix(ray_sess
         remove_placement_group(pg)
 
 
+def test_a_model_verl_omni_does_not_register_for_the_algorithm_is_refused_naming_the_key(tmp_path):
+    """Wan2.2 with a flow_grpo SDE (verl-omni registers Wan for dance_grpo only): refused before a replica starts
+    (`training_schedule` runs first in `from_policy`), naming the key and the fix (dance_grpo's schedule: the
+    engine's run above)."""
+    from digenrl_verl.integrations.verl_omni_replica import ReplicaConfig, replica_configs, training_schedule
+
+    model = str(build_tiny_model_dir(ARCH, tmp_path / "model"))
+    cfg = ReplicaConfig(model=model, algorithm="flow_grpo", height=32, width=32, steps=4)
+    with pytest.raises(ValueError, match=r"rollout\.algo\.sde_type gives verl-omni's algorithm flow_grpo, for which "
+                                         r"verl-omni registers no WanPipeline .*\['dance', 'dance_sde'\]"):
+        training_schedule(replica_configs(cfg)[1], ARCH, "flow_grpo")
+
+
 @pytest.mark.parametrize("arch", ["WanPipeline", "QwenImagePipeline", "StableDiffusion3Pipeline"])
 def test_the_requests_built_without_the_pipeline_are_the_in_process_engines(arch, tmp_path):
     from digenrl_verl.integrations.verl_omni_replica import PROMPT_PIPES, check_replica_policy

@@ -169,7 +169,9 @@ def server_requests(pipe: Any, architecture: str, spec: PolicySpec, sampling: Ma
     arguments: ``request_id``, the prompt fields of `PROMPT_FIELDS[architecture]` tokenized with `pipe`'s
     tokenizer(s), ``sampling_params``: `sampling` (`sampling_dict`) with the row's seed, `rollout_row_seed`, and
     verl-omni's ``global_steps``, counted from 1)."""
-    guided = any((sampling.get(k) or 0) > 1 for k in _GUIDED)
+    # guided: a scale above 1, or no guidance_scale (the pipeline's default: verl-omni's Wan2.2 adapter's is 5.0, and
+    # it fails on the negative prompt's missing ids; an adapter whose default does not guide, SD3.5's 0.0, skips them)
+    guided = any((sampling.get(k) or 0) > 1 for k in _GUIDED) or sampling.get("guidance_scale") is None
     negative = spec.pipeline.negative_prompt if guided else None
     out = []
     for prompt, uid, idx, sample_id in zip(rows.prompts, rows.uids, rows.sample_indices, rows.sample_ids):

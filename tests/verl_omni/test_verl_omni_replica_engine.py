@@ -210,6 +210,20 @@ def test_the_requests_built_without_the_pipeline_are_the_in_process_engines(arch
     assert all(r["prompt"]["prompt_token_ids"] for r in ours)
 
 
+def test_wan_at_the_pipelines_default_guidance_gets_the_negative_prompt_and_samples(tmp_path):
+    """No guidance_scale (the pipeline's default: verl-omni's Wan2.2 adapter guides at 5.0): the requests carry the
+    negative prompt's ids, which the adapter needs (without them its `encode_prompt` fails on None, found by a
+    by-hand run through the replicas), and verl-omni's pipeline samples them; guidance_scale=1 sends none."""
+    spec = _spec(ARCH, str(build_tiny_model_dir(ARCH, tmp_path / "model")))
+    default = replace(spec, pipeline=replace(spec.pipeline, guidance_scale=None))
+    local = ENGINES.engine_class("verl_omni").from_policy(default)
+    assert all("negative_prompt_ids" in r["prompt"] for r in local.server_requests(ROWS))
+    assert local.generate(ROWS).tensors["latents"].shape[0] == len(ROWS.prompts)
+    unguided = ENGINES.engine_class("verl_omni").from_policy(replace(spec, pipeline=replace(spec.pipeline,
+                                                                                            guidance_scale=1.0)))
+    assert not any("negative_prompt_ids" in r["prompt"] for r in unguided.server_requests(ROWS))
+
+
 def test_sd3_requests_carry_per_encoder_ids_that_sample_what_the_text_path_samples(tmp_path):
     """SD3's request, as verl-omni's agent loop builds it (`extra_prompt_ids`: CLIP and T5 ids, which the server
     takes), samples exactly what vLLM-Omni's text path samples (the request the in-process engine sent before):

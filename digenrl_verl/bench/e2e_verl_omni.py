@@ -225,25 +225,40 @@ def with_overrides(argv: list[str], extra) -> list[str]:
     return out
 
 
+#: architecture -> the prompt rows' layout of verl-omni's data script for it: data_source, the system turn (None: no
+#: system turn), a negative-prompt chat (user turn " ") beside the prompt. Qwen-Image:
+#: `flowgrpo_trainer/data_process/qwenimage_ocr.py`; SD3.5: `flowgrpo_trainer/data_process/sd3_ocr.py` (user turn
+#: only); Wan2.2: `dancegrpo_trainer/data_process/wan22_hpsv3.py` (an empty system turn and the negative prompt, which
+#: its CFG encodes: without the column its rollout fails in `encode_prompt`, `prompt_ids.ndim` of None)
+LAYOUTS = {"QwenImagePipeline": ("flow_grpo/ocr", "QWEN_IMAGE_SYSTEM", True),
+           "StableDiffusion3Pipeline": ("flow_grpo/ocr", None, False),
+           "WanPipeline": ("dance_grpo/hpsv3", "", True)}
+
+
+def layout(architecture: str) -> tuple[str, str | None, bool]:
+    """`LAYOUTS[architecture]` with Qwen-Image's system prompt (the tiny tokenizer's) filled in."""
+    from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_SYSTEM
+
+    source, system, negative = LAYOUTS[architecture]
+    return source, QWEN_IMAGE_SYSTEM if system == "QWEN_IMAGE_SYSTEM" else system, negative
+
+
 def write_inputs(data: Path, recipe_name: str = RECIPE_NAME) -> list[str]:
     """The recipe's overrides for verl-omni's own entry point, the files they name written under `data`: the tiny
-    model, the stand-in reward, the prompts in verl-omni's layout (Qwen-Image: system and user turns, a negative
-    prompt, as its `data_process/qwenimage_ocr.py` writes them; the others: the user turn, as the twins'). Any recipe
-    of `RECIPES` (`verl_omni_matrix` runs each); the bench's is `RECIPE_NAME`."""
+    model, the stand-in reward, the prompts in the layout of the recipe's own data script (`LAYOUTS`). Any recipe of
+    `RECIPES` (`verl_omni_matrix` runs each); the bench's is `RECIPE_NAME`."""
     import pandas as pd
 
-    from digenrl_verl.models._tiny_tokenizers import QWEN_IMAGE_SYSTEM as SYSTEM
     from digenrl_verl.models.tiny import build_tiny_model_dir
 
     recipe = RECIPES[recipe_name]
     model = build_tiny_model_dir(recipe.architecture, data / "model", seed=0)
     for file, fn in recipe.reward_files.items():
         (data / file).write_text(STAND_IN_REWARD.format(name=fn))
-    qwen = recipe.architecture == "QwenImagePipeline"
-    system = [{"role": "system", "content": SYSTEM}] if qwen else []
-    rows = [{"data_source": "flow_grpo/ocr" if qwen else "ocr",
-             "prompt": [*system, {"role": "user", "content": f'A sign that reads "{w}"'}],
-             **({"negative_prompt": [*system, {"role": "user", "content": " "}]} if qwen else {}),
+    source, system, negative = layout(recipe.architecture)
+    turns = [{"role": "system", "content": system}] if system is not None else []
+    rows = [{"data_source": source, "prompt": [*turns, {"role": "user", "content": f'A sign that reads "{w}"'}],
+             **({"negative_prompt": [*turns, {"role": "user", "content": " "}]} if negative else {}),
              "reward_model": {"ground_truth": w, "style": "rule"}} for w in ("HELLO", "RL", "GPU", "PIPELINE")]
     for split in ("train", "test"):
         pd.DataFrame(rows).to_parquet(data / f"{split}.parquet")

@@ -115,3 +115,14 @@ def test_a_failures_reason_is_the_exception_it_raised():
     assert matrix.reason(console) == ("ray.exceptions.RayTaskError(ValueError): ray::TaskRunner | ValueError: Total "
                                       "available GPUs 1.0 is less than total desired GPUs 2")
     assert matrix.reason("a\nb\n") == "a | b"
+
+
+def test_each_recipes_prompts_take_its_own_data_scripts_layout():
+    """verl-omni's data scripts: Qwen-Image's and Wan2.2's rows carry a negative-prompt chat (their CFG encodes it;
+    Wan2.2's rollout fails on a row without one), SD3.5's the user turn only."""
+    assert {r.architecture for r in RECIPES.values()} == set(bench.LAYOUTS)
+    source, system, negative = bench.layout("WanPipeline")
+    assert (source, system, negative) == ("dance_grpo/hpsv3", "", True)
+    assert bench.layout("StableDiffusion3Pipeline") == ("flow_grpo/ocr", None, False)
+    source, system, negative = bench.layout("QwenImagePipeline")
+    assert source == "flow_grpo/ocr" and system and negative

@@ -5,6 +5,7 @@ speed-up c / b and its weights against (a)'s; and `python -m digenrl_verl.bench.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,24 @@ def test_each_recipes_prompts_take_its_own_data_scripts_layout():
     assert bench.layout("StableDiffusion3Pipeline") == ("flow_grpo/ocr", None, False)
     source, system, negative = bench.layout("QwenImagePipeline")
     assert source == "flow_grpo/ocr" and system and negative
+
+
+def test_a_failed_pass_is_reported_and_the_finished_ones_count(monkeypatch, tmp_path, capsys):
+    """A pass whose run fails (e.g. Ray's start timing out on a loaded host) is listed in `failed_passes`; the medians
+    are the finished passes'; the command exits 1 with the JSON printed."""
+    made = iter([_pass(4.0, 2.0, 8.0, 0.0), None, _pass(6.0, 2.0, 9.0, 0.0)])
+
+    def one_pass(*args):
+        row = next(made)
+        if row is None:
+            raise bench.RunFailed("run (stock) exited 1: The current node timed out during startup", "")
+        return row
+
+    monkeypatch.setattr(bench, "write_inputs", lambda data: STOCK)
+    monkeypatch.setattr(bench, "one_pass", one_pass)
+    monkeypatch.setattr(bench, "missing_verl_omni", lambda: None)
+    rc = bench.main(["--repeat", "3", "--with-separate-async", "--json", "--keep", str(tmp_path / "k")])
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert rc == 1 and [f["pass"] for f in out["failed_passes"]] == [2]
+    assert "timed out" in out["failed_passes"][0]["error"]
+    assert out["rows"][0]["step_s_runs"] == [4.0, 6.0] and out["speedup_vs_separate_async"]["step_s"] == 4.25

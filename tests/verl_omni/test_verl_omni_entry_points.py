@@ -379,19 +379,37 @@ def test_tiny_twin_trains_one_real_step_through_verl_omnis_entry_point(name, tmp
     micro-batch runs on the trainer rank's own copy of that pipeline. Wan2.2's (TWIN_ON_REPLICAS,
     `generator_replicas=true`, what CUDA runs by default) sample on one of verl-omni's rollout replicas started on
     the generator rank's own bundle (`init_colocated`: its server, AsyncOmni and a spawned diffusion worker, in a
-    Ray instance with one logical GPU, which the generator's bundle holds), and the trainer rank samples its TAG
-    micro-batch with its own diffusers engine. Either way the trainer pool (verl-omni's actor worker) trains one
-    real step on those samples; the new weights reach the generator (the run ends with it at version 1); the
+    Ray instance with one logical GPU, which the generator's bundle holds), over two steps with TCSS one version
+    ahead (step 1's first micro-batch sampled at version 0 while step 0 updates), and the trainer rank samples its
+    TAG micro-batches with its own diffusers engine. Either way the trainer pool (verl-omni's actor worker) trains
+    real steps on those samples; the new weights reach the generator (the run ends with it at version 1); the
     checkpoint is in verl-omni's layout and verl-omni's stock worker resumes it. (The package's diffusers generators
     under verl-omni's actor worker: `test_the_trainer_pool_runs_verl_omnis_worker_at_world_size_2`; the Qwen-Image
     twin: TWIN_RUN_ELSEWHERE.)"""
     entry = TWINS[name]
     plus = "+" if entry.endswith("_v1") else ""
-    replicas = (f"{REPLICAS}=true",) if name == TWIN_ON_REPLICAS else ()
+    replicas = (f"{REPLICAS}=true", *TCSS_AHEAD) if name == TWIN_ON_REPLICAS else ()
     argv = _twin_argv(name, tmp_path, extra=tuple(e if e.startswith("actor_") else plus + e
                                                   for e in (*TWIN_EXTRA, *replicas)))
-    check_twin_run(name, _run_twin(entry, argv, tmp_path), tmp_path / "run", argv, tmp_path, steps=1,
+    steps = 2 if replicas else 1
+    check_twin_run(name, _run_twin(entry, argv, tmp_path), tmp_path / "run", argv, tmp_path, steps=steps,
                    replicas=bool(replicas))
+    if replicas:  # TCSS one version ahead on the replica: step 1's first GEN sampled at version 0
+        _check_ran_ahead(tmp_path / "run")
+
+
+#: TCSS one version ahead over two steps (the replica twin; the Qwen-Image twin: `test_tcss_runs_ahead_...`)
+TCSS_AHEAD = ("trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=0.5",
+              "trainer.digenrl.tcss.guard=false", "trainer.total_training_steps=2")
+
+
+def _check_ran_ahead(out: Path) -> None:
+    """Step 1's first micro-batches were generated with version 0 while step 0 still updated (schedule.txt), and
+    no GEN of step 1 sampled another version than 0 or 1."""
+    schedule = (out / "schedule.txt").read_text().splitlines()
+    gens = [line.split() for line in schedule if line.split()[2:3] == ["GEN"]]
+    assert [g for g in gens if g[3] == "s1" and g[5] == "v0"], "\n".join(schedule)  # <start> <end> GEN s m v ...
+    assert all(g[5] in ("v0", "v1") for g in gens if g[3] == "s1")
 
 
 def check_twin_run(name: str, text: str, out: Path, argv: list[str], tmp_path: Path, steps: int,
@@ -463,15 +481,9 @@ def test_tcss_runs_ahead_on_verl_omnis_rollout_pipeline_and_actor_worker(tmp_pat
     updates, each trajectory carries the one version it was sampled with, and both steps train."""
     argv = _twin_argv("qwen_image_flowgrpo_lora", tmp_path, extra=(
         "actor_rollout_ref.rollout.name=vllm_omni", "actor_rollout_ref.rollout.dtype=float32",
-        "trainer.digenrl.trainer_engine=verl_omni", "trainer.digenrl.tag.policy=off",
-        "trainer.digenrl.tcss.staleness=1", "trainer.digenrl.tcss.max_stale_fraction=0.5",
-        "trainer.digenrl.tcss.guard=false", "trainer.total_training_steps=2"))
+        "trainer.digenrl.trainer_engine=verl_omni", "trainer.digenrl.tag.policy=off", *TCSS_AHEAD))
     _run_twin(TWINS["qwen_image_flowgrpo_lora"], argv, tmp_path)
-    schedule = (tmp_path / "run" / "schedule.txt").read_text().splitlines()
-    gens = [line.split() for line in schedule if line.split()[2:3] == ["GEN"]]
-    stale = [g for g in gens if g[3] == "s1" and g[5] == "v0"]  # <start> <end> GEN s<step> m<mb> v<version> ...
-    assert stale, "\n".join(schedule)
-    assert all(g[5] in ("v0", "v1") for g in gens if g[3] == "s1")
+    _check_ran_ahead(tmp_path / "run")
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["summary"]["steps"] == 2 and {w["version"] for w in written["workers"]} == {2}
     steps = [m for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())

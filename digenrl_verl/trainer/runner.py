@@ -352,12 +352,12 @@ class DigenRLTrainer:
         pool_cfg = self.run.digenrl.pools.generator
         wg = self.worker_groups["generator"]
         device = "cuda" if pool_cfg.use_gpu else "cpu"
+        spec = pool_spec(self.run, "generator", f"generator_pool_{self.run_id}_r{rank}_", nodes=(1,))
         if rank < pool_cfg.size:
             pg, bundle = self.pool_manager.pool_for("generator").pgs[rank // pool_cfg.workers_per_node], \
                 rank % pool_cfg.workers_per_node
         else:
             if rank not in self.own_pools:
-                spec = pool_spec(self.run, "generator", f"generator_pool_{self.run_id}_r{rank}_", nodes=(1,))
                 check_placeable(spec, "generator")
                 self.own_pools[rank] = make_ray_pool(spec)
             pg, bundle = self.own_pools[rank].get_placement_groups(device_name=device)[0], 0
@@ -369,7 +369,7 @@ class DigenRLTrainer:
         cls.update_options({"runtime_env": {"env_vars": env},
                             "name": f"digenrl_generator_{self.run_id}_r{rank}_{uuid.uuid4().hex[:4]}"})
         return cls(placement_group=pg, placement_group_bundle_idx=bundle, use_gpu=pool_cfg.use_gpu,
-                   num_gpus=pool_spec(self.run, "generator", "").worker_gpus, device_name=device)
+                   num_gpus=spec.worker_gpus, device_name=device)
 
     def stop_generator(self, rank: int, actor) -> None:
         """Stop a generator actor; a grown rank's own placement group goes back to the cluster."""

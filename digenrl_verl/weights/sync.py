@@ -172,6 +172,16 @@ def group_device(group) -> torch.device | None:
     return None
 
 
+def _wire(live: torch.Tensor, dtype: torch.dtype, device: torch.device, sending: bool) -> torch.Tensor:
+    """What one tensor goes over the group as: itself where it is in `dtype` on `device`; else, on the sending side,
+    a copy there (its values go out), on the receiving side an empty buffer there (cast into place after)."""
+    if live.dtype == dtype and live.device == device:
+        return live
+    if sending:
+        return live.detach().to(device=device, dtype=dtype)
+    return torch.empty_like(live, dtype=dtype, device=device)
+
+
 def _broadcast_flat(tensors: Mapping[str, torch.Tensor], group, bucket_bytes: int = BUCKET_BYTES) -> None:
     """Pair-rank 0 (trainer rank 0) -> pair-rank 1, on a bare pair group (not registered with the default world,
     so through the group's own `broadcast`). A header of the sender's dtypes goes first: a receiver that holds a
@@ -190,11 +200,11 @@ def _broadcast_flat(tensors: Mapping[str, torch.Tensor], group, bucket_bytes: in
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for name, code in zip(names, header.tolist()):
         by_dtype.setdefault(_WIRE_DTYPES[code], []).append(tensors[name])
+    sending = group.rank() == 0
     for dtype, lives in by_dtype.items():
         width = torch.empty((), dtype=dtype).element_size()
         for bucket in _buckets([(t.numel(), width) for t in lives], bucket_bytes):
-            # the tensor itself where it can be; else a copy on the device (the sender's values go out of it)
-            pairs = [(lives[i], lives[i].detach().to(device=device, dtype=dtype)) for i in bucket]
+            pairs = [(lives[i], _wire(lives[i], dtype, device, sending)) for i in bucket]
             wires = [w.detach() for _, w in pairs]
             flat = torch._utils._flatten_dense_tensors(wires)
             group.broadcast([flat], opts).wait()

@@ -21,6 +21,9 @@ class _Loopback:
     def __init__(self, sent: list[torch.Tensor] | None = None) -> None:
         self.sent, self.calls = sent, []
 
+    def rank(self) -> int:  # pair-rank 0 sends
+        return 0 if self.sent is None else 1
+
     def broadcast(self, tensors, opts):
         [t] = tensors
         self.calls.append(t.numel())

@@ -115,10 +115,9 @@ def _at(metric: str) -> int:
 def replica_devices(run: RunSpec) -> int:
     """Ray's logical GPUs the generators of a CPU run hold for verl-omni's replicas on their bundles
     (`trainer.digenrl.generator_replicas`: rollout engine ``verl_omni_replica``, one replica of TP 1 per generator
-    rank); 0 for every other run."""
-    if run.policy.engine.name != VERL_OMNI_REPLICA.name or run.policy.device != "cpu":
-        return 0
-    return run.digenrl.pools[run.digenrl.generator_role].size
+    rank, `hosts_replicas`); 0 for every other run."""
+    role = run.digenrl.generator_role
+    return run.digenrl.pools[role].size if hosts_replicas(run, role) and run.policy.device == "cpu" else 0
 
 
 def hosts_replicas(run: RunSpec, role: str) -> bool:
